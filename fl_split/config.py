@@ -1,0 +1,315 @@
+"""One validated run configuration.
+
+:class:`RunConfig` is the single source of truth for every run option. Each field carries its
+help text and its rule in ``metadata``; from that one declaration come
+
+* the CLI flags of ``fl-split train`` (``--batch-size`` for ``batch_size``),
+* the Flower run-config keys (``batch-size``, same spelling as the flag, see
+  ``[tool.flwr.app.config]`` in ``pyproject.toml``),
+* validation with errors that name the flag, the value and what is allowed.
+
+Values that depend on the dataset (how many parties its columns allow, which model fits) are
+checked when the run is built (:func:`fl_split.builder.build_run`), with the same error type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fl_split.errors import ConfigError
+
+#: Sentinel spelled in configs for "let fl_split choose" (Flower run-config has no null).
+AUTO = "auto"
+
+MERGE_OPS = ("concat", "sum", "avg", "max", "min", "mul")
+DEFENSES = ("none", "laplace", "gaussian", "r3elu", "rr", "dpsgd")
+ACCOUNTANTS = ("basic", "paper", "pld", "rdp")
+
+
+def _opt(default: Any, help: str, *, choices: tuple | Callable[[], tuple] | None = None,
+         check: Callable[[Any], bool] | None = None, allowed: str | None = None,
+         kind: str | None = None, group: str = "core", flag: str | None = None) -> Any:
+    """Declare one option: default, help, and its rule (``choices`` or ``check`` + ``allowed``)."""
+    meta = {"help": help, "choices": choices, "check": check, "allowed": allowed,
+            "kind": kind, "group": group, "flag": flag}
+    return field(default=default, metadata=meta)
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _nonneg_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _positive_float(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _nonneg_float(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def _open_unit(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1
+
+
+def _dataset_names() -> tuple:
+    from fl_split.data.registry import dataset_names
+
+    return tuple(dataset_names())
+
+
+def _model_names() -> tuple:
+    from fl_split.models.registry import model_names
+
+    return (AUTO, *model_names())
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every option of a run. Field ``x_y`` is flag ``--x-y`` and Flower key ``x-y``."""
+
+    # --- data and partitioning -------------------------------------------------------------
+    dataset: str = _opt("digits", "dataset name (see `fl-split datasets`)", choices=_dataset_names)
+    guests: int = _opt(1, "number of guest parties G (features only)", check=_positive_int,
+                       allowed="an integer >= 1 (and at most the dataset's feature columns)")
+    host_features: bool = _opt(True, "the host holds feature columns too (off: host = labels + top model only)",
+                               flag="no-host-features")
+    columns: str = _opt("", "explicit column ownership, e.g. 'host=Income,Debt;guest-1=Age,Job' "
+                            "(tables) or 'host=0:4;guest-1=4:8' (image pixel-column ranges); "
+                            "empty = the dataset's documented default")
+    padding: bool = _opt(False, "zero-pad each party's raw features into the full-width vector (001 Table 1)")
+    test_fraction: float = _opt(0.2, "fraction of the shared IDs held out for testing", check=_open_unit,
+                                allowed="a number strictly between 0 and 1")
+    limit: int = _opt(0, "use only the first N shared IDs after shuffling (0 = all); for quick runs",
+                      check=_nonneg_int, allowed="an integer >= 0")
+    data_root: str = _opt("", "where downloadable datasets are stored (default: $FL_SPLIT_DATA or "
+                              "~/.cache/fl_split)")
+
+    # --- model ----------------------------------------------------------------------------
+    model: str = _opt(AUTO, "architecture name (see `fl-split models`); auto = the dataset's default",
+                      choices=_model_names)
+    cut_layer: Any = _opt(AUTO, "how many layers of the architecture sit in each bottom model "
+                                "(the cut position); auto = the architecture's default",
+                          kind="int_or_auto", allowed="'auto' or an integer >= 1")
+    hidden: str = _opt(AUTO, "hidden widths of model 'mlp', e.g. '128,64'; auto = the model's default",
+                       check=lambda v: v == AUTO or (all(p.strip().isdigit() and int(p) > 0 for p in v.split(","))),
+                       allowed="'auto' or comma-separated positive integers")
+    batch_norm: bool = _opt(False, "BatchNorm after each hidden Linear of model 'mlp'")
+    merge: str = _opt("concat", "how the host merges cut-layer outputs", choices=MERGE_OPS)
+
+    # --- optimisation ---------------------------------------------------------------------
+    epochs: int = _opt(5, "training epochs", check=_positive_int, allowed="an integer >= 1")
+    batch_size: int = _opt(32, "mini-batch size", check=_positive_int, allowed="an integer >= 1")
+    lr: float = _opt(0.01, "learning rate", check=_positive_float, allowed="a number > 0")
+    optimizer: str = _opt("adam", "optimizer of every party", choices=("sgd", "adam"))
+    momentum: float = _opt(0.0, "SGD momentum", check=lambda v: _nonneg_float(v) and v < 1,
+                           allowed="a number in [0, 1)")
+    weight_decay: float = _opt(0.0, "L2 weight decay", check=_nonneg_float, allowed="a number >= 0")
+    seed: int = _opt(0, "run seed: data split, initialisation, batch order, every mechanism draw",
+                     check=_nonneg_int, allowed="an integer >= 0")
+    monolithic: bool = _opt(False, "train the same modules as one model with one optimizer (no split)")
+
+    # --- execution ------------------------------------------------------------------------
+    engine: str = _opt("local", "local = in-process parties; flower = a Flower simulation on Ray",
+                       choices=("local", "flower"))
+    device: str = _opt(AUTO, "where parties put their tensors", choices=(AUTO, "cpu", "cuda"))
+    batches_per_round: Any = _opt(1, "mini-batches carried by one Flower round ('epoch' = all of an "
+                                     "epoch); 1 = exact sequential semantics", group="flower",
+                                  kind="int_or_epoch", allowed="'epoch' or an integer >= 1")
+    num_cpus: float = _opt(1.0, "CPUs reserved per Flower client (Ray actor)", check=_positive_float,
+                           allowed="a number > 0", group="flower")
+    num_gpus: float = _opt(0.0, "GPUs reserved per Flower client (Ray actor)", check=_nonneg_float,
+                           allowed="a number >= 0", group="flower")
+    node_timeout: float = _opt(120.0, "seconds the coordinator waits for nodes to register and reply",
+                               check=_positive_float, allowed="a number > 0", group="flower")
+    ray_address: str = _opt("", "address of an existing Ray cluster to run the simulation on "
+                                "(e.g. 127.0.0.1:6379); empty = a local Ray instance", group="flower")
+    progress: bool = _opt(True, "show progress bars", flag="no-progress")
+    out: str = _opt("", "write the results JSON here (written once, at the end)")
+
+    # --- privacy (SPEC §3, §5) ------------------------------------------------------------
+    defense: str = _opt("none", "mechanism on the cut-layer crossings", choices=DEFENSES, group="privacy")
+    protect: str = _opt("guest", "whose data the defense protects: guest = forward releases, "
+                                 "host = backward releases, both", choices=("guest", "host", "both"),
+                        group="privacy")
+    epsilon: float = _opt(1.0, "privacy budget of one release (per record, per direction)",
+                          check=_positive_float, allowed="a number > 0", group="privacy")
+    delta: float = _opt(1e-5, "delta of (epsilon, delta)-DP reports", check=_open_unit,
+                        allowed="a number strictly between 0 and 1", group="privacy")
+    sigma: float = _opt(0.7, "Gaussian noise std on the tanh-bounded cut layer (003)",
+                        check=_positive_float, allowed="a number > 0", group="privacy")
+    laplace_b: Any = _opt(AUTO, "Laplace noise scale b; auto = sensitivity / epsilon",
+                          kind="float_or_auto", allowed="'auto' or a number > 0", group="privacy")
+    clip_c: float = _opt(10.0, "clipping bound C of forward releases (R3eLU ClipK, Laplace bound)",
+                         check=_positive_float, allowed="a number > 0", group="privacy")
+    clip_c_backward: Any = _opt(AUTO, "clipping bound C of backward releases; auto = --clip-c",
+                                kind="float_or_auto", allowed="'auto' or a number > 0", group="privacy")
+    top_k: Any = _opt(AUTO, "R3eLU K (entries kept by ClipK); auto = half the cut width",
+                      kind="int_or_auto", allowed="'auto' or an integer >= 1", group="privacy")
+    allocation: str = _opt("uniform", "R3eLU budget allocation across cut-layer features (001 Eq. 8-10)",
+                           choices=("uniform", "importance"), group="privacy")
+    schedule: str = _opt("constant", "per-iteration budget schedule (001 §3.4: geometric eps_T/2^i)",
+                         choices=("constant", "geometric"), group="privacy")
+    denoise: str = _opt("none", "post-processing of noisy releases (003): scale = lambda*x, "
+                                "mask = Bernoulli(p) keep, no rescale", choices=("none", "scale", "mask"),
+                        group="privacy")
+    denoise_param: float = _opt(0.2, "lambda of scale or p of mask", check=_open_unit,
+                                allowed="a number strictly between 0 and 1", group="privacy")
+    denoise_side: str = _opt("forward", "which releases are denoised (by their receiver)",
+                             choices=("forward", "backward", "both"), group="privacy")
+    accountant: str = _opt("pld", "accountant whose epsilon is reported and budgeted", choices=ACCOUNTANTS,
+                           group="privacy")
+    budget: Any = _opt(AUTO, "per-party epsilon budget; a release that would exceed it is refused "
+                             "and the run stops; auto = no budget",
+                       kind="float_or_auto", allowed="'auto' or a number > 0", group="privacy")
+    amplification: bool = _opt(False, "account with subsampling amplification (off: the host knows "
+                                      "batch IDs, so amplification is doubtful)", group="privacy")
+    one_shot: bool = _opt(False, "002 workflow: frozen pretrained guest bottoms release each record once",
+                          group="privacy")
+
+    # ------------------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _validate(f, getattr(self, f.name))
+
+    # convenience views ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain ``{snake_case: value}``, as saved in results JSON."""
+        return dataclasses.asdict(self)
+
+    def to_flower(self) -> dict[str, Any]:
+        """``{kebab-key: value}`` for a Flower run-config (booleans stay booleans)."""
+        return {key_of(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def parties(self) -> list[str]:
+        """Party names in merge order: ``host`` first, then ``guest-1`` … ``guest-G``."""
+        return ["host", *guest_names(self.guests)]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "RunConfig":
+        """Build from ``{key: value}`` with kebab- or snake-case keys and string or typed values.
+
+        Used for Flower run-configs and JSON. Unknown keys are an error (a typo must not be
+        silently ignored).
+        """
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for raw_key, raw in values.items():
+            name = str(raw_key).replace("-", "_")
+            if name not in names:
+                raise ConfigError(str(raw_key).replace("_", "-"), raw, "one of the known options: "
+                                  + ", ".join(key_of(n) for n in names), reason="unknown option")
+            kwargs[name] = coerce(names[name], raw)
+        return cls(**kwargs)
+
+
+def guest_names(n: int) -> list[str]:
+    return [f"guest-{i}" for i in range(1, n + 1)]
+
+
+def key_of(name: str) -> str:
+    """``batch_size`` → ``batch-size`` (CLI flag without dashes, Flower run-config key)."""
+    return name.replace("_", "-")
+
+
+def option_fields() -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(RunConfig)
+
+
+def allowed_text(f: dataclasses.Field) -> str:
+    meta = f.metadata
+    if meta["allowed"]:
+        return meta["allowed"]
+    choices = meta["choices"]
+    if choices is not None:
+        values = choices() if callable(choices) else choices
+        return "one of " + ", ".join(map(str, values))
+    if f.type in ("bool", bool):
+        return "true or false"
+    return "a string"
+
+
+def coerce(f: dataclasses.Field, raw: Any) -> Any:
+    """Turn a CLI string or a Flower run-config value into the field's type (no range checks)."""
+    key = key_of(f.name)
+    kind = f.metadata["kind"]
+    default = f.default
+    if kind in ("int_or_auto", "int_or_epoch", "float_or_auto"):
+        word = AUTO if kind != "int_or_epoch" else "epoch"
+        if isinstance(raw, str) and raw.strip().lower() == word:
+            return word
+        try:
+            if kind == "float_or_auto":
+                return float(raw)
+            if isinstance(raw, float) and not raw.is_integer():
+                raise ValueError
+            return int(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(key, raw, allowed_text(f)) from None
+    if isinstance(default, bool):
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(key, raw, "true or false")
+    if isinstance(default, int):
+        if isinstance(raw, bool):
+            raise ConfigError(key, raw, allowed_text(f))
+        try:
+            if isinstance(raw, float):
+                if not raw.is_integer():
+                    raise ValueError
+                return int(raw)
+            return int(str(raw).strip())
+        except ValueError:
+            raise ConfigError(key, raw, allowed_text(f)) from None
+    if isinstance(default, float):
+        if isinstance(raw, bool):
+            raise ConfigError(key, raw, allowed_text(f))
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(key, raw, allowed_text(f)) from None
+    return str(raw)
+
+
+def _validate(f: dataclasses.Field, value: Any) -> None:
+    key = key_of(f.name)
+    meta = f.metadata
+    kind = meta["kind"]
+    if kind == "int_or_auto":
+        if value == AUTO or _positive_int(value):
+            return
+        raise ConfigError(key, value, allowed_text(f))
+    if kind == "int_or_epoch":
+        if value == "epoch" or _positive_int(value):
+            return
+        raise ConfigError(key, value, allowed_text(f))
+    if kind == "float_or_auto":
+        if value == AUTO or _positive_float(value):
+            return
+        raise ConfigError(key, value, allowed_text(f))
+    if isinstance(f.default, bool) and not isinstance(value, bool):
+        raise ConfigError(key, value, "true or false")
+    choices = meta["choices"]
+    if choices is not None:
+        values = choices() if callable(choices) else choices
+        if value not in values:
+            raise ConfigError(key, value, allowed_text(f))
+    check = meta["check"]
+    if check is not None and not check(value):
+        raise ConfigError(key, value, allowed_text(f))

@@ -1,0 +1,223 @@
+"""Engines: who carries the messages. The round logic itself is shared.
+
+:func:`coordinate` is the coordinator's loop (the same one the Flower strategy runs): for each
+round of :func:`~fl_split.schedule.plan_rounds` it asks every guest to apply the gradients it
+is owed and release the round's batches, hands the releases to the host, and keeps the
+host's released gradients for the next round. After each epoch it evaluates the test split.
+A :class:`Transport` says how a request reaches a party: :class:`LocalTransport` calls the
+party objects in this process (exact, fastest); ``fl_split.flower`` sends Flower messages.
+
+:class:`MonolithicEngine` trains the same modules as one model with one optimizer, in the same
+batch order: the "no split" baseline of 001 Table 1, and the reference of the equivalence test.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from fl_split.builder import make_monolithic, make_parties
+from fl_split.config import RunConfig
+from fl_split.parties import GuestParty, HostParty, batch_metric, make_optimizer, resolve_device
+from fl_split.schedule import BatchKey, EvalRound, TrainRound, plan_rounds
+
+
+class Transport(Protocol):
+    """How the coordinator reaches the parties."""
+
+    guests: list[str]
+
+    def guest_step(self, owed: dict[str, list[bytes]], keys: tuple[BatchKey, ...], round_: int) -> dict[str, list[bytes]]:
+        """Every guest applies ``owed[g]`` then releases ``keys``; returns their blobs."""
+
+    def host_train(self, keys: tuple[BatchKey, ...], acts: dict[str, list[bytes]], round_: int) -> tuple[dict[str, list[bytes]], dict]:
+        """The host trains on ``acts``; returns the gradient blobs per guest and stats."""
+
+    def host_evaluate(self, keys: tuple[BatchKey, ...], acts: dict[str, list[bytes]], round_: int) -> dict:
+        """The host evaluates; returns ``{"hits", "n", "loss_sum"}``."""
+
+
+def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[str, Any]:
+    """Run every round of the plan through ``transport``; returns the results dictionary."""
+    schedule = plan.schedule
+    owed: dict[str, list[bytes]] = {g: [] for g in transport.guests}
+    wire = {"bytes_to_host": 0, "bytes_to_guests": 0, "messages_to_host": 0, "messages_to_guests": 0,
+            "rounds": 0}
+    history: list[dict[str, Any]] = []
+    loss_sum, n_seen = 0.0, 0
+    total = cfg.epochs * schedule.num_train_batches()
+    bar = tqdm(total=total, desc=f"{engine} split training", unit="batch", disable=not cfg.progress,
+               leave=False, dynamic_ncols=True)
+    t0 = time.perf_counter()
+    t_epoch = t0
+    try:
+        for rnd in plan_rounds(schedule, cfg.epochs, cfg.batches_per_round):
+            wire["rounds"] += 1
+            wire["bytes_to_guests"] += sum(len(b) for bl in owed.values() for b in bl)
+            wire["messages_to_guests"] += sum(len(bl) for bl in owed.values())
+            acts = transport.guest_step(owed, rnd.keys, rnd.round)
+            wire["bytes_to_host"] += sum(len(b) for bl in acts.values() for b in bl)
+            wire["messages_to_host"] += sum(len(bl) for bl in acts.values())
+            if isinstance(rnd, TrainRound):
+                owed, stats = transport.host_train(rnd.keys, acts, rnd.round)
+                loss_sum += stats["loss_sum"]
+                n_seen += stats["n"]
+                bar.update(len(rnd.keys))
+                bar.set_postfix(epoch=rnd.epoch, loss=f"{loss_sum / max(n_seen, 1):.4f}")
+            elif isinstance(rnd, EvalRound):
+                owed = {g: [] for g in transport.guests}
+                stats = transport.host_evaluate(rnd.keys, acts, rnd.round)
+                now = time.perf_counter()
+                history.append(_epoch_record(rnd.epoch, loss_sum, n_seen, stats, now - t_epoch))
+                loss_sum, n_seen, t_epoch = 0.0, 0, now
+    finally:
+        bar.close()
+    elapsed = time.perf_counter() - t0
+    return make_results(cfg, plan, history, wire, elapsed, engine)
+
+
+def _epoch_record(epoch: int, loss_sum: float, n: int, stats: dict, seconds: float) -> dict[str, Any]:
+    return {
+        "epoch": epoch,
+        "train_loss": loss_sum / n if n else float("nan"),
+        "test_metric": stats["hits"] / stats["n"] if stats["n"] else float("nan"),
+        "test_loss": stats["loss_sum"] / stats["n"] if stats["n"] else float("nan"),
+        "epoch_time_s": seconds,
+    }
+
+
+def make_results(cfg: RunConfig, plan, history: list[dict], wire: dict, elapsed: float, engine: str,
+                 **extra: Any) -> dict[str, Any]:
+    """The results dictionary shared by every engine (see README, "Results JSON")."""
+    config = cfg.to_dict()
+    config.update(model=plan.arch, cut_layer=plan.cut)
+    last = history[-1] if history else {}
+    return {
+        "config": config,
+        "plan": {
+            "engine": engine,
+            "n_train": plan.schedule.n_train,
+            "n_test": plan.schedule.n_test,
+            "batches_per_epoch": plan.schedule.num_train_batches(),
+            "input_shapes": {p: list(s) for p, s in plan.input_shapes.items()},
+            "cut_shapes": {p: list(s) for p, s in plan.cut_shapes.items()},
+            "merged_shape": list(plan.merged_shape),
+        },
+        "history": history,
+        "final": {"metric": plan.metric, "value": last.get("test_metric", float("nan")),
+                  "train_loss": last.get("train_loss", float("nan"))},
+        "wire": wire,
+        "time_s": elapsed,
+        "stopped_reason": "completed",
+        **extra,
+    }
+
+
+class LocalTransport:
+    """Parties in this process; blobs are handed over as they are."""
+
+    def __init__(self, host: HostParty, guests: dict[str, GuestParty]) -> None:
+        self.host = host
+        self.parties = guests
+        self.guests = list(guests)
+
+    def guest_step(self, owed, keys, round_):
+        return {g: self.parties[g].step(owed[g], keys, round_) for g in self.guests}
+
+    def host_train(self, keys, acts, round_):
+        return self.host.train(keys, acts, round_)
+
+    def host_evaluate(self, keys, acts, round_):
+        return self.host.evaluate(keys, acts)
+
+
+class LocalEngine:
+    """All parties in one process, talking through the codec (exact per-batch semantics when
+    ``batches_per_round = 1``)."""
+
+    name = "local"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.host, self.guests, self.plan = make_parties(cfg)
+
+    def run(self) -> dict[str, Any]:
+        return coordinate(self.cfg, self.plan, LocalTransport(self.host, self.guests), self.name)
+
+
+class MonolithicEngine:
+    """One model, one optimizer, same modules / weights / batch order as the split run."""
+
+    name = "monolithic"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.model, self.data, self.plan = make_monolithic(cfg)
+        self.device = resolve_device(cfg.device)
+        self.model.to(self.device)
+        self.optimizer = make_optimizer(cfg, self.model.parameters())
+        self.holders = list(self.plan.input_shapes)
+
+    def _batch(self, key: BatchKey):
+        pos = torch.from_numpy(self.plan.schedule.positions(key))
+        split = "train" if key.phase == "train" else "test"
+        xs = {p: getattr(self.data.parties[p], f"x_{split}").index_select(0, pos).to(self.device) for p in self.holders}
+        y = getattr(self.data.parties["host"], f"y_{split}").index_select(0, pos).to(self.device)
+        return xs, y
+
+    def run(self) -> dict[str, Any]:
+        cfg, schedule = self.cfg, self.plan.schedule
+        history = []
+        bar = tqdm(total=cfg.epochs * schedule.num_train_batches(), desc="monolithic training", unit="batch",
+                   disable=not cfg.progress, leave=False, dynamic_ncols=True)
+        t0 = time.perf_counter()
+        t_epoch = t0
+        try:
+            for epoch in range(1, cfg.epochs + 1):
+                self.model.train()
+                loss_sum, n = 0.0, 0
+                for key in schedule.train_keys(epoch):
+                    xs, y = self._batch(key)
+                    loss = F.cross_entropy(self.model(xs), y)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    self.optimizer.step()
+                    loss_sum += loss.item() * len(y)
+                    n += len(y)
+                    bar.update(1)
+                stats = self.evaluate(epoch)
+                now = time.perf_counter()
+                history.append(_epoch_record(epoch, loss_sum, n, stats, now - t_epoch))
+                t_epoch = now
+        finally:
+            bar.close()
+        elapsed = time.perf_counter() - t0
+        wire = {"bytes_to_host": 0, "bytes_to_guests": 0, "messages_to_host": 0, "messages_to_guests": 0, "rounds": 0}
+        return make_results(cfg, self.plan, history, wire, elapsed, self.name)
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> dict:
+        self.model.eval()
+        hits, n, loss_sum = 0, 0, 0.0
+        for key in self.plan.schedule.test_keys(epoch):
+            xs, y = self._batch(key)
+            logits = self.model(xs)
+            hits += batch_metric(logits, y, self.plan.metric)
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            n += len(y)
+        return {"hits": hits, "n": n, "loss_sum": loss_sum}
+
+
+def run_experiment(cfg: RunConfig) -> dict[str, Any]:
+    """Build and run the configured experiment on the configured engine."""
+    if cfg.monolithic:
+        return MonolithicEngine(cfg).run()
+    if cfg.engine == "flower":
+        from fl_split.flower import FlowerEngine
+
+        return FlowerEngine(cfg).run()
+    return LocalEngine(cfg).run()
