@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from fl_split.builder import make_monolithic, make_parties
 from fl_split.config import RunConfig
+from fl_split.errors import BudgetExceeded
 from fl_split.parties import GuestParty, HostParty, batch_metric, make_optimizer, resolve_device
 from fl_split.schedule import BatchKey, EvalRound, TrainRound, plan_rounds
 
@@ -40,6 +41,9 @@ class Transport(Protocol):
     def host_evaluate(self, keys: tuple[BatchKey, ...], acts: dict[str, list[bytes]], round_: int) -> dict:
         """The host evaluates; returns ``{"hits", "n", "loss_sum"}``."""
 
+    def reports(self) -> dict[str, dict]:
+        """Each party's end-of-run report (``party.report()``), keyed by party name."""
+
 
 def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[str, Any]:
     """Run every round of the plan through ``transport``; returns the results dictionary."""
@@ -54,6 +58,7 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[
                leave=False, dynamic_ncols=True)
     t0 = time.perf_counter()
     t_epoch = t0
+    stopped = {"stopped_reason": "completed"}
     try:
         for rnd in plan_rounds(schedule, cfg.epochs, cfg.batches_per_round):
             wire["rounds"] += 1
@@ -74,10 +79,15 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[
                 now = time.perf_counter()
                 history.append(_epoch_record(rnd.epoch, loss_sum, n_seen, stats, now - t_epoch))
                 loss_sum, n_seen, t_epoch = 0.0, 0, now
+    except BudgetExceeded as exc:
+        # a party refused a release: stop cleanly; nothing over budget has left any party
+        stopped = {"stopped_reason": "budget", "stopped_detail": str(exc), "stopped_round": rnd.round}
     finally:
         bar.close()
     elapsed = time.perf_counter() - t0
-    return make_results(cfg, plan, history, wire, elapsed, engine)
+    results = make_results(cfg, plan, history, wire, elapsed, engine, parties=transport.reports())
+    results.update(stopped)
+    return results
 
 
 def _epoch_record(epoch: int, loss_sum: float, n: int, stats: dict, seconds: float) -> dict[str, Any]:
@@ -133,6 +143,9 @@ class LocalTransport:
 
     def host_evaluate(self, keys, acts, round_):
         return self.host.evaluate(keys, acts)
+
+    def reports(self):
+        return {"host": self.host.report(), **{g: p.report() for g, p in self.parties.items()}}
 
 
 class LocalEngine:

@@ -195,6 +195,11 @@ class GuestParty(_Party):
     def pending_keys(self) -> list[BatchKey]:
         return sorted(self._pending)
 
+    def report(self) -> dict[str, Any]:
+        """End-of-run facts this party is willing to disclose (no data, no weights)."""
+        return {"role": "guest", "optimizer_steps": self.steps, "mechanism": self.mechanism.describe(),
+                "postprocess": self.grad_postprocess.describe()}
+
     # -- state ------------------------------------------------------------------------------
     def export_state(self) -> dict[str, Any]:
         return {
@@ -305,6 +310,12 @@ class HostParty(_Party):
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
             n += len(y)
         return {"hits": hits, "n": n, "loss_sum": loss_sum}
+
+    def report(self) -> dict[str, Any]:
+        """End-of-run facts this party is willing to disclose (no data, no weights)."""
+        return {"role": "host", "optimizer_steps": self.steps,
+                "mechanisms": {g: m.describe() for g, m in self.backward_mechanisms.items()},
+                "postprocess": self.act_postprocess.describe()}
 
     # -- state ------------------------------------------------------------------------------
     def export_state(self) -> dict[str, Any]:

@@ -52,6 +52,10 @@ class Mechanism:
         """Name and parameters, as reported in results."""
         return {"name": self.name}
 
+    def cost(self) -> "PrivacyCost | None":
+        """The privacy cost of one release of one record; ``None`` = no privacy claim."""
+        return None
+
 
 class NoDefense(Mechanism):
     """Identity release: nothing is perturbed and no privacy is claimed."""
@@ -72,3 +76,22 @@ class PostProcess:
 
     def describe(self) -> dict:
         return {"name": self.name}
+
+
+@dataclass(frozen=True)
+class PrivacyCost:
+    """Privacy cost of releasing **one record's** cut-layer tensor **once** (SPEC §5 per-record view).
+
+    ``dp_event`` is a ``dp_accounting.DpEvent`` describing that single release (input to the
+    tight PLD/RDP accountants); ``epsilon`` is its pure-DP epsilon when the mechanism is
+    epsilon-DP (Laplace, randomized response, R3eLU), ``None`` when it is only (epsilon, delta)-DP
+    (Gaussian). Sensitivities are those the noise was calibrated to. ``params`` are hashable
+    ``(name, value)`` pairs for reports.
+    """
+
+    mechanism: str
+    dp_event: object
+    epsilon: float | None
+    sensitivity_l1: float | None = None
+    sensitivity_l2: float | None = None
+    params: tuple[tuple[str, object], ...] = ()
