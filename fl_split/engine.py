@@ -72,7 +72,7 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[
                 loss_sum += stats["loss_sum"]
                 n_seen += stats["n"]
                 bar.update(len(rnd.keys))
-                bar.set_postfix(epoch=rnd.epoch, loss=f"{loss_sum / max(n_seen, 1):.4f}")
+                bar.set_postfix(epoch=rnd.epoch, loss=f"{loss_sum / max(n_seen, 1):.4f}", refresh=False)
             elif isinstance(rnd, EvalRound):
                 owed = {g: [] for g in transport.guests}
                 stats = transport.host_evaluate(rnd.keys, acts, rnd.round)

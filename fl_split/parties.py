@@ -180,13 +180,17 @@ class GuestParty(_Party):
     def _recompute(self, key: BatchKey) -> torch.Tensor:
         """Forward ``key`` again with the current weights, leaving BatchNorm statistics untouched
         (they were already updated when the batch was first released)."""
-        saved = [b.detach().clone() for b in self.bottom.buffers()]
+        # the forward updates scratch copies of the buffers; the originals are put back by
+        # reference (not copied in place: the new graph may have saved the scratch tensors)
+        saved = [(m, name, buf) for m in self.bottom.modules() for name, buf in m.named_buffers(recurse=False)]
+        for m, name, buf in saved:
+            setattr(m, name, buf.clone())
         self.bottom.train()
-        v = self.bottom(self.rows(key))
-        with torch.no_grad():
-            for b, s in zip(self.bottom.buffers(), saved):
-                b.copy_(s)
-        return v
+        try:
+            return self.bottom(self.rows(key))
+        finally:
+            for m, name, buf in saved:
+                setattr(m, name, buf)
 
     def _generator(self, purpose: str, key: BatchKey) -> torch.Generator:
         return torch_generator(self.cfg.seed, self.name, purpose, *key.as_tuple(), device=self.device)

@@ -1,0 +1,227 @@
+"""``fl-split``: train, list datasets and models.
+
+Every ``train`` flag comes from :class:`fl_split.config.RunConfig` (``--batch-size`` ↔
+``batch_size`` ↔ Flower key ``batch-size``). Bad input prints one line naming the flag, the value
+and what is allowed, exits with code 2, and leaves no results file behind. The results JSON is
+written once, atomically, after the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, NoReturn
+
+from fl_split.config import RunConfig, allowed_text, coerce, key_of, option_fields
+from fl_split.errors import ConfigError, DataError, FlSplitError
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line (no usage dump) with exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"fl-split: error: {message}\n")
+
+
+def _add_train_flags(p: argparse.ArgumentParser) -> None:
+    groups = {
+        "core": p.add_argument_group("data, model, optimisation"),
+        "flower": p.add_argument_group("Flower engine"),
+        "privacy": p.add_argument_group("privacy (SPEC §3, §5)"),
+    }
+    for f in option_fields():
+        meta = f.metadata
+        g = groups[meta["group"]]
+        flag = "--" + (meta["flag"] or key_of(f.name))
+        if isinstance(f.default, bool):
+            action = "store_false" if meta["flag"] and meta["flag"].startswith("no-") else "store_true"
+            g.add_argument(flag, dest=f.name, action=action, default=argparse.SUPPRESS, help=meta["help"])
+        else:
+            g.add_argument(flag, dest=f.name, metavar=key_of(f.name).upper().replace("-", "_"),
+                           default=argparse.SUPPRESS,
+                           help=f"{meta['help']} [{allowed_text(f)}; default: {f.default}]")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fl-split", description="Vertical split learning with privacy protection.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    train = sub.add_parser("train", help="run one split-learning experiment",
+                           description="Run one split-learning experiment and print accuracy and each party's epsilon.")
+    _add_train_flags(train)
+    sub.add_parser("datasets", help="list datasets and whether each is available offline")
+    sub.add_parser("models", help="list model architectures and their cut positions")
+    return parser
+
+
+def config_from_args(ns: argparse.Namespace) -> RunConfig:
+    """Turn parsed flags (strings) into a validated :class:`RunConfig`."""
+    fields = {f.name: f for f in option_fields()}
+    values: dict[str, Any] = {}
+    for name, raw in vars(ns).items():
+        if name in fields:
+            values[name] = raw if isinstance(raw, bool) else coerce(fields[name], raw)
+    return RunConfig(**values)
+
+
+def _check_out_path(path: str) -> None:
+    if not path:
+        return
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise ConfigError("out", path, "a file path in an existing directory", reason=f"{parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError("out", path, "a file path in a writable directory", reason=f"{parent} is not writable")
+    if Path(path).is_dir():
+        raise ConfigError("out", path, "a file path (not a directory)")
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` via a temporary file + rename (never half-written)."""
+    path = Path(path).expanduser()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(_jsonable(data), fh, indent=2, allow_nan=True)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, dict):
+        return {str(k): _jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_jsonable(v) for v in o]
+    if hasattr(o, "item") and callable(o.item):  # numpy / torch scalars
+        return o.item()
+    if dataclasses.is_dataclass(o):
+        return _jsonable(dataclasses.asdict(o))
+    return o
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    if isinstance(x, float):
+        return "nan" if math.isnan(x) else f"{x:.{digits}f}"
+    return str(x)
+
+
+def print_summary(results: dict[str, Any]) -> None:
+    """A readable summary of a results dictionary on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    cfg, final = results["config"], results["final"]
+    engine = results["plan"]["engine"]
+    title = (f"{cfg['dataset']} · {engine} · {cfg['guests']} guest(s)"
+             f"{'' if cfg['host_features'] else ' · host without features'} · model {cfg['model']} "
+             f"(cut {cfg['cut_layer']}) · merge {cfg['merge']} · defense {cfg['defense']}")
+    hist = Table(title=title, title_justify="left")
+    for col in ("epoch", "train loss", f"test {final['metric']}", "epoch time (s)"):
+        hist.add_column(col, justify="right")
+    for h in results["history"]:
+        hist.add_row(str(h["epoch"]), _fmt(h["train_loss"]), _fmt(h["test_metric"]), _fmt(h["epoch_time_s"], 2))
+    console.print(hist)
+    privacy = results.get("privacy")
+    if privacy:
+        table = Table(title="privacy, per party", title_justify="left")
+        for col in ("party", "mechanism", "releases", "per record", "epsilon", "delta", "accountant"):
+            table.add_column(col, justify="right" if col not in ("party", "mechanism", "accountant") else "left")
+        for party, rep in privacy.items():
+            mech = rep.get("mechanism")
+            name = mech.get("name") if isinstance(mech, dict) else str(mech)
+            table.add_row(party, str(name), str(rep.get("releases", 0)), str(rep.get("releases_per_record", 0)),
+                          _fmt(rep.get("epsilon"), 3) if rep.get("epsilon") is not None else "-",
+                          f"{rep.get('delta', 0):g}", str(rep.get("accountant", "")))
+        console.print(table)
+    wire = results["wire"]
+    line = (f"final test {final['metric']}: {final['value']:.4f}   training time: {results['time_s']:.1f} s   "
+            f"wire: {wire['bytes_to_host'] / 1e6:.2f} MB to host, {wire['bytes_to_guests'] / 1e6:.2f} MB to guests")
+    console.print(line)
+    if results.get("stopped_reason", "completed") != "completed":
+        console.print(f"stopped early ({results['stopped_reason']}): {results.get('stopped_detail', '')}")
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    cfg = config_from_args(ns)
+    _check_out_path(cfg.out)
+    from fl_split.engine import run_experiment
+
+    results = run_experiment(cfg)
+    if cfg.out:
+        write_json_atomic(cfg.out, results)
+    print_summary(results)
+    if cfg.out:
+        print(f"results written to {cfg.out}")
+    return 0
+
+
+def cmd_datasets() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from fl_split.data.registry import data_root, dataset_info, dataset_names
+
+    table = Table(title=f"datasets (downloads go to {data_root()})", title_justify="left")
+    for col in ("name", "offline", "available now", "default model", "description"):
+        table.add_column(col)
+    for name in dataset_names():
+        info = dataset_info(name)
+        table.add_row(name, "yes" if info.offline else "no (download)", "yes" if info.available() else "no",
+                      info.default_model, info.description)
+    Console(highlight=False).print(table)
+    return 0
+
+
+def cmd_models() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from fl_split.models.registry import get_architecture, model_names
+
+    table = Table(title="model architectures", title_justify="left")
+    for col in ("name", "inputs", "cuts", "default cut", "description"):
+        table.add_column(col)
+    for name in model_names():
+        arch = get_architecture(name)
+        table.add_row(name, arch.inputs, f"1..{arch.num_layers()}", str(arch.default_cut), arch.description)
+    Console(highlight=False).print(table)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command == "train":
+            return cmd_train(ns)
+        if ns.command == "datasets":
+            return cmd_datasets()
+        if ns.command == "models":
+            return cmd_models()
+        parser.print_help()
+        return EXIT_USAGE
+    except (ConfigError, DataError) as exc:
+        print(f"fl-split: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except FlSplitError as exc:
+        print(f"fl-split: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("fl-split: interrupted; no results written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Shared test setup: offline, quiet, deterministic."""
+
+import os
+
+import pytest
+import torch
+
+# nothing may download during tests (SPEC §6); loaders raise DataError instead
+os.environ.setdefault("FL_SPLIT_NO_DOWNLOAD", "1")
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    # two-core CI machine: one intra-op thread keeps runs deterministic and avoids oversubscription
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
