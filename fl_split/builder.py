@@ -13,10 +13,12 @@ Three layers, so that a Flower node can build only its own party:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torch import nn
 
 from fl_split.config import AUTO, RunConfig
@@ -26,7 +28,9 @@ from fl_split.errors import ConfigError
 from fl_split.merge import Merge, merged_shape
 from fl_split.models.registry import build_bottom, build_top, get_architecture, output_shape
 from fl_split.parties import GuestParty, HostParty, resolve_device
+from fl_split.privacy import factory as privacy_factory
 from fl_split.schedule import BatchSchedule
+from fl_split.seeding import numpy_rng
 
 
 @dataclass
@@ -38,24 +42,48 @@ class PreparedData:
     parties: dict[str, PartyData]
     train_ids: np.ndarray
     test_ids: np.ndarray
+    #: one-shot mode: each party's *public* records (pretraining only), as PartyData whose
+    #: train split is the public records
+    public: dict[str, PartyData] = dataclasses.field(default_factory=dict)
 
 
 def _data_key(cfg: RunConfig) -> tuple:
     return (cfg.dataset, cfg.data_root, cfg.guests, cfg.host_features, cfg.columns, cfg.padding,
-            cfg.test_fraction, cfg.limit, cfg.seed)
+            cfg.test_fraction, cfg.limit, cfg.seed, cfg.public_fraction if cfg.one_shot else 0.0)
 
 
 @functools.lru_cache(maxsize=4)
 def _prepare(key: tuple) -> PreparedData:
-    dataset, root, guests, host_features, columns, padding, test_fraction, limit, seed = key
+    dataset, root, guests, host_features, columns, padding, test_fraction, limit, seed, public_fraction = key
     ds = load_dataset(dataset, root)
     train_ids, test_ids = split_ids(ds, test_fraction, seed, limit)
     slices = partition(ds, guests, host_features, columns, seed=seed)
     parties = {name: prepare_party(sl, train_ids, test_ids) for name, sl in slices.items()}
     if padding:
         parties = apply_padding(parties)
+    public: dict[str, PartyData] = {}
+    if public_fraction:
+        # one-shot: a seeded subset of the training IDs plays the public pretraining data
+        n_pub = int(round(len(train_ids) * public_fraction))
+        if n_pub < 1 or n_pub >= len(train_ids):
+            raise ConfigError("public-fraction", public_fraction, "a fraction leaving at least one public and "
+                              "one private training record", reason=f"{len(train_ids)} training records")
+        is_pub = np.zeros(len(train_ids), dtype=bool)
+        is_pub[numpy_rng(seed, "public", dataset).permutation(len(train_ids))[:n_pub]] = True
+        public = {p: _train_subset(d, is_pub) for p, d in parties.items()}
+        parties = {p: _train_subset(d, ~is_pub) for p, d in parties.items()}
+        train_ids = train_ids[~is_pub]
     return PreparedData(dataset=ds.name, task=ds.task, metric=ds.metric, num_classes=ds.num_classes,
-                        parties=parties, train_ids=train_ids, test_ids=test_ids)
+                        parties=parties, train_ids=train_ids, test_ids=test_ids, public=public)
+
+
+def _train_subset(d: PartyData, keep: np.ndarray) -> PartyData:
+    """``d`` with only the training rows where ``keep`` (encoding statistics unchanged)."""
+    rows = torch.from_numpy(np.flatnonzero(keep))
+    return dataclasses.replace(
+        d, train_ids=d.train_ids[keep],
+        x_train=d.x_train.index_select(0, rows) if d.x_train is not None else None,
+        y_train=d.y_train.index_select(0, rows) if d.y_train is not None else None)
 
 
 def prepare_data(cfg: RunConfig) -> PreparedData:
@@ -94,11 +122,12 @@ def _architecture(cfg: RunConfig):
 
 
 def guest_cut_activation(cfg: RunConfig) -> str:
-    """The activation that ends a guest's bottom, as the defence requires (see models.registry)."""
-    return "native"
+    """The activation that ends a guest's bottom, as the defence requires (see privacy.factory)."""
+    return privacy_factory.guest_cut_activation(cfg)
 
 
 def plan_run(cfg: RunConfig, prepared: PreparedData | None = None) -> RunPlan:
+    privacy_factory.check(cfg)
     prepared = prepared or prepare_data(cfg)
     arch = _architecture(cfg)
     cut = arch.default_cut if cfg.cut_layer == AUTO else int(cfg.cut_layer)
@@ -116,12 +145,32 @@ def plan_run(cfg: RunConfig, prepared: PreparedData | None = None) -> RunPlan:
                    num_outputs=prepared.num_classes, metric=prepared.metric, guest_cut_activation=act)
 
 
+def make_ledger(cfg: RunConfig, party: str):
+    """The party's ledger, or ``None`` when nothing it releases is protected."""
+    role = "host" if party == "host" else "guest"
+    protected = privacy_factory.protects_host(cfg) if role == "host" else privacy_factory.protects_guests(cfg)
+    if not protected:
+        return None
+    from fl_split.privacy.ledger import Ledger
+
+    return Ledger(party, accountant=cfg.accountant, delta=cfg.delta,
+                  budget=None if cfg.budget == AUTO else float(cfg.budget), amplification=cfg.amplification)
+
+
 def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = None) -> GuestParty:
     cfg = plan.cfg
     arch = _architecture(cfg)
     bottom = build_bottom(arch, name, plan.input_shapes[name], plan.cut, plan.guest_cut_activation, cfg.seed)
+    if cfg.one_shot:
+        bottom.load_state_dict(pretrained_bottoms(cfg)[name])
+    width = int(np.prod(plan.cut_shapes[name]))
     return GuestParty(name, cfg, plan.schedule, data, bottom, plan.cut_shapes[name],
-                      device=resolve_device(device or cfg.device))
+                      mechanism=lambda epoch: privacy_factory.forward_mechanism(cfg, width, epoch),
+                      grad_postprocess=privacy_factory.postprocess(cfg, "backward"),
+                      device=resolve_device(device or cfg.device), ledger=make_ledger(cfg, name),
+                      dpsgd=privacy_factory.uses_dpsgd(cfg, "guest"), frozen=cfg.one_shot,
+                      importance=cfg.allocation == "importance" and privacy_factory.protects_guests(cfg),
+                      constant_schedule=cfg.schedule == "constant")
 
 
 def make_host(plan: RunPlan, data: PartyData, device: str | None = None) -> HostParty:
@@ -132,8 +181,35 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None) -> Host
         bottom = build_bottom(arch, "host", plan.input_shapes["host"], plan.cut, "native", cfg.seed)
     top = build_top(arch, plan.merged_shape, plan.cut, plan.num_outputs, cfg.seed)
     guest_shapes = {g: plan.cut_shapes[g] for g in plan.guests}
+    widths = {g: int(np.prod(s)) for g, s in guest_shapes.items()}
+    mechanisms = {g: (lambda epoch, w=w: privacy_factory.backward_mechanism(cfg, w, epoch)) for g, w in widths.items()}
     return HostParty(cfg, plan.schedule, data, bottom, Merge(cfg.merge), top, guest_shapes,
-                     device=resolve_device(device or cfg.device))
+                     backward_mechanisms=mechanisms, act_postprocess=privacy_factory.postprocess(cfg, "forward"),
+                     device=resolve_device(device or cfg.device), ledger=make_ledger(cfg, "host"),
+                     dpsgd=privacy_factory.uses_dpsgd(cfg, "host"), one_shot=cfg.one_shot,
+                     constant_schedule=cfg.schedule == "constant")
+
+
+@functools.lru_cache(maxsize=2)
+def _pretrained(key: tuple, cfg: RunConfig) -> dict[str, dict]:
+    from fl_split.engine import MonolithicEngine
+
+    engine = MonolithicEngine(cfg.replace(one_shot=False, epochs=cfg.pretrain_epochs, progress=False), public=True)
+    engine.run()
+    return {p: {k: v.detach().clone() for k, v in m.state_dict().items()} for p, m in engine.model.bottoms.items()}
+
+
+def pretrained_bottoms(cfg: RunConfig) -> dict[str, dict]:
+    """One-shot mode (002 §3): the guests' bottoms pretrained on *public* records.
+
+    002 loads the first layers of a model pretrained on a public same-domain dataset and freezes
+    them. Here the public data are ``--public-fraction`` of the training IDs, removed from the
+    private training set (:func:`prepare_data`); the whole model is trained on them (no privacy
+    is needed for public records) for ``--pretrain-epochs`` and each guest keeps its bottom.
+    Deterministic from the config, so every node computes the same weights.
+    """
+    return _pretrained(_data_key(cfg) + (cfg.pretrain_epochs, cfg.model, cfg.cut_layer, cfg.hidden, cfg.lr,
+                                         cfg.optimizer, cfg.defense, cfg.protect, cfg.merge), cfg)
 
 
 def make_parties(cfg: RunConfig) -> tuple[HostParty, dict[str, GuestParty], RunPlan]:
@@ -158,9 +234,15 @@ class MonolithicModel(nn.Module):
         return self.top(self.merge([self.bottoms[p](xs[p]) for p in self.bottoms]))
 
 
-def make_monolithic(cfg: RunConfig) -> tuple[MonolithicModel, PreparedData, RunPlan]:
-    """The no-split reference: same modules and initial weights as the split parties."""
+def make_monolithic(cfg: RunConfig, public: bool = False) -> tuple[MonolithicModel, PreparedData, RunPlan]:
+    """The no-split reference: same modules and initial weights as the split parties.
+
+    ``public=True`` trains on the one-shot public records instead (guest pretraining)."""
     prepared = prepare_data(cfg)
+    if public:
+        one_shot = prepare_data(cfg.replace(one_shot=True))
+        prepared = dataclasses.replace(one_shot, parties=one_shot.public,
+                                       train_ids=one_shot.public["host"].train_ids, public={})
     plan = plan_run(cfg, prepared)
     arch = _architecture(cfg)
     bottoms = {p: build_bottom(arch, p, s, plan.cut, plan.guest_cut_activation, cfg.seed)

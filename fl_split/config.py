@@ -139,7 +139,7 @@ class RunConfig:
     protect: str = _opt("guest", "whose data the defense protects: guest = forward releases, "
                                  "host = backward releases, both", choices=("guest", "host", "both"),
                         group="privacy")
-    epsilon: float = _opt(1.0, "privacy budget of one release (per record, per direction)",
+    epsilon: float = _opt(1.0, "epsilon of releasing one record's whole cut-layer tensor once (geometric schedule: the total over epochs)",
                           check=_positive_float, allowed="a number > 0", group="privacy")
     delta: float = _opt(1e-5, "delta of (epsilon, delta)-DP reports", check=_open_unit,
                         allowed="a number strictly between 0 and 1", group="privacy")
@@ -173,6 +173,13 @@ class RunConfig:
                                       "batch IDs, so amplification is doubtful)", group="privacy")
     one_shot: bool = _opt(False, "002 workflow: frozen pretrained guest bottoms release each record once",
                           group="privacy")
+    public_fraction: float = _opt(0.2, "one-shot: fraction of the training IDs treated as public data, "
+                                       "used only to pretrain the guest bottoms", check=_open_unit,
+                                  allowed="a number strictly between 0 and 1", group="privacy")
+    pretrain_epochs: int = _opt(5, "one-shot: epochs of (non-private) pretraining on the public records",
+                                check=_positive_int, allowed="an integer >= 1", group="privacy")
+    max_grad_norm: float = _opt(1.0, "DP-SGD per-sample gradient clipping norm (Opacus max_grad_norm)",
+                                check=_positive_float, allowed="a number > 0", group="privacy")
 
     # ------------------------------------------------------------------------------------
     def __post_init__(self) -> None:

@@ -64,7 +64,12 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[
             wire["rounds"] += 1
             wire["bytes_to_guests"] += sum(len(b) for bl in owed.values() for b in bl)
             wire["messages_to_guests"] += sum(len(bl) for bl in owed.values())
-            acts = transport.guest_step(owed, rnd.keys, rnd.round)
+            if cfg.one_shot and rnd.epoch > 1:
+                # 002 one-shot: every record was released once in epoch 1; the host trains
+                # and evaluates on its cache and nothing is sent to or from the guests
+                acts = {g: [] for g in transport.guests}
+            else:
+                acts = transport.guest_step(owed, rnd.keys, rnd.round)
             wire["bytes_to_host"] += sum(len(b) for bl in acts.values() for b in bl)
             wire["messages_to_host"] += sum(len(bl) for bl in acts.values())
             if isinstance(rnd, TrainRound):
@@ -85,7 +90,9 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[
     finally:
         bar.close()
     elapsed = time.perf_counter() - t0
-    results = make_results(cfg, plan, history, wire, elapsed, engine, parties=transport.reports())
+    reports = transport.reports()
+    results = make_results(cfg, plan, history, wire, elapsed, engine, parties=reports)
+    results["privacy"] = {name: rep["privacy"] for name, rep in reports.items() if "privacy" in rep}
     results.update(stopped)
     return results
 
@@ -167,9 +174,9 @@ class MonolithicEngine:
 
     name = "monolithic"
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, public: bool = False) -> None:
         self.cfg = cfg
-        self.model, self.data, self.plan = make_monolithic(cfg)
+        self.model, self.data, self.plan = make_monolithic(cfg, public=public)
         self.device = resolve_device(cfg.device)
         self.model.to(self.device)
         self.optimizer = make_optimizer(cfg, self.model.parameters())
