@@ -17,7 +17,8 @@ from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine, MonolithicEngine, coordinate
 from fl_split.parties import GuestParty, HostParty
 from fl_split.protocol import decode
-from fl_split.state import flatten, unflatten
+
+from tests.helpers import StatelessTransport
 
 BASE = dict(dataset="digits", epochs=2, batch_size=32, lr=0.01, limit=500, progress=False, seed=3)
 
@@ -54,55 +55,12 @@ def test_batchnorm_model_and_table_dataset_equal_monolithic():
     np.testing.assert_allclose(_losses(LocalEngine(cfg).run()), _losses(MonolithicEngine(cfg).run()), rtol=1e-6)
 
 
-class _StatelessTransport:
-    """Like Flower deployment: every request rebuilds the party from its exported state.
-
-    Exercises export/import and the guest's recomputed forward (no live autograd graph
-    survives between messages).
-    """
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-        host, guests, self.plan = make_parties(cfg)
-        self.guests = list(guests)
-        self.states = {"host": flatten(host.export_state()), **{g: flatten(p.export_state()) for g, p in guests.items()}}
-
-    def _party(self, name):
-        host, guests, _ = make_parties(self.cfg)
-        party = host if name == "host" else guests[name]
-        party.import_state(unflatten(*self.states[name]))
-        return party
-
-    def _save(self, name, party):
-        self.states[name] = flatten(party.export_state())
-
-    def guest_step(self, owed, keys, round_):
-        out = {}
-        for g in self.guests:
-            p = self._party(g)
-            out[g] = p.step(owed[g], keys, round_)
-            self._save(g, p)
-        return out
-
-    def host_train(self, keys, acts, round_):
-        p = self._party("host")
-        res = p.train(keys, acts, round_)
-        self._save("host", p)
-        return res
-
-    def host_evaluate(self, keys, acts, round_):
-        return self._party("host").evaluate(keys, acts)
-
-    def reports(self):
-        return {}
-
-
 @pytest.mark.parametrize("model", ["mlp", "mnist-mlp-bn"])
 def test_state_restore_and_recompute_equal_live_graph(model):
     """Parties rebuilt from exported state each round give the same numbers as live parties."""
     cfg = RunConfig(**{**BASE, "epochs": 1, "limit": 200}, model=model, guests=2, optimizer="adam")
     live = LocalEngine(cfg).run()
-    t = _StatelessTransport(cfg)
+    t = StatelessTransport(cfg)
     restored = coordinate(cfg, t.plan, t, "stateless")
     np.testing.assert_array_equal(_losses(live), _losses(restored))
     assert live["final"]["value"] == restored["final"]["value"]

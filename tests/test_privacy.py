@@ -23,6 +23,8 @@ from fl_split.engine import LocalEngine, LocalTransport, coordinate
 from fl_split.errors import ConfigError
 from fl_split.protocol import decode
 
+from tests.helpers import StatelessTransport
+
 BASE = dict(dataset="digits", guests=2, epochs=2, batch_size=32, lr=0.01, limit=300, progress=False, seed=5)
 FIELDS = {"mechanism", "releases", "releases_per_record", "delta", "epsilon", "accountant", "epsilons",
           "assumptions"}
@@ -81,12 +83,23 @@ def test_every_defense_trains_and_ledger_holds_every_release(defense, protect):
         assert len(p.ledger) == t.sent[g]["messages"]
         assert p.ledger.report()["releases"] == t.sent[g]["records"] == cfg.epochs * (n_train + n_test)
         assert res["privacy"][g]["releases_per_record"] == cfg.epochs
-        assert res["privacy"][g]["epsilon"] == pytest.approx(cfg.epochs * cfg.epsilon)  # basic composition
+        assert res["privacy"][g]["epsilon"] == pytest.approx(_basic_per_record(cfg, res["privacy"][g]), rel=1e-6)
     if protect == "both":
         assert len(host.ledger) == t.sent["host"]["messages"]
         assert host.ledger.report()["releases"] == t.sent["host"]["records"] == cfg.epochs * n_train * cfg.guests
         # each record's partial loss goes to every guest: G releases per record per epoch
         assert res["privacy"]["host"]["releases_per_record"] == cfg.epochs * cfg.guests
+
+
+def _basic_per_record(cfg, rep):
+    """Basic composition of the worst record's ``T = epochs`` forward releases, computed here:
+    ``T·ε`` for pure-DP mechanisms; for the Gaussian each release at ``δ/T`` with the exact
+    single-release epsilon of a Gaussian of noise multiplier ``σ/(2√d)`` (tanh cut layer)."""
+    t = cfg.epochs
+    if cfg.defense != "gaussian":
+        return t * cfg.epsilon
+    z = cfg.sigma / (2 * math.sqrt(rep["mechanism"]["cut_width"]))
+    return t * dp_accounting.get_epsilon_gaussian(z, cfg.delta / t)
 
 
 def test_unprotected_side_claims_nothing():
@@ -126,18 +139,20 @@ def test_geometric_schedule_total_stays_below_epsilon():
 
 
 def test_budget_stops_cleanly_with_every_party_within(tmp_path, capsys):
-    """Budget 2.5 with epsilon 1 per release: epochs 1 and 2 fit, epoch 3's first release does not."""
+    """Epsilon 1 per release, budget 4.5: the host sends each record's partial loss to both guests
+    (2 per epoch), so epochs 1 and 2 fit (4.0) and epoch 3's first batch (6.0) is refused."""
     out = tmp_path / "r.json"
     code = main(["train", "--dataset", "digits", "--guests", "2", "--epochs", "5", "--limit", "300",
                  "--defense", "laplace", "--protect", "both", "--epsilon", "1", "--accountant", "basic",
-                 "--budget", "2.5", "--no-progress", "--out", str(out)])
+                 "--budget", "4.5", "--no-progress", "--out", str(out)])
     assert code == 0
     res = json.loads(out.read_text())
     assert res["stopped_reason"] == "budget"
     assert len(res["history"]) == 2  # two complete epochs were trained and evaluated
     for party, rep in res["privacy"].items():
-        assert rep["epsilon"] <= 2.5 + 1e-9, party
-        assert rep["releases_per_record"] <= 2 * 2  # host: 2 epochs x 2 guests
+        assert rep["epsilon"] <= 4.5 + 1e-9, party
+    assert res["privacy"]["host"]["releases_per_record"] == 2 * 2  # 2 epochs x 2 guests, nothing of epoch 3
+    assert res["privacy"]["host"]["epsilon"] == pytest.approx(4.0)
     assert "budget" in capsys.readouterr().out
 
 
@@ -193,12 +208,10 @@ def test_mechanism_runs_are_deterministic_and_seed_dependent():
 def test_restored_parties_with_ledger_match_live():
     """A party rebuilt from its exported state every round (Flower deployment) trains and
     accounts exactly like a live one: the ledger survives with the party."""
-    from tests.test_equivalence import _StatelessTransport
-
     cfg = RunConfig(**{**BASE, "epochs": 1, "limit": 200}, defense="r3elu", protect="both", epsilon=8.0,
                     allocation="importance", accountant="basic")
     live = LocalEngine(cfg).run()
-    t = _StatelessTransport(cfg)
+    t = StatelessTransport(cfg)
     restored = coordinate(cfg, t.plan, t, "stateless")
     assert [h["train_loss"] for h in live["history"]] == [h["train_loss"] for h in restored["history"]]
     from fl_split.parties import GuestParty

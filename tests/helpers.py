@@ -1,0 +1,49 @@
+"""Helpers shared by several test modules."""
+
+from __future__ import annotations
+
+from fl_split.builder import make_parties
+from fl_split.state import flatten, unflatten
+
+
+class StatelessTransport:
+    """Like Flower deployment: every request rebuilds the party from its exported state.
+
+    Exercises export/import and the guest's recomputed forward (no live autograd graph
+    survives between messages).
+    """
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        host, guests, self.plan = make_parties(cfg)
+        self.guests = list(guests)
+        self.states = {"host": flatten(host.export_state()), **{g: flatten(p.export_state()) for g, p in guests.items()}}
+
+    def _party(self, name):
+        host, guests, _ = make_parties(self.cfg)
+        party = host if name == "host" else guests[name]
+        party.import_state(unflatten(*self.states[name]))
+        return party
+
+    def _save(self, name, party):
+        self.states[name] = flatten(party.export_state())
+
+    def guest_step(self, owed, keys, round_):
+        out = {}
+        for g in self.guests:
+            p = self._party(g)
+            out[g] = p.step(owed[g], keys, round_)
+            self._save(g, p)
+        return out
+
+    def host_train(self, keys, acts, round_):
+        p = self._party("host")
+        res = p.train(keys, acts, round_)
+        self._save("host", p)
+        return res
+
+    def host_evaluate(self, keys, acts, round_):
+        return self._party("host").evaluate(keys, acts)
+
+    def reports(self):
+        return {}
