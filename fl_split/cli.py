@@ -32,13 +32,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"fl-split: error: {message}\n")
 
 
-def _add_train_flags(p: argparse.ArgumentParser) -> None:
+def _add_train_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
     groups = {
-        "core": p.add_argument_group("data, model, optimisation"),
+        "core": p.add_argument_group("data, model, optimisation" if only is None else "data"),
         "flower": p.add_argument_group("Flower engine"),
         "privacy": p.add_argument_group("privacy (SPEC §3, §5)"),
     }
     for f in option_fields():
+        if only is not None and f.name not in only:
+            continue
         meta = f.metadata
         g = groups[meta["group"]]
         flag = "--" + (meta["flag"] or key_of(f.name))
@@ -57,6 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="run one split-learning experiment",
                            description="Run one split-learning experiment and print accuracy and each party's epsilon.")
     _add_train_flags(train)
+    export = sub.add_parser(
+        "export-parties", help="write one data file per party (host.npz, guest-1.npz, ...) for a Flower deployment",
+        description="Prepare the dataset as a run would (shared-ID split, column partition, each party's own "
+                    "alignment and encoding) and write each party's slice to its own file, for the SuperNode "
+                    "of that party (node-config data-path). A guest's file holds no labels.")
+    from fl_split.party_files import DATA_KEYS
+
+    _add_train_flags(export, only=(*DATA_KEYS, "data_root"))
+    export.add_argument("--out", dest="out_dir", metavar="DIR", required=True,
+                        help="directory to write host.npz, guest-1.npz, ... into (created if missing)")
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser
@@ -167,6 +179,19 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_parties(ns: argparse.Namespace) -> int:
+    from fl_split.party_files import export_parties
+
+    cfg = config_from_args(ns)
+    out = Path(ns.out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError("out", ns.out_dir, "a directory (it is created if missing)", reason="it is a file")
+    files = export_parties(cfg, out)
+    for party, path in files.items():
+        print(f"{party}: {path}")
+    return 0
+
+
 def cmd_datasets() -> int:
     from rich.console import Console
     from rich.table import Table
@@ -206,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "train":
             return cmd_train(ns)
+        if ns.command == "export-parties":
+            return cmd_export_parties(ns)
         if ns.command == "datasets":
             return cmd_datasets()
         if ns.command == "models":

@@ -1,0 +1,244 @@
+"""One Flower node hosting one party: role, lazy construction, state in ``context.state``.
+
+The ClientApp (``clients/client_app.py``) hands every message to :func:`handle`. A node's role
+comes from its ``node_config``:
+
+* deployment (``flower-supernode --node-config``): ``role = "host"`` or ``role = "guest"`` with
+  ``guest-index = i`` (1..G), and ``data-path`` = the party's file from ``fl-split export-parties``;
+* simulation: ``partition-id`` (0 = host, 1..G = guests); the node prepares the dataset itself
+  (once per process) and keeps only its party's slice.
+
+The party is built lazily from the run configuration the coordinator sends with ``setup``. Its
+whole state (models, optimizer, pending batches, ledger, receiver caches; random draws need no
+state, they are seeded by batch keys) is written to ``context.state`` after every message
+(:func:`fl_split.parties.export_flat`),
+so any process can continue it — in deployment each message may start a fresh ClientApp process,
+in simulation a node's messages go to whichever Ray actor is free. A per-process cache keyed by a
+token stored beside the state skips the restore when this process handled the node's previous
+message (the restored and the live party train bit-identically; the cache only saves time).
+
+Anything a party raises is answered with an error record (:func:`fl_split.flower.records.error_record`);
+the node's state is left as it was before the message.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message
+
+from fl_split.config import RunConfig
+from fl_split.errors import ConfigError, ProtocolError
+from fl_split.flower import records as R
+from fl_split.flower.records import FederationError
+
+#: (run id, node id) -> (state token, live party)
+_PARTIES: dict[tuple[int, int], tuple[str, Any]] = {}
+
+
+@dataclass(frozen=True)
+class NodeRole:
+    party: str          # "host" or "guest-i"
+    role: str           # "host" or "guest"
+    guest_index: int    # 0 for the host
+    mode: str           # "simulation" or "deployment"
+    data_path: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"party": self.party, "role": self.role, "guest-index": self.guest_index, "mode": self.mode,
+                "data-path": self.data_path}
+
+
+def node_role(node_config: dict[str, Any]) -> NodeRole:
+    """The party this node hosts, from its ``node_config`` (see module docstring)."""
+    if "role" in node_config:
+        role = str(node_config["role"]).strip().lower()
+        path = str(node_config.get("data-path", "")).strip()
+        if not path:
+            raise FederationError("node-config: 'data-path' is missing; a deployment node needs its party "
+                                  "file (fl-split export-parties), e.g. --node-config \"role='guest' "
+                                  "guest-index=1 data-path='parties/guest-1.npz'\"")
+        if role == "host":
+            return NodeRole("host", "host", 0, "deployment", path)
+        if role == "guest":
+            raw = node_config.get("guest-index")
+            try:
+                idx = int(raw)
+                if isinstance(raw, float) and not float(raw).is_integer():
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise FederationError(f"node-config: guest-index is {raw!r}; a guest node needs an integer "
+                                      f"guest-index >= 1") from None
+            if idx < 1:
+                raise FederationError(f"node-config: guest-index is {idx}; allowed: an integer >= 1")
+            return NodeRole(f"guest-{idx}", "guest", idx, "deployment", path)
+        raise FederationError(f"node-config: role is {node_config['role']!r}; allowed: 'host' or 'guest'")
+    if "partition-id" in node_config:
+        pid = int(node_config["partition-id"])
+        if pid == 0:
+            return NodeRole("host", "host", 0, "simulation")
+        return NodeRole(f"guest-{pid}", "guest", pid, "simulation")
+    raise FederationError("node-config has neither 'role' (deployment: role, guest-index, data-path) nor "
+                          "'partition-id' (simulation)")
+
+
+@functools.lru_cache(maxsize=1)
+def worker_id() -> str:
+    """Where this process runs: the Ray node ID inside a simulation actor, else host:pid."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return "ray:" + ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - Ray absent or not in a Ray worker
+        pass
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# -- building a party ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _simulation_plan(cfg: RunConfig):
+    from fl_split.builder import plan_run, prepare_data
+
+    return plan_run(cfg, prepare_data(cfg))
+
+
+@functools.lru_cache(maxsize=4)
+def _deployment_data(path: str, mtime: float):
+    from fl_split.party_files import load_party
+
+    return load_party(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _deployment_plan(cfg: RunConfig, path: str, mtime: float):
+    from fl_split.party_files import check_facts, plan_from_facts
+
+    _, facts = _deployment_data(path, mtime)
+    check_facts(cfg, facts, f"party file {path!r}")
+    return plan_from_facts(cfg, facts)
+
+
+def build_party(cfg: RunConfig, role: NodeRole):
+    """``(party, public facts)`` of this node for ``cfg``."""
+    from fl_split.builder import make_guest, make_host
+
+    if role.role == "guest" and role.guest_index > cfg.guests:
+        raise FederationError(f"{role.party}: guest-index {role.guest_index} is out of range; the run has "
+                              f"--guests {cfg.guests}")
+    if role.mode == "simulation":
+        from fl_split.builder import prepare_data
+        from fl_split.party_files import public_facts
+
+        prepared = prepare_data(cfg)
+        plan = _simulation_plan(cfg)
+        data = prepared.parties[role.party]
+        facts = public_facts(cfg, prepared)
+    else:
+        if cfg.one_shot:
+            raise ConfigError("one-shot", True, "false in deployment", reason="one-shot pretraining needs the "
+                              "public records, which party files do not hold")
+        path = os.path.abspath(os.path.expanduser(role.data_path))
+        mtime = os.path.getmtime(path) if os.path.exists(path) else 0.0
+        data, facts = _deployment_data(path, mtime)
+        if data.party != role.party:
+            raise FederationError(f"node-config says this node is {role.party}, but {path!r} holds "
+                                  f"{data.party}'s data")
+        plan = _deployment_plan(cfg, path, mtime)
+    party = make_host(plan, data) if role.role == "host" else make_guest(plan, data, role.party)
+    return party, facts
+
+
+# -- state ---------------------------------------------------------------------------------------
+def _save(context: Context, party, config_json: str) -> None:
+    from fl_split.parties import export_flat
+
+    arrays, skeleton = export_flat(party)
+    token = uuid.uuid4().hex
+    context.state[R.STATE_ARRAYS] = R.arrays_to_record(arrays)
+    context.state[R.STATE_META] = ConfigRecord({"config": config_json, "party": party.name,
+                                                "skeleton": R.dumps(skeleton), "token": token})
+    _PARTIES[(context.run_id, context.node_id)] = (token, party)
+
+
+def _restore(context: Context, role: NodeRole):
+    from fl_split.parties import import_flat
+
+    meta = context.state.config_records.get(R.STATE_META)
+    if meta is None:
+        raise ProtocolError(f"{role.party}: no party is set up on this node (the coordinator sends "
+                            f"'setup' before any round)")
+    cached = _PARTIES.get((context.run_id, context.node_id))
+    if cached is not None and cached[0] == meta["token"]:
+        return cached[1], str(meta["config"])
+    cfg = RunConfig.from_mapping(R.loads(str(meta["config"])))
+    party, _ = build_party(cfg, role)
+    import_flat(party, R.record_to_arrays(context.state.array_records[R.STATE_ARRAYS]),
+                R.loads(str(meta["skeleton"])))
+    return party, str(meta["config"])
+
+
+# -- the handler ---------------------------------------------------------------------------------
+def handle(message: Message, context: Context) -> Message:
+    """Answer one coordinator message (any operation) for the party this node hosts."""
+    mtype = message.metadata.message_type
+    key = (context.run_id, context.node_id)
+    req = R.request_of(message.content) if R.REQUEST in message.content.config_records else ConfigRecord()
+    round_ = int(req.get("round", -1))
+    who = "node"
+    try:
+        role = node_role(dict(context.node_config))
+        who = role.party
+        if mtype == R.MSG_ROLE:
+            return _reply(message, role=R.dumps(role.to_json()))
+        if mtype == R.MSG_SETUP:
+            expected = str(req.get("party", role.party))
+            if expected != role.party:
+                raise FederationError(f"the coordinator set this node up as {expected}, but it hosts {role.party}")
+            config_json = str(req["config"])
+            cfg = RunConfig.from_mapping(R.loads(config_json))
+            party, facts = build_party(cfg, role)
+            _save(context, party, config_json)
+            facts_json = facts.to_json() if role.role == "host" else facts.without_labels().to_json()
+            return _reply(message, facts=R.dumps(facts_json))
+        party, config_json = _restore(context, role)
+        keys = R.keys_from_json(str(req.get("keys", "[]")))
+        if mtype == R.MSG_STEP:
+            _expect(role, "guest", mtype)
+            blobs = party.step(R.blob_list(req, "owed"), keys, round_)
+            _save(context, party, config_json)
+            return _reply(message, blobs=blobs)
+        if mtype == R.MSG_HOST_TRAIN:
+            _expect(role, "host", mtype)
+            acts = {g: R.blob_list(req, f"acts.{g}") for g in party.guests}
+            grads, stats = party.train(keys, acts, round_)
+            _save(context, party, config_json)
+            return _reply(message, stats=R.dumps(stats), **{f"grads.{g}": b for g, b in grads.items()})
+        if mtype == R.MSG_HOST_EVAL:
+            _expect(role, "host", mtype)
+            acts = {g: R.blob_list(req, f"acts.{g}") for g in party.guests}
+            stats = party.evaluate(keys, acts)
+            _save(context, party, config_json)
+            return _reply(message, stats=R.dumps(stats))
+        if mtype == R.MSG_REPORT:
+            return _reply(message, report=R.dumps(party.report()))
+        raise ProtocolError(f"{role.party}: unknown message type {mtype!r}")
+    except Exception as exc:  # noqa: BLE001 - every failure is reported to the coordinator
+        # the live object may be half-updated: forget it; context.state still holds the last good state
+        _PARTIES.pop(key, None)
+        return Message(R.error_record(exc, who, None if round_ < 0 else round_), reply_to=message)
+
+
+def _expect(role: NodeRole, want: str, mtype: str) -> None:
+    if role.role != want:
+        raise ProtocolError(f"{role.party}: '{mtype}' is for the {want}, this node hosts a {role.role}")
+
+
+def _reply(message: Message, **values: Any) -> Message:
+    values["worker"] = worker_id()
+    return Message(R.reply_content(**values), reply_to=message)

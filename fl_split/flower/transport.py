@@ -1,0 +1,235 @@
+"""The coordinator's side of the wire: :class:`FlowerTransport` and federation discovery.
+
+:class:`FlowerTransport` implements :class:`fl_split.engine.Transport` with Flower messages, so
+the coordinator loop :func:`fl_split.engine.coordinate` runs unchanged. A round costs at most two
+exchanges (DESIGN "Latency"): one ``train.step`` message per guest, pushed together (the guests
+work in parallel), then one ``train.host`` / ``evaluate.host`` message to the host. Replies are
+collected with :meth:`Grid.push_messages` + :meth:`Grid.pull_messages` and a short poll (5 ms)
+instead of ``send_and_receive``'s fixed 0.1 s sleep.
+
+Before the first round :func:`discover` waits for the expected ``G + 1`` nodes (``grid.get_node_ids()``
+is empty at first), asks every node for its role (the ServerApp cannot read ``node_config``),
+validates the federation (:func:`validate_federation`); :func:`setup` sends every party the run
+configuration and rebuilds the run plan from the parties' public facts, so the coordinator never
+touches data.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.app import Message, RecordDict
+
+from fl_split.config import RunConfig
+from fl_split.errors import PartyError
+from fl_split.flower import records as R
+from fl_split.flower.records import FederationError
+
+log = logging.getLogger("fl_split.flower")
+
+#: how often replies are polled for (seconds)
+POLL_INTERVAL = 0.005
+
+
+@dataclass
+class ExchangeStats:
+    """Wall time spent waiting on Flower per exchange (for benchmarks)."""
+
+    exchanges: int = 0
+    seconds: float = 0.0
+    workers: set[str] = field(default_factory=set)
+
+
+class FlowerTransport:
+    """Reaches the parties through a Flower :class:`~flwr.serverapp.Grid`.
+
+    ``nodes`` maps party names (``host``, ``guest-1`` …) to Flower node IDs. Every wait is bounded
+    by ``timeout`` seconds; a party that does not answer in time raises :class:`FederationError`.
+    """
+
+    def __init__(self, grid, nodes: dict[str, int], timeout: float, poll: float = POLL_INTERVAL) -> None:
+        self.grid = grid
+        self.nodes = dict(nodes)
+        self.guests = sorted((p for p in nodes if p != "host"), key=lambda p: int(p.split("-")[1]))
+        self.timeout = float(timeout)
+        self.poll = float(poll)
+        self.stats = ExchangeStats()
+
+    # -- one exchange ----------------------------------------------------------------------------
+    def exchange(self, requests: dict[str, tuple[str, RecordDict]], round_: int | None) -> dict[str, Any]:
+        """Send ``{party: (message_type, content)}`` together; return ``{party: reply ConfigRecord}``.
+
+        An error reply raises (the first failing party in merge order); so does a party that has
+        not answered after ``timeout`` seconds."""
+        t0 = time.perf_counter()
+        group = str(round_ if round_ is not None else 0)
+        msgs = {p: Message(content, dst_node_id=self.nodes[p], message_type=mtype, group_id=group)
+                for p, (mtype, content) in requests.items()}
+        ids = list(self.grid.push_messages(msgs.values()))
+        if len(ids) != len(msgs):
+            raise FederationError(f"Flower accepted {len(ids)} of {len(msgs)} messages in round {round_}")
+        party_of = dict(zip(ids, msgs))
+        pending = set(ids)
+        replies: dict[str, Message] = {}
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            for msg in self.grid.pull_messages(list(pending)):
+                mid = msg.metadata.reply_to_message_id
+                if mid in pending:
+                    pending.discard(mid)
+                    replies[party_of[mid]] = msg
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                late = sorted(party_of[m] for m in pending)
+                what = ", ".join(f"{p} (node {self.nodes[p]})" for p in late)
+                raise FederationError(f"no reply from {what} within {self.timeout:g} s"
+                                      f"{'' if round_ is None else f' in round {round_}'} "
+                                      f"({requests[late[0]][0]}); raise --node-timeout if the party is slow")
+            time.sleep(self.poll)
+        out = {}
+        for p in sorted(replies, key=_party_order):
+            out[p] = _check_reply(replies[p], p, round_)
+            w = out[p].get("worker")
+            if w:
+                self.stats.workers.add(str(w))
+        self.stats.exchanges += 1
+        self.stats.seconds += time.perf_counter() - t0
+        return out
+
+    # -- Transport protocol ------------------------------------------------------------------------
+    def guest_step(self, owed, keys, round_):
+        keys_json = R.keys_to_json(keys)
+        reqs = {g: (R.MSG_STEP, R.content(round=round_, keys=keys_json, owed=list(owed.get(g, []))))
+                for g in self.guests}
+        rep = self.exchange(reqs, round_)
+        return {g: R.blob_list(rep[g], "blobs") for g in self.guests}
+
+    def host_train(self, keys, acts, round_):
+        req = R.content(round=round_, keys=R.keys_to_json(keys), **{f"acts.{g}": list(acts[g]) for g in self.guests})
+        rep = self.exchange({"host": (R.MSG_HOST_TRAIN, req)}, round_)["host"]
+        stats = R.loads(str(rep["stats"]))
+        log.debug("round %d: %d batches, train loss %.4f", round_, len(keys),
+                  stats["loss_sum"] / max(stats["n"], 1))
+        return {g: R.blob_list(rep, f"grads.{g}") for g in self.guests}, stats
+
+    def host_evaluate(self, keys, acts, round_):
+        req = R.content(round=round_, keys=R.keys_to_json(keys), **{f"acts.{g}": list(acts[g]) for g in self.guests})
+        rep = self.exchange({"host": (R.MSG_HOST_EVAL, req)}, round_)["host"]
+        stats = R.loads(str(rep["stats"]))
+        log.info("round %d (evaluation): test metric %.4f, test loss %.4f", round_,
+                 stats["hits"] / max(stats["n"], 1), stats["loss_sum"] / max(stats["n"], 1))
+        return stats
+
+    def reports(self):
+        reqs = {p: (R.MSG_REPORT, R.content()) for p in self.nodes}
+        rep = self.exchange(reqs, None)
+        return {p: R.loads(str(rep[p]["report"])) for p in ["host", *self.guests]}
+
+
+def _party_order(p: str) -> tuple[int, int]:
+    return (0, 0) if p == "host" else (1, int(p.split("-")[1]) if p.split("-")[-1].isdigit() else 0)
+
+
+def flower_reason(reason: str) -> str:
+    """One line from a Flower error reason, which reads ``<class 'X'>:<'text'>`` and may embed a
+    whole remote traceback: the exception's own message, prefixed with its type if that is all."""
+    text = str(reason).strip()
+    m = re.fullmatch(r"<class '([^']+)'>:<'(.*)'>", text, re.S)
+    kind, text = (m.group(1).rsplit(".", 1)[-1], m.group(2)) if m else ("", text)
+    if "Message:" in text:
+        return text.rsplit("Message:", 1)[1].strip() or "(no message)"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not set(ln.strip()) <= set("^~ ")]
+    last = lines[-1] if lines else "(no reason given)"
+    return f"{kind}: {last}" if kind and "Traceback" not in text else last
+
+
+def _check_reply(msg: Message, party: str, round_: int | None):
+    if msg.has_error():
+        err = msg.error
+        raise PartyError(party, round_, f"the ClientApp crashed (Flower error {err.code}): {flower_reason(err.reason)}")
+    R.raise_error_record(msg.content, party, round_)
+    if R.REPLY not in msg.content.config_records:
+        raise PartyError(party, round_, "reply carries no fl_split record")
+    return R.reply_of(msg.content)
+
+
+# -- federation ------------------------------------------------------------------------------------
+def wait_for_nodes(grid, expected: int, timeout: float, poll: float = 0.05) -> list[int]:
+    """Node IDs once at least ``expected`` nodes have registered (nodes register asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ids = sorted(int(n) for n in grid.get_node_ids())
+        if len(ids) >= expected:
+            return ids
+        if time.monotonic() > deadline:
+            raise FederationError(f"waited {timeout:g} s for {expected} nodes (1 host + {expected - 1} guests), "
+                                  f"{len(ids)} registered; start the missing SuperNodes or raise --node-timeout")
+        time.sleep(poll)
+
+
+def validate_federation(roles: dict[int, dict[str, Any]], guests: int) -> dict[str, int]:
+    """``{party: node_id}`` from the nodes' answers to the role query, or a clear error.
+
+    A valid federation has exactly one host and guests with indices exactly ``1..guests``, each
+    once (``roles`` maps node ID -> ``{"role", "guest-index", ...}``)."""
+    hosts = sorted(n for n, r in roles.items() if r["role"] == "host")
+    by_index: dict[int, list[int]] = {}
+    for n, r in roles.items():
+        if r["role"] == "guest":
+            by_index.setdefault(int(r["guest-index"]), []).append(n)
+    problems = []
+    if len(hosts) != 1:
+        problems.append(f"{len(hosts)} host nodes{' ' + str(hosts) if hosts else ''} (exactly one is needed)")
+    dup = {i: ns for i, ns in by_index.items() if len(ns) > 1}
+    if dup:
+        problems.append("duplicate guest indices " + ", ".join(f"{i} on nodes {ns}" for i, ns in sorted(dup.items())))
+    extra = sorted(i for i in by_index if not 1 <= i <= guests)
+    if extra:
+        problems.append(f"guest indices {extra} outside 1..{guests}")
+    missing = [i for i in range(1, guests + 1) if i not in by_index]
+    if missing:
+        problems.append(f"no node for guest indices {missing}")
+    if problems:
+        raise FederationError(f"the federation does not match the run (1 host + {guests} guests, --guests "
+                              f"{guests}): " + "; ".join(problems))
+    nodes = {"host": hosts[0]}
+    nodes.update({f"guest-{i}": by_index[i][0] for i in range(1, guests + 1)})
+    return nodes
+
+
+def discover(grid, cfg: RunConfig, poll: float = POLL_INTERVAL) -> FlowerTransport:
+    """Wait for the nodes, learn their roles, validate; a transport addressing each party."""
+    ids = wait_for_nodes(grid, cfg.guests + 1, cfg.node_timeout)
+    probe = FlowerTransport(grid, {f"node-{n}": n for n in ids}, cfg.node_timeout, poll)
+    answers = probe.exchange({f"node-{n}": (R.MSG_ROLE, R.content()) for n in ids}, None)
+    roles = {int(p.split("-", 1)[1]): R.loads(str(rec["role"])) for p, rec in answers.items()}
+    nodes = validate_federation(roles, cfg.guests)
+    transport = FlowerTransport(grid, nodes, cfg.node_timeout, poll)
+    transport.stats.workers |= probe.stats.workers
+    return transport
+
+
+def setup(transport: FlowerTransport, cfg: RunConfig):
+    """Build every party from ``cfg``; returns the run plan rebuilt from the host's public facts."""
+    from fl_split.party_files import PublicFacts, plan_from_facts
+
+    config_json = R.dumps(cfg.to_flower())
+    reqs = {p: (R.MSG_SETUP, R.content(config=config_json, party=p)) for p in transport.nodes}
+    rep = transport.exchange(reqs, 0)
+    facts = {p: PublicFacts.from_json(R.loads(str(r["facts"]))) for p, r in rep.items()}
+    host = facts["host"]
+    for p, f in facts.items():
+        for attr in ("dataset", "n_train", "n_test"):
+            if getattr(f, attr) != getattr(host, attr):
+                raise FederationError(f"{p}'s data disagree with the host's: {attr} = {getattr(f, attr)!r}, "
+                                      f"host has {getattr(host, attr)!r} (export all party files together)")
+        if p != "host" and tuple(f.input_shapes.get(p, ())) != tuple(host.input_shapes.get(p, ())):
+            raise FederationError(f"{p}'s input shape {f.input_shapes.get(p)} differs from the one the host "
+                                  f"expects {host.input_shapes.get(p)}")
+    return plan_from_facts(cfg, host)
+

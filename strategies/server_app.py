@@ -1,0 +1,124 @@
+"""The fl_split ServerApp and its strategy, :class:`VerticalSplitStrategy`.
+
+Vertical split learning is not FedAvg: nothing is aggregated. The coordinator schedules rounds
+and relays the parties' releases (it never sees raw data, labels or weights). The strategy
+
+1. waits for the expected ``G + 1`` nodes (``--node-timeout``), asks each for its role and
+   validates the federation (one host, guests ``1..G`` each once);
+2. sends every party the run configuration (``setup``) and rebuilds the run plan from the
+   host's public facts;
+3. runs the shared coordinator loop :func:`fl_split.engine.coordinate` over a
+   :class:`~fl_split.flower.transport.FlowerTransport`: a round covers ``--batches-per-round``
+   batches in at most two exchanges, the test split is evaluated after each epoch;
+4. returns the same results dictionary as the local engine (and writes it to ``--out`` under
+   ``flwr run``).
+
+A party's error reply stops the run with :class:`~fl_split.errors.PartyError` (party, round, error);
+a refused release (:class:`~fl_split.errors.BudgetExceeded`) stops it cleanly with
+``stopped_reason: "budget"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fl_split.config import RunConfig
+from fl_split.engine import coordinate
+from fl_split.flower.transport import POLL_INTERVAL, FlowerTransport, discover, setup
+
+log = logging.getLogger("fl_split.flower")
+
+
+class VerticalSplitStrategy:
+    """Coordinates one vertical split-learning run over a Flower :class:`Grid`."""
+
+    def __init__(self, cfg: RunConfig, poll_interval: float = POLL_INTERVAL) -> None:
+        self.cfg = cfg
+        self.poll_interval = poll_interval
+        self.transport: FlowerTransport | None = None
+        self.plan = None
+
+    def configure(self, grid: Grid) -> FlowerTransport:
+        """Discover and validate the federation, set the parties up; returns the transport."""
+        self.transport = discover(grid, self.cfg, self.poll_interval)
+        log.info("federation: %s", ", ".join(f"{p} = node {n}" for p, n in self.transport.nodes.items()))
+        self.plan = setup(self.transport, self.cfg)
+        return self.transport
+
+    def run(self, grid: Grid, write_out: bool = False) -> dict[str, Any]:
+        """Train and evaluate; returns the results dictionary (see README, "Results JSON")."""
+        transport = self.configure(grid)
+        results = coordinate(self.cfg, self.plan, transport, "flower")
+        for h in results["history"]:
+            log.info("epoch %d: train loss %.4f, test %s %.4f (%.2f s)", h["epoch"], h["train_loss"],
+                     results["final"]["metric"], h["test_metric"], h["epoch_time_s"])
+        if results.get("stopped_reason", "completed") != "completed":
+            log.warning("stopped early (%s): %s", results["stopped_reason"], results.get("stopped_detail", ""))
+        if write_out and self.cfg.out:
+            from fl_split.cli import write_json_atomic
+
+            write_json_atomic(self.cfg.out, results)
+            log.info("results written to %s", self.cfg.out)
+        return results
+
+
+def config_from_context(context: Context) -> RunConfig:
+    """The run configuration of ``flwr run`` (``[tool.flwr.app.config]`` + ``--run-config``)."""
+    return RunConfig.from_mapping(dict(context.run_config)).replace(engine="flower", progress=False)
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """``flwr run .``: one run configured by the app config; results go to ``out``."""
+    _log_through_flower()
+    cfg = config_from_context(context)
+    VerticalSplitStrategy(cfg).run(grid, write_out=True)
+
+
+def _log_through_flower() -> None:
+    """Send fl_split's INFO logs to Flower's handlers (they reach ``flwr run --stream`` / ``flwr log``)."""
+    ours, flwr_logger = logging.getLogger("fl_split"), logging.getLogger("flwr")
+    ours.setLevel(logging.INFO)
+    for h in flwr_logger.handlers:
+        if h not in ours.handlers:
+            ours.addHandler(h)
+    ours.propagate = False
+
+
+def make_server_app(cfg: RunConfig | list[RunConfig], sink: dict[str, Any], poll_interval: float = POLL_INTERVAL,
+                    done: threading.Event | None = None) -> ServerApp:
+    """A ServerApp running ``cfg`` — or each of a list of configurations in turn — for an
+    in-process simulation (whose run-config is empty).
+
+    The outcome lands in ``sink``: ``results`` (a list, one per configuration), or ``error`` (the
+    exception, re-raised by the caller), and ``transport`` / ``transports`` (exchange statistics,
+    the workers that answered); ``done`` is set when the ServerApp returns."""
+    cfgs = [cfg] if isinstance(cfg, RunConfig) else list(cfg)
+    server_app = ServerApp()
+
+    @server_app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        sink["results"], sink["transports"] = [], []
+        try:
+            for c in cfgs:
+                strategy = VerticalSplitStrategy(c, poll_interval)
+                try:
+                    sink["results"].append(strategy.run(grid))
+                finally:
+                    sink["transport"] = strategy.transport
+                    sink["transports"].append(strategy.transport)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, not to Flower's logs
+            sink["error"] = exc
+        finally:
+            if done is not None:
+                done.set()
+
+    return server_app
