@@ -88,7 +88,7 @@ def encode(msg: Message) -> bytes:
         t = t.cpu()
     shape = list(t.shape)
     if msg.encoding == "bits":
-        flat = t.reshape(shape[0], -1).numpy()
+        flat = t.reshape(shape[0], int(np.prod(shape[1:], dtype=np.int64))).numpy()  # (also for 0 samples)
         if flat.size and not np.all((flat == 0) | (flat == 1)):
             raise ValueError("bits encoding needs a tensor of zeros and ones")
         payload = np.packbits(flat.astype(np.uint8), axis=1).tobytes()
@@ -141,7 +141,7 @@ def decode(blob: bytes) -> Message:
         raise ProtocolError(f"malformed message: {len(body)} payload bytes, expected {expected} for shape {shape} ({encoding})")
     ids = np.frombuffer(body, dtype="<i8", count=n).astype(np.int64)
     if encoding == "bits":
-        packed = np.frombuffer(body, dtype=np.uint8, offset=id_bytes).reshape(n, -1)
+        packed = np.frombuffer(body, dtype=np.uint8, offset=id_bytes).reshape(n, (per_sample + 7) // 8)
         flat = np.unpackbits(packed, axis=1, count=per_sample).astype(np.float32)
         tensor = torch.from_numpy(flat.reshape(shape))
     else:
