@@ -138,7 +138,10 @@ def print_summary(results: dict[str, Any]) -> None:
     engine = results["plan"]["engine"]
     title = (f"{cfg['dataset']} · {engine} · {cfg['guests']} guest(s)"
              f"{'' if cfg['host_features'] else ' · host without features'} · model {cfg['model']} "
-             f"(cut {cfg['cut_layer']}) · merge {cfg['merge']} · defense {cfg['defense']}")
+             f"(cut {cfg['cut_layer']}) · merge {cfg['merge']} · defense {cfg['defense']}"
+             + (f" ({cfg['protect']})" if cfg["defense"] != "none" else "")
+             + (f" · denoise {cfg['denoise']} {cfg['denoise_param']:g} ({cfg['denoise_side']})"
+                if cfg["denoise"] != "none" else ""))
     hist = Table(title=title, title_justify="left")
     for col in ("epoch", "train loss", f"test {final['metric']}", "epoch time (s)"):
         hist.add_column(col, justify="right")
@@ -148,15 +151,21 @@ def print_summary(results: dict[str, Any]) -> None:
     privacy = results.get("privacy")
     if privacy:
         table = Table(title="privacy, per party", title_justify="left")
-        for col in ("party", "mechanism", "releases", "per record", "epsilon", "delta", "accountant"):
+        for col in ("party", "mechanism", "releases", "per record", "SNR", "epsilon", "delta", "accountant"):
             table.add_column(col, justify="right" if col not in ("party", "mechanism", "accountant") else "left")
         for party, rep in privacy.items():
             mech = rep.get("mechanism")
             name = mech.get("name") if isinstance(mech, dict) else str(mech)
-            table.add_row(party, str(name), str(rep.get("releases", 0)), str(rep.get("releases_per_record", 0)),
+            per_record = rep.get("releases_per_record")
+            snr = (rep.get("release_stats") or {}).get("overall", {}).get("snr", {}).get("mean")
+            table.add_row(party, str(name), str(rep.get("releases", 0)), "-" if per_record is None else str(per_record),
+                          "-" if snr is None else f"{snr:.3g}",
                           _fmt(rep.get("epsilon"), 3) if rep.get("epsilon") is not None else "-",
                           f"{rep.get('delta', 0):g}", str(rep.get("accountant", "")))
         console.print(table)
+        if any(rep.get("epsilon") is None for rep in privacy.values()):
+            console.print("epsilon '-': that party's releases are not perturbed; no differential privacy is claimed")
+        console.print("SNR: mean over releases of mean |signal element| / noise scale (docs/mechanisms.md)")
     wire = results["wire"]
     line = (f"final test {final['metric']}: {final['value']:.4f}   training time: {results['time_s']:.1f} s   "
             f"wire: {wire['bytes_to_host'] / 1e6:.2f} MB to host, {wire['bytes_to_guests'] / 1e6:.2f} MB to guests")

@@ -57,6 +57,8 @@ class VerticalSplitStrategy:
         for h in results["history"]:
             log.info("epoch %d: train loss %.4f, test %s %.4f (%.2f s)", h["epoch"], h["train_loss"],
                      results["final"]["metric"], h["test_metric"], h["epoch_time_s"])
+        for party, rep in results.get("privacy", {}).items():
+            log.info("%s", privacy_line(party, rep))
         if results.get("stopped_reason", "completed") != "completed":
             log.warning("stopped early (%s): %s", results["stopped_reason"], results.get("stopped_detail", ""))
         if write_out and self.cfg.out:
@@ -65,6 +67,18 @@ class VerticalSplitStrategy:
             write_json_atomic(self.cfg.out, results)
             log.info("results written to %s", self.cfg.out)
         return results
+
+
+def privacy_line(party: str, rep: dict[str, Any]) -> str:
+    """One log line of a party's privacy report: mechanism, epsilon, delta, accountant, releases."""
+    mech = rep.get("mechanism") or {}
+    name = mech.get("name", "none") if isinstance(mech, dict) else str(mech)
+    if rep.get("epsilon") is None:
+        return f"{party}: {name}, no differential privacy claimed ({rep.get('releases', 0)} record releases)"
+    snr = (rep.get("release_stats") or {}).get("overall", {}).get("snr", {}).get("mean")
+    return (f"{party}: {name}, epsilon = {rep['epsilon']:.4g} at delta = {rep['delta']:g} ({rep['accountant']} "
+            f"accountant; {rep['releases']} record releases, at most {rep['releases_per_record']} per record"
+            + ("" if snr is None else f"; mean signal-to-noise ratio {snr:.3g}") + ")")
 
 
 def config_from_context(context: Context) -> RunConfig:

@@ -95,3 +95,58 @@ class PrivacyCost:
     sensitivity_l1: float | None = None
     sensitivity_l2: float | None = None
     params: tuple[tuple[str, object], ...] = ()
+
+
+class ReleaseStats:
+    """Per-epoch aggregates of the diagnostics (``Release.stats``) of a party's releases.
+
+    SPEC §3 asks that users see what a budget costs: every release reports its signal-to-noise
+    ratio (``snr``: mean |signal element| / noise scale, see :mod:`fl_split.privacy.mechanisms`)
+    and its noise scale. Keeping every value would grow with the run, so each epoch keeps
+    ``[sum, min, max, count]`` per statistic; :meth:`report` gives mean/min/max overall and per
+    epoch. Plain numbers only, so it travels in a party's exported state.
+    """
+
+    def __init__(self) -> None:
+        self._by_epoch: dict[int, dict[str, list[float]]] = {}
+
+    def add(self, epoch: int, stats: dict[str, float]) -> None:
+        if not stats:
+            return
+        agg = self._by_epoch.setdefault(int(epoch), {})
+        for name, value in stats.items():
+            v = float(value)
+            a = agg.get(name)
+            if a is None:
+                agg[name] = [v, v, v, 1.0]
+            else:
+                a[0] += v
+                a[1] = min(a[1], v)
+                a[2] = max(a[2], v)
+                a[3] += 1.0
+
+    def report(self) -> dict:
+        """``{"overall": {stat: {mean, min, max}}, "per_epoch": [{"epoch", stat_mean…}], "releases"}``
+        (releases = batches released with diagnostics); empty when nothing was perturbed."""
+        if not self._by_epoch:
+            return {}
+        total: dict[str, list[float]] = {}
+        per_epoch = []
+        for epoch in sorted(self._by_epoch):
+            row: dict[str, float] = {"epoch": epoch}
+            for name, (s, lo, hi, n) in sorted(self._by_epoch[epoch].items()):
+                row[f"{name}_mean"] = s / n
+                t = total.setdefault(name, [0.0, lo, hi, 0.0])
+                t[0] += s
+                t[1], t[2], t[3] = min(t[1], lo), max(t[2], hi), t[3] + n
+            per_epoch.append(row)
+        overall = {name: {"mean": s / n, "min": lo, "max": hi} for name, (s, lo, hi, n) in total.items()}
+        releases = int(max(t[3] for t in total.values()))
+        return {"overall": overall, "per_epoch": per_epoch, "releases": releases}
+
+    def state_dict(self) -> dict:
+        return {int(e): {k: list(v) for k, v in agg.items()} for e, agg in self._by_epoch.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._by_epoch = {int(e): {str(k): [float(x) for x in v] for k, v in agg.items()}
+                          for e, agg in (state or {}).items()}
