@@ -169,7 +169,7 @@ def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = N
                       grad_postprocess=privacy_factory.postprocess(cfg, "backward"),
                       device=resolve_device(device or cfg.device), ledger=make_ledger(cfg, name),
                       dpsgd=privacy_factory.uses_dpsgd(cfg, "guest"), frozen=cfg.one_shot,
-                      importance=cfg.allocation == "importance" and privacy_factory.protects_guests(cfg),
+                      importance=cfg.allocation != "uniform" and privacy_factory.protects_guests(cfg),
                       constant_schedule=cfg.schedule == "constant")
 
 

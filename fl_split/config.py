@@ -153,8 +153,10 @@ class RunConfig:
                                 kind="float_or_auto", allowed="'auto' or a number > 0", group="privacy")
     top_k: Any = _opt(AUTO, "R3eLU K (entries kept by ClipK); auto = half the cut width",
                       kind="int_or_auto", allowed="'auto' or an integer >= 1", group="privacy")
-    allocation: str = _opt("uniform", "R3eLU budget allocation across cut-layer features (001 Eq. 8-10)",
-                           choices=("uniform", "importance"), group="privacy")
+    allocation: str = _opt("uniform", "R3eLU budget allocation across cut-layer features: importance = 001 "
+                                      "Eq. 8-10 and Cor. 6 as published; importance-tight = same proportions, "
+                                      "smallest scales costing the same epsilon (ours)",
+                           choices=("uniform", "importance", "importance-tight"), group="privacy")
     schedule: str = _opt("constant", "per-iteration budget schedule (001 §3.4: geometric eps_T/2^i)",
                          choices=("constant", "geometric"), group="privacy")
     denoise: str = _opt("none", "post-processing of noisy releases (003): scale = lambda*x, "

@@ -40,7 +40,7 @@ def check(cfg: RunConfig) -> None:
         raise ConfigError("protect", cfg.protect, "guest (in one-shot mode nothing flows back to the guests)")
     if cfg.laplace_b != AUTO and cfg.schedule == "geometric" and cfg.defense == "laplace":
         raise ConfigError("schedule", cfg.schedule, "constant when --laplace-b fixes the noise scale")
-    if cfg.allocation == "importance" and cfg.defense != "r3elu":
+    if cfg.allocation != "uniform" and cfg.defense != "r3elu":
         raise ConfigError("allocation", cfg.allocation, "uniform (importance allocation is R3eLU's, 001 Eq. 8-10)",
                           reason=f"--defense is {cfg.defense}")
 
