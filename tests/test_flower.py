@@ -140,16 +140,20 @@ def _local(cfg: RunConfig) -> dict:
 
 
 def test_pyproject_app_config_is_runconfig():
-    """[tool.flwr.app.config] has exactly RunConfig's keys with RunConfig's defaults, and the
-    generated block is current; no federations table (Flower would rewrite the file)."""
+    """[tool.flwr.app.config] has exactly RunConfig's keys with RunConfig's defaults (the main
+    job's privacy settings aside: a defence is on), and the generated block is current; no
+    federations table (Flower would rewrite the file)."""
+    from fl_split.flower.appconfig import MAIN_JOB
+
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())
     flwr = conf["tool"]["flwr"]
     app_cfg = flwr["app"]["config"]
-    want = {key_of(f.name): f.default for f in option_fields()}
+    want = {key_of(f.name): MAIN_JOB.get(f.name, f.default) for f in option_fields()}
     assert list(app_cfg) == list(want)
     for k, v in want.items():
         assert app_cfg[k] == v and type(app_cfg[k]) is type(v), k
-    assert RunConfig.from_mapping(app_cfg) == RunConfig()
+    assert RunConfig.from_mapping(app_cfg) == RunConfig(**MAIN_JOB)
+    assert RunConfig(**MAIN_JOB).defense != "none"
     assert flwr["app"]["components"] == {"serverapp": "strategies.server_app:app",
                                          "clientapp": "clients.client_app:app"}
     assert "federations" not in flwr
@@ -422,9 +426,9 @@ def _fault_app(kind: str, party: str, round_: int, seconds: float = 0.0) -> Clie
 
 
 def _our_leftovers() -> list[str]:
-    from fl_split.flower.engine import _descendants
+    from fl_split.flower.processes import descendants
 
-    return [c for c in _descendants(os.getpid()).values() if "ray" in c or "flower" in c or "flwr" in c]
+    return [c for c in descendants(os.getpid()).values() if "ray" in c or "flower" in c or "flwr" in c]
 
 
 def _no_leftovers(timeout: float = 20.0) -> list[str]:
@@ -558,6 +562,7 @@ def test_flwr_run_cli_against_our_own_superlink(tmp_path):
         proc = subprocess.run(cmd, cwd=ROOT, env=link.env, capture_output=True, text=True, timeout=400)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert "epoch 1: train loss" in proc.stdout + proc.stderr
+        assert "guest-1: gaussian" in proc.stdout + proc.stderr  # each party's epsilon is logged
     finally:
         sessions = list(link.sessions)
         link.stop()
@@ -566,5 +571,7 @@ def test_flwr_run_cli_against_our_own_superlink(tmp_path):
     assert (ROOT / "pyproject.toml").read_bytes() == before
     got = json.loads(out.read_text())
     assert got["plan"]["engine"] == "flower" and len(got["history"]) == 1
-    want = _local(_cfg(epochs=1, limit=200, seed=0, batches_per_round="epoch", out=str(out)))
+    from fl_split.flower.appconfig import MAIN_JOB
+
+    want = _local(_cfg(epochs=1, limit=200, seed=0, batches_per_round="epoch", out=str(out), **MAIN_JOB))
     assert _strip(got) == _strip(want)

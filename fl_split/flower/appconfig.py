@@ -2,7 +2,8 @@
 
 ``[tool.flwr.app.config]`` lists every run option under its CLI flag's name (kebab-case) with
 RunConfig's default, so ``flwr run .`` and ``fl-split train`` take the same options with the same
-defaults. The block is generated, never edited by hand::
+defaults — except the privacy settings of the main job (:data:`MAIN_JOB`), so that a plain
+``flwr run .`` trains with a defence on. The block is generated, never edited by hand::
 
     python -m fl_split.flower.appconfig --write pyproject.toml   # regenerate after changing RunConfig
     python -m fl_split.flower.appconfig --check pyproject.toml   # exit 1 if it is stale (CI, tests)
@@ -34,9 +35,20 @@ CLIENT_APP = "clients.client_app:app"
 FAB_INCLUDE = ["fl_split/**/*.py", "strategies/*.py", "clients/*.py", "README.md"]
 
 
+#: The default job of ``flwr run .`` (the README's main job on Flower): RunConfig's defaults with
+#: a defence on — 003's setting, Gaussian noise (σ = 0.7) on the guest's tanh cut layer and
+#: scaling denoising (λ = 0.2) by the host — so a plain ``flwr run .`` shows a private split
+#: training and each party's epsilon. One guest, so that Flower's default federation (two
+#: SuperNodes) fits without ``--federation-config``. ``fl-split train`` keeps ``--defense none``
+#: as its default (an explicit choice on the command line).
+MAIN_JOB: dict[str, Any] = {"defense": "gaussian", "protect": "guest", "sigma": 0.7, "denoise": "scale",
+                            "denoise_param": 0.2}
+
+
 def app_config() -> dict[str, Any]:
-    """``{flwr key: default}`` for every RunConfig option, in declaration order."""
-    return {key_of(f.name): f.default for f in option_fields()}
+    """``{flwr key: default}`` for every RunConfig option, in declaration order: RunConfig's
+    defaults, with :data:`MAIN_JOB`'s values where it sets one."""
+    return {key_of(f.name): MAIN_JOB.get(f.name, f.default) for f in option_fields()}
 
 
 def toml_value(v: Any) -> str:
@@ -59,12 +71,16 @@ def render() -> str:
     lines = [BEGIN, "[tool.flwr.app]", 'publisher = "fl-split"',
              "fab-include = [" + ", ".join(json.dumps(p) for p in FAB_INCLUDE) + "]", "",
              "[tool.flwr.app.components]", f'serverapp = "{SERVER_APP}"', f'clientapp = "{CLIENT_APP}"', "",
-             "# every `fl-split train` option, same name as its flag, same default (fl_split.config.RunConfig)",
+             "# every `fl-split train` option, same name as its flag, same default (fl_split.config.RunConfig),",
+             "# except the main job's privacy settings (marked; fl_split.flower.appconfig.MAIN_JOB)",
              "[tool.flwr.app.config]"]
+    values = app_config()
     for f in option_fields():
         help_text = " ".join(str(f.metadata["help"]).split())
         lines.append(f"# {help_text}")
-        lines.append(f"{key_of(f.name)} = {toml_value(f.default)}")
+        if f.name in MAIN_JOB and MAIN_JOB[f.name] != f.default:
+            lines.append(f"# main job: {toml_value(MAIN_JOB[f.name])} (fl-split train default: {toml_value(f.default)})")
+        lines.append(f"{key_of(f.name)} = {toml_value(values[key_of(f.name)])}")
     lines.append(END)
     return "\n".join(lines) + "\n"
 
