@@ -2,7 +2,7 @@
 
 Which party a node hosts comes from its ``node_config`` (deployment: ``role``, ``guest-index``,
 ``data-path``; simulation: ``partition-id`` 0 = host, 1..G = guests); see
-:mod:`fl_split.flower.node`, which does the work. Message types:
+:mod:`fl_split.flower.node`, whose :func:`~fl_split.flower.node.handle` answers every message type:
 
 =================  =========================================================================
 ``query.role``     which party this node hosts
@@ -16,39 +16,14 @@ Which party a node hosts comes from its ``node_config`` (deployment: ``role``, `
 
 from __future__ import annotations
 
-from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fl_split.flower import records as R
 from fl_split.flower.node import handle
 
 app = ClientApp()
 
-
-@app.query("role")
-def role(message: Message, context: Context) -> Message:
-    return handle(message, context)
-
-
-@app.query("setup")
-def setup(message: Message, context: Context) -> Message:
-    return handle(message, context)
-
-
-@app.query("report")
-def report(message: Message, context: Context) -> Message:
-    return handle(message, context)
-
-
-@app.train("step")
-def step(message: Message, context: Context) -> Message:
-    return handle(message, context)
-
-
-@app.train("host")
-def host_train(message: Message, context: Context) -> Message:
-    return handle(message, context)
-
-
-@app.evaluate("host")
-def host_evaluate(message: Message, context: Context) -> Message:
-    return handle(message, context)
+# register the one handler under each "<category>.<action>" message type the coordinator sends
+for _mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL):
+    _category, _action = _mtype.split(".")
+    getattr(app, _category)(_action)(handle)

@@ -24,6 +24,7 @@ from typing import Any
 
 from fl_split.config import RunConfig
 from fl_split.errors import ConfigError, FlSplitError
+from fl_split.flower.processes import descendants
 
 #: environment for an offline, quiet simulation (restored afterwards unless the caller set them)
 OFFLINE_ENV = {
@@ -54,32 +55,6 @@ def offline_env():
 STOP_GRACE = 20.0
 
 
-def _descendants(root: int) -> dict[int, str]:
-    """``{pid: cmdline}`` of every descendant of ``root`` (Linux ``/proc``)."""
-    parent: dict[int, int] = {}
-    cmd: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                rest = fh.read().decode("utf-8", "replace").rsplit(")", 1)[-1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmd[int(entry)] = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-            parent[int(entry)] = int(rest[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    out: dict[int, str] = {}
-    frontier = [root]
-    while frontier:
-        p = frontier.pop()
-        for child, pp in parent.items():
-            if pp == p and child not in out:
-                out[child] = cmd.get(child, "")
-                frontier.append(child)
-    return out
-
-
 def _end_stuck_actors(server_done: threading.Event, finished: threading.Event, grace: float) -> None:
     """Watchdog: once the ServerApp is done, give the simulation ``grace`` seconds to stop; then
     SIGKILL the ClientApp actors this process's own Ray instance still runs (found among this
@@ -87,7 +62,7 @@ def _end_stuck_actors(server_done: threading.Event, finished: threading.Event, g
     server_done.wait()
     if finished.wait(grace):
         return
-    stuck = [pid for pid, cmd in _descendants(os.getpid()).items() if cmd.startswith("ray::ClientAppActor")]
+    stuck = [pid for pid, cmd in descendants(os.getpid()).items() if cmd.startswith("ray::ClientAppActor")]
     if stuck:
         logging.getLogger("fl_split.flower").warning(
             "ending %d ClientApp actor(s) still busy %g s after the run stopped: %s", len(stuck), grace, stuck)

@@ -29,22 +29,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def session_pids(sid: int) -> list[int]:
-    """Every live process whose session ID is ``sid`` (Linux ``/proc``)."""
-    pids = []
+def process_table(cmdline: bool = False) -> dict[int, tuple[str, int, int, str]]:
+    """``{pid: (state, parent pid, session id, command line)}`` of every process (Linux ``/proc``);
+    the command line is read only when ``cmdline`` (else ``""``). Processes that exit while the
+    table is read are left out."""
+    table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read().decode("utf-8", "replace")
-        except OSError:
+                # fields after the parenthesised command: state ppid pgrp session ...
+                rest = fh.read().decode("utf-8", "replace").rsplit(")", 1)[-1].split()
+            cmd = ""
+            if cmdline:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            table[int(entry)] = (rest[0], int(rest[1]), int(rest[3]), cmd)
+        except (OSError, IndexError, ValueError):
             continue
-        # fields after the parenthesised command: state ppid pgrp session ...
-        rest = stat.rsplit(")", 1)[-1].split()
-        if len(rest) > 3 and int(rest[3]) == sid and rest[0] != "Z":
-            pids.append(int(entry))
-    return pids
+    return table
+
+
+def session_pids(sid: int) -> list[int]:
+    """Every live process whose session ID is ``sid``."""
+    return [pid for pid, (state, _, s, _) in process_table().items() if s == sid and state != "Z"]
 
 
 def stop_session(sid: int, grace: float = 10.0) -> list[int]:
@@ -246,15 +255,18 @@ class LocalSuperLink(_Service):
 
 def _children_sessions(ppid: int) -> list[int]:
     """Session IDs of direct children of ``ppid`` that lead their own session."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                rest = fh.read().decode("utf-8", "replace").rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(rest) > 3 and int(rest[1]) == ppid and int(rest[3]) == int(entry):
-            out.append(int(entry))
+    return [pid for pid, (_, parent, sid, _) in process_table().items() if parent == ppid and sid == pid]
+
+
+def descendants(root: int) -> dict[int, str]:
+    """``{pid: command line}`` of every descendant of ``root``."""
+    table = process_table(cmdline=True)
+    out: dict[int, str] = {}
+    frontier = [root]
+    while frontier:
+        p = frontier.pop()
+        for child, (_, parent, _, cmd) in table.items():
+            if parent == p and child not in out:
+                out[child] = cmd
+                frontier.append(child)
     return out
