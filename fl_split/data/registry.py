@@ -60,11 +60,7 @@ def _ensure_loaded() -> None:
     if not _loaded:
         _loaded = True
         for mod in _LOADER_MODULES:
-            try:
-                importlib.import_module(mod)
-            except ModuleNotFoundError as exc:  # a loader module not written yet
-                if exc.name != mod:
-                    raise
+            importlib.import_module(mod)
 
 
 def dataset_names() -> list[str]:
