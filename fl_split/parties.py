@@ -22,6 +22,7 @@ between and the kept autograd graph is used directly: exact sequential training.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -372,9 +373,11 @@ def _entry(round_: int, key: BatchKey, direction: str, cost, ids: np.ndarray, ra
     return LedgerEntry(round_, key.as_tuple(), direction, cost, ids, rate)
 
 
+@functools.lru_cache(maxsize=8)
 def dpsgd_cost(cfg: RunConfig):
     """One DP-SGD step as seen by one record of the batch: a Gaussian mechanism of noise
-    multiplier ``σ`` on its clipped (``--max-grad-norm``) per-sample gradient."""
+    multiplier ``σ`` on its clipped (``--max-grad-norm``) per-sample gradient. One object per
+    configuration (see :meth:`Mechanism.cost`)."""
     import dp_accounting
 
     from fl_split.privacy.base import PrivacyCost

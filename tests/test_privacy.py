@@ -277,3 +277,15 @@ def test_release_diagnostics_show_what_the_budget_costs():
     assert host["releases"] == cfg.guests * len(res["history"]) * res["plan"]["batches_per_epoch"]
     assert res["privacy"]["host"]["release_stats"]["overall"]["noise_scale"]["mean"] == pytest.approx(scale)
     assert LocalEngine(RunConfig(**{**BASE, "epochs": 1})).run()["privacy"]["guest-1"]["release_stats"] == {}
+
+
+@pytest.mark.parametrize("defense,epsilon", [("r3elu", 4096.0), ("rr", 1e5)])
+def test_huge_epsilons_are_accounted_not_crashed(defense, epsilon):
+    """Per-release epsilons whose e^ε overflows a float (ε_p = 2048 for R3eLU, ε per bit ≈ 1500
+    for RR) still train and report: PLD falls back to basic composition (also a valid bound), RDP
+    says why it does not apply."""
+    cfg = RunConfig(**{**BASE, "epochs": 2}, defense=defense, protect="guest", epsilon=epsilon)
+    rep = LocalEngine(cfg).run()["privacy"]["guest-1"]
+    assert rep["epsilon"] == rep["epsilons"]["basic"] == pytest.approx(2 * epsilon)
+    assert rep["epsilons"]["rdp"] is None
+    assert any("rdp accountant not applicable" in a for a in rep["assumptions"])

@@ -53,7 +53,17 @@ class Mechanism:
         return {"name": self.name}
 
     def cost(self) -> "PrivacyCost | None":
-        """The privacy cost of one release of one record; ``None`` = no privacy claim."""
+        """The privacy cost of one release of one record; ``None`` = no privacy claim.
+
+        Computed once (:meth:`privacy_cost`) and then returned as the same object: a mechanism's
+        parameters are fixed at construction, and parties charge it on every release (the
+        ledger recognises a cost it has seen by identity, without re-serialising it)."""
+        if "_cost" not in self.__dict__:
+            self._cost = self.privacy_cost()
+        return self._cost
+
+    def privacy_cost(self) -> "PrivacyCost | None":
+        """Build the cost of :meth:`cost` (subclasses override this one)."""
         return None
 
 

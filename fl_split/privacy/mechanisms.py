@@ -40,6 +40,7 @@ from torch import nn
 
 from fl_split.errors import ConfigError
 from fl_split.privacy.base import Mechanism, PrivacyCost, Release
+from fl_split.privacy.ledger import pure_dp_event
 
 DIRECTIONS = ("forward", "backward")
 ALLOCATIONS = ("uniform", "importance", "importance-tight")
@@ -143,7 +144,7 @@ class Laplace(Mechanism):
                 "bounding": "clip", "epsilon": self.epsilon, "b": self.b, "noise_scale": self.b,
                 "sensitivity_l1": self.sensitivity_l1}
 
-    def cost(self) -> PrivacyCost:
+    def privacy_cost(self) -> PrivacyCost:
         return PrivacyCost("laplace", dp_accounting.LaplaceDpEvent(noise_multiplier=self.b / self.sensitivity_l1),
                            epsilon=self.sensitivity_l1 / self.b, sensitivity_l1=self.sensitivity_l1,
                            params=(("b", self.b), ("bound", self.bound), ("width", self.width),
@@ -198,7 +199,7 @@ class Gaussian(Mechanism):
                 "noise_scale": self.sigma, "sensitivity_l2": self.sensitivity_l2,
                 "noise_multiplier": self.sigma / self.sensitivity_l2}
 
-    def cost(self) -> PrivacyCost:
+    def privacy_cost(self) -> PrivacyCost:
         return PrivacyCost("gaussian", dp_accounting.GaussianDpEvent(noise_multiplier=self.sigma / self.sensitivity_l2),
                            epsilon=None, sensitivity_l2=self.sensitivity_l2,
                            params=(("sigma", self.sigma), ("bound", self.bound), ("width", self.width),
@@ -426,13 +427,12 @@ class R3eLU(Mechanism):
                 "noise_scale_max": float(scales.max()), "sensitivity_l1": self.sensitivity_l1,
                 "keep_probability_max": float(activation_probability(torch.tensor(1.0), self.eps_p, self.k))}
 
-    def cost(self) -> PrivacyCost:
+    def privacy_cost(self) -> PrivacyCost:
         # dp_accounting 0.6 has no generic pure-DP event; the binary randomized response with
         # keep probability e^ε_p/(1+e^ε_p) (noise_parameter 2/(1+e^ε_p), see RandomizedResponse)
         # has the privacy profile that dominates every ε_p-DP mechanism (Kairouz, Oh & Viswanath
         # 2015, Thm. 2.1), so it stands for the ε_p-DP activation state (Cor. 2) exactly.
-        state = dp_accounting.RandomizedResponseDpEvent(noise_parameter=2.0 / (1.0 + math.exp(self.eps_p)),
-                                                        num_buckets=2)
+        state = pure_dp_event(self.eps_p)
         noise = dp_accounting.LaplaceDpEvent(noise_multiplier=1.0 / self.eps_l)
         return PrivacyCost("r3elu", dp_accounting.ComposedDpEvent([state, noise]), epsilon=self.epsilon,
                            sensitivity_l1=self.sensitivity_l1,
@@ -532,7 +532,9 @@ class RandomizedResponse(Mechanism):
         out = (bits ^ flip).to(flat.dtype).reshape(t.shape)
         q = self.keep_probability
         # E[out | B] = (1 − q) + (2q − 1)·B: signal amplitude 2q − 1 against noise std √(q(1 − q))
-        stats = {"snr": (2 * q - 1) / math.sqrt(q * (1 - q)), "keep_probability": q,
+        # (infinite once q rounds to 1: no bit is ever flipped)
+        noise_sd = math.sqrt(q * (1 - q))
+        stats = {"snr": (2 * q - 1) / noise_sd if noise_sd > 0 else math.inf, "keep_probability": q,
                  "noise_scale": 1.0 - q}
         return Release(value=out, encoding=self.encoding, stats=stats)
 
@@ -542,13 +544,13 @@ class RandomizedResponse(Mechanism):
                 "noise_scale": 1.0 - self.keep_probability, "sensitivity_l1": float(self.width),
                 "local_grad": "straight-through"}
 
-    def cost(self) -> PrivacyCost:
+    def privacy_cost(self) -> PrivacyCost:
         # dp_accounting's RandomizedResponseDpEvent(p, k) outputs the true bucket with
         # probability 1 − p and a uniformly drawn bucket (possibly the true one) with
         # probability p, so with k = 2 it keeps the bit with probability 1 − p + p/2 = 1 − p/2.
-        # Keeping with e^ε_b/(1+e^ε_b) means p/2 = 1/(1+e^ε_b), i.e. p = 2/(1+e^ε_b).
-        bit = dp_accounting.RandomizedResponseDpEvent(noise_parameter=2.0 / (1.0 + math.exp(self.eps_bit)),
-                                                      num_buckets=2)
+        # Keeping with e^ε_b/(1+e^ε_b) means p/2 = 1/(1+e^ε_b), i.e. p = 2/(1+e^ε_b)
+        # (pure_dp_event; beyond ε_b = 700 an (ε_b, 0) event, where e^ε_b overflows).
+        bit = pure_dp_event(self.eps_bit)
         return PrivacyCost("rr", dp_accounting.SelfComposedDpEvent(bit, self.width), epsilon=self.epsilon,
                            sensitivity_l1=float(self.width),
                            params=(("epsilon_per_bit", self.eps_bit), ("width", self.width),
