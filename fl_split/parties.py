@@ -22,7 +22,9 @@ between and the kept autograd graph is used directly: exact sequential training.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,6 +118,16 @@ def make_dp_optimizer(cfg: RunConfig, modules: list[nn.Module]) -> torch.optim.O
     params = [p for m in modules for p in m.parameters()]
     return DPOptimizer(make_optimizer(cfg, params), noise_multiplier=cfg.sigma, max_grad_norm=cfg.max_grad_norm,
                        expected_batch_size=cfg.batch_size, loss_reduction="mean")
+
+
+@contextlib.contextmanager
+def quiet_input_grad_warning():
+    """Silence PyTorch's warning that a module's full backward hook fires although no input
+    requires a gradient: Opacus' per-sample-gradient hooks (DP-SGD) raise it on every backward of
+    a bottom model, whose input (raw features) never requires one — true and intended."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+        yield
 
 
 def dp_module(module: nn.Module) -> nn.Module:
@@ -294,7 +306,8 @@ class GuestParty(_Party):
             grad = self.grad_postprocess(m.tensor.to(self.device), gen)
             grad = self.mechanisms(m.key.epoch).local_grad(p.ctx, grad)
             self.optimizer.zero_grad(set_to_none=True)
-            out.backward(grad)
+            with quiet_input_grad_warning():
+                out.backward(grad)
             if self.importance is not None:
                 self.importance.update()
             if self.dpsgd:
@@ -557,7 +570,8 @@ class HostParty(_Party):
             logits, leaves = self._forward(key, {g: msgs[g][i] for g in self.guests}, train=True)
             loss = F.cross_entropy(logits, y)
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            with quiet_input_grad_warning():
+                loss.backward()
             ids = self.ids(key)
             if not self.one_shot:
                 for g in self.guests:
