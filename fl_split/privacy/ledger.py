@@ -442,6 +442,7 @@ class Ledger:
         self._single: dict[tuple, float] = {}
         self._atoms = _ATOMS  # single-release PLDs, shared by the ledgers of this process
         self._limits: dict[tuple, tuple[int, int | None]] = {}  # budget bisection brackets
+        self._cand_memo: dict[tuple, list[tuple]] = {}  # Pareto-maximal count vectors (see _groups)
 
     # -- public interface --------------------------------------------------------------------
     def charge(self, entries: Iterable[LedgerEntry]) -> None:
@@ -710,7 +711,16 @@ class Ledger:
     def _groups(self, plan: _Plan | None) -> list[list[tuple[str, float | None, int]]]:
         """What is composed: one ``[(cost key, sampling rate or None, releases)]`` per view."""
         costs, cols, hist, amp = self._state(plan)
-        per_record = _candidates(hist, cols, skip_train=self.amplification)
+        # the Pareto filter is quadratic in the distinct count vectors; which vectors exist changes
+        # far less often than their multiplicities (columns are append-only, so their number
+        # identifies them)
+        memo_key = (frozenset(hist), len(cols))
+        per_record = self._cand_memo.get(memo_key)
+        if per_record is None:
+            per_record = _candidates(hist, cols, skip_train=self.amplification)
+            if len(self._cand_memo) > 256:
+                self._cand_memo.clear()
+            self._cand_memo[memo_key] = per_record
         groups = [[(k, None, n) for k, n in vec] for vec in per_record]
         if self.amplification and amp:
             groups.append(sorted(((k, q, n) for (k, q), n in amp.items()), key=lambda t: (t[0], t[1] or 1.0)))
@@ -718,9 +728,11 @@ class Ledger:
 
     def _inapplicable(self, accountant: str, plan: _Plan | None) -> str | None:
         """Why ``accountant`` cannot account the releases (``None``: it can). Structural, so it is
-        decided on one release of each kind (cached)."""
-        costs = self._state(plan)[0]
-        kinds = {(k, q) for items in self._groups(plan) for k, q, _ in items}
+        decided on one release of each kind of release charged (cached)."""
+        costs, cols, _, amp = self._state(plan)
+        kinds = {(k, None) for k, train in cols if not (self.amplification and train)}
+        if self.amplification:
+            kinds |= set(amp)
         for k, q in sorted(kinds, key=lambda t: (t[0], t[1] or 1.0)):
             why = self._items_epsilon(accountant, ((k, q, 1),), costs)[1]
             if why is not None:
