@@ -494,3 +494,24 @@ def test_pld_interval_scales_with_large_releases_and_never_exceeds_basic():
     eps = led.report()["epsilons"]
     assert eps["basic"] == pytest.approx(1024.0) and eps["pld"] == pytest.approx(1024.0)
     assert eps["paper"] == math.inf  # e^{1024} overflows: Cor. 4/5 gives no finite bound here
+
+
+def test_charges_without_a_budget_report_the_same_as_with_one():
+    """Without a budget the ledger defers its per-record histogram to the next epsilon query; the
+    answers must be exactly those of a ledger that keeps it current (a budget forces that)."""
+    lazy, eager = Ledger("g", accountant="basic"), Ledger("g", accountant="basic", budget=1e9)
+    costs = [laplace(4.0, 2.0), rr(3.0, 8)]
+    rng = np.random.default_rng(7)
+    for step in range(40):
+        ids = rng.choice(30, size=int(rng.integers(1, 12)), replace=False)
+        e = entry(costs[step % 2], ids, epoch=1 + step // 10, index=step % 10,
+                  phase="test" if step % 7 == 0 else "train")
+        lazy.charge([e])
+        eager.charge([e])
+        if step % 9 == 0:  # queries in between rebuild the lazy histogram
+            assert lazy.epsilon() == eager.epsilon()
+    for acc in ("basic", "paper", "pld", "rdp"):
+        assert lazy.epsilon(acc) == eager.epsilon(acc), acc
+    a, b = lazy.report(), eager.report()
+    b["budget"] = None
+    assert a == b

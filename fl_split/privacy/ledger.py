@@ -397,7 +397,7 @@ class _Plan:
     exists: np.ndarray
     pos: np.ndarray
     rows: np.ndarray  # new count rows of the touched records (width = all columns)
-    hist: dict[tuple, int]
+    hist: dict[tuple, int] | None  # None: not computed (the ledger's histogram goes stale)
     amp: dict[tuple[str, float | None], int]
     log: list[tuple]
     phases: list[str]
@@ -433,7 +433,9 @@ class Ledger:
         self._col_index: dict[tuple[str, bool], int] = {}
         self._ids = np.zeros(0, dtype=np.int64)  # sorted record IDs ever released
         self._counts = np.zeros((0, 0), dtype=np.int64)  # releases per record (row) and column
-        self._hist: dict[tuple, int] = {}  # sparse count vector -> number of records having it
+        #: sparse count vector -> number of records having it; ``None`` = stale (charges without a
+        #: budget skip it, see :meth:`charge`), rebuilt from the counts when a view needs it
+        self._hist: dict[tuple, int] | None = {}
         self._amp: dict[tuple[str, float | None], int] = {}  # (cost, q) -> training releases
         self._phases: list[str] = []
         self._log: dict[str, list] = {k: [] for k in _LOG_FIELDS}
@@ -456,9 +458,13 @@ class Ledger:
         entries = list(entries)
         if not entries:
             return
-        plan = self._plan(entries)
+        # without a budget nothing needs the would-be epsilon: the count-vector histogram is
+        # left stale and rebuilt only when an epsilon is asked for (about half of a charge's cost)
+        plan = self._plan(entries, with_hist=self.budget is not None or self.accountant == "paper")
         why = self._inapplicable(self.accountant, plan)
         if why is not None:
+            if plan.hist is None:  # naming the usable accountants needs every view
+                plan = self._plan(entries)
             usable = [a for a in ACCOUNTANTS if a != self.accountant and self._inapplicable(a, plan) is None]
             mechs = sorted({c.mechanism for c in {**self._costs, **plan.new_costs}.values()})
             raise ConfigError("accountant", self.accountant, ", ".join(usable) or "none",
@@ -625,7 +631,7 @@ class Ledger:
         return (key[0], int(key[1]), int(key[2]), DIRECTIONS.index(e.direction), e.cost,
                 ids.astype(np.int64, copy=False), None if q is None else float(q))
 
-    def _plan(self, entries: list[LedgerEntry]) -> _Plan:
+    def _plan(self, entries: list[LedgerEntry], with_hist: bool = True) -> _Plan:
         new_costs: dict[str, PrivacyCost] = {}
         new_cols: list[tuple[str, bool]] = []
         new_col_index: dict[tuple[str, bool], int] = {}
@@ -667,7 +673,9 @@ class Ledger:
         old = np.zeros_like(rows)
         old[exists, :self._counts.shape[1]] = self._counts[pos[exists]]
         rows += old
-        hist = dict(self._hist)
+        if not with_hist:
+            return _Plan(new_costs, new_cols, touched, exists, pos, rows, None, amp, log, phases)
+        hist = dict(self._current_hist())
         for block, sign in ((old[exists], -1), (rows, 1)):
             # count vectors of a batch are few and short: grouping Python tuples is ~20x faster
             # than np.unique(axis=0) at batch sizes (this runs on every charge)
@@ -702,9 +710,16 @@ class Ledger:
                 self._log[f].append(v)
 
     # -- views -------------------------------------------------------------------------------
+    def _current_hist(self) -> dict[tuple, int]:
+        if self._hist is None:
+            self._hist = _histogram(self._counts)
+        return self._hist
+
     def _state(self, plan: _Plan | None):
         if plan is None:
-            return self._costs, self._cols, self._hist, self._amp
+            return self._costs, self._cols, self._current_hist(), self._amp
+        if plan.hist is None:
+            raise RuntimeError("ledger: this view needs a plan computed with its histogram")
         costs = {**self._costs, **plan.new_costs}
         return costs, self._cols + plan.new_cols, plan.hist, plan.amp
 
@@ -729,7 +744,10 @@ class Ledger:
     def _inapplicable(self, accountant: str, plan: _Plan | None) -> str | None:
         """Why ``accountant`` cannot account the releases (``None``: it can). Structural, so it is
         decided on one release of each kind of release charged (cached)."""
-        costs, cols, _, amp = self._state(plan)
+        if plan is None:
+            costs, cols, amp = self._costs, self._cols, self._amp
+        else:
+            costs, cols, amp = {**self._costs, **plan.new_costs}, self._cols + plan.new_cols, plan.amp
         kinds = {(k, None) for k, train in cols if not (self.amplification and train)}
         if self.amplification:
             kinds |= set(amp)
