@@ -7,11 +7,12 @@ the two denoisers), take the median of several interleaved repeats, and report i
 ratio to ``torch.relu`` on the same tensor (a rough machine-independent unit: the cheapest
 elementwise op; on a loaded shared machine it is itself noisy, so the JSON keeps the minimum too).
 
-Run: ``python experiments/bench_mechanisms.py [--repeats 7] [--device cpu|cuda] [--threads N]``.
-Writes ``experiments/results/bench_mechanisms.json`` and prints a table.
+Then (unless ``--no-steps``) it measures each defence's overhead on training steps vs no defence
+(paper 003 Table 9), with ``bench_defense_overhead.py`` next to this file.
 
-(The per-training-step overhead of each defence is measured separately, once mechanisms are
-wired into the parties; this script covers the tensor part only.)
+Run: ``python experiments/bench_mechanisms.py [--repeats 7] [--device cpu|cuda] [--threads N]``.
+Writes ``experiments/results/bench_mechanisms.json`` (and ``bench_defense_overhead.json``) and
+prints both tables.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--no-steps", action="store_true", help="skip the per-training-step overhead part")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -114,6 +116,11 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.write_text(json.dumps(res, indent=2) + "\n")
     print(table)
     print(f"\nsaved {args.out}")
+    if not args.no_steps:
+        import bench_defense_overhead  # next to this file (sys.path[0] when run as a script)
+
+        print()
+        bench_defense_overhead.main([])
     return res
 
 
