@@ -37,6 +37,7 @@ import torch
 
 from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine
+from fl_split.privacy.base import mean_snr
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EPSILONS = (1.0, 8.0, 64.0, 512.0, 4096.0)
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             accs.append(res["final"]["value"])
             rep = res["privacy"]["guest-1"]
             eps = rep["epsilon"]
-            snr = (rep.get("release_stats") or {}).get("overall", {}).get("snr", {}).get("mean")
+            snr = mean_snr(rep)
         return statistics.fmean(accs), eps, snr
 
     acc_star, _, _ = run({})

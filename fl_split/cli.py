@@ -133,6 +133,8 @@ def print_summary(results: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from fl_split.privacy.base import mean_snr
+
     console = Console(highlight=False)
     cfg, final = results["config"], results["final"]
     engine = results["plan"]["engine"]
@@ -157,7 +159,7 @@ def print_summary(results: dict[str, Any]) -> None:
             mech = rep.get("mechanism")
             name = mech.get("name") if isinstance(mech, dict) else str(mech)
             per_record = rep.get("releases_per_record")
-            snr = (rep.get("release_stats") or {}).get("overall", {}).get("snr", {}).get("mean")
+            snr = mean_snr(rep)
             table.add_row(party, str(name), str(rep.get("releases", 0)), "-" if per_record is None else str(per_record),
                           "-" if snr is None else f"{snr:.3g}",
                           _fmt(rep.get("epsilon"), 3) if rep.get("epsilon") is not None else "-",

@@ -30,6 +30,7 @@ from flwr.serverapp import Grid, ServerApp
 from fl_split.config import RunConfig
 from fl_split.engine import coordinate
 from fl_split.flower.transport import POLL_INTERVAL, FlowerTransport, discover, setup
+from fl_split.privacy.base import mean_snr
 
 log = logging.getLogger("fl_split.flower")
 
@@ -75,7 +76,7 @@ def privacy_line(party: str, rep: dict[str, Any]) -> str:
     name = mech.get("name", "none") if isinstance(mech, dict) else str(mech)
     if rep.get("epsilon") is None:
         return f"{party}: {name}, no differential privacy claimed ({rep.get('releases', 0)} record releases)"
-    snr = (rep.get("release_stats") or {}).get("overall", {}).get("snr", {}).get("mean")
+    snr = mean_snr(rep)
     return (f"{party}: {name}, epsilon = {rep['epsilon']:.4g} at delta = {rep['delta']:g} ({rep['accountant']} "
             f"accountant; {rep['releases']} record releases, at most {rep['releases_per_record']} per record"
             + ("" if snr is None else f"; mean signal-to-noise ratio {snr:.3g}") + ")")

@@ -160,3 +160,9 @@ class ReleaseStats:
     def load_state_dict(self, state: dict) -> None:
         self._by_epoch = {int(e): {str(k): [float(x) for x in v] for k, v in agg.items()}
                           for e, agg in (state or {}).items()}
+
+
+def mean_snr(privacy_entry: dict) -> float | None:
+    """The mean signal-to-noise ratio of a party's releases, from its ``privacy`` results entry
+    (``release_stats``); ``None`` when nothing it released was perturbed."""
+    return (privacy_entry.get("release_stats") or {}).get("overall", {}).get("snr", {}).get("mean")
