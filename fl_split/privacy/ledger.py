@@ -715,13 +715,15 @@ class Ledger:
             self._hist = _histogram(self._counts)
         return self._hist
 
-    def _state(self, plan: _Plan | None):
+    def _state(self, plan: _Plan | None, with_hist: bool = True):
+        """``(costs, columns, histogram, amplified counts)`` now or after ``plan``; the histogram
+        is ``None`` unless ``with_hist`` (only the per-record views need it)."""
         if plan is None:
-            return self._costs, self._cols, self._current_hist(), self._amp
-        if plan.hist is None:
+            return self._costs, self._cols, self._current_hist() if with_hist else None, self._amp
+        if with_hist and plan.hist is None:
             raise RuntimeError("ledger: this view needs a plan computed with its histogram")
         costs = {**self._costs, **plan.new_costs}
-        return costs, self._cols + plan.new_cols, plan.hist, plan.amp
+        return costs, self._cols + plan.new_cols, plan.hist if with_hist else None, plan.amp
 
     def _groups(self, plan: _Plan | None) -> list[list[tuple[str, float | None, int]]]:
         """What is composed: one ``[(cost key, sampling rate or None, releases)]`` per view."""
@@ -744,10 +746,7 @@ class Ledger:
     def _inapplicable(self, accountant: str, plan: _Plan | None) -> str | None:
         """Why ``accountant`` cannot account the releases (``None``: it can). Structural, so it is
         decided on one release of each kind of release charged (cached)."""
-        if plan is None:
-            costs, cols, amp = self._costs, self._cols, self._amp
-        else:
-            costs, cols, amp = {**self._costs, **plan.new_costs}, self._cols + plan.new_cols, plan.amp
+        costs, cols, _, amp = self._state(plan, with_hist=False)
         kinds = {(k, None) for k, train in cols if not (self.amplification and train)}
         if self.amplification:
             kinds |= set(amp)
