@@ -1,10 +1,20 @@
 """The mechanism interface every boundary crossing goes through (SPEC §3).
 
-A mechanism (a) transforms a tensor with the generator it is given (seeded per party and batch
-by the caller), (b) knows its local derivative, so a guest can backpropagate the received
-gradient through its own release, and (c) describes its privacy cost. Forward mechanisms run
-on a guest's cut-layer output; backward mechanisms run on the host's partial loss ``δ_g``
-before it is sent to guest ``g``.
+A mechanism (a) transforms a tensor with the generator it is given (the releasing party's secret
+stream: DESIGN "Privacy principles"), (b) knows its local derivative, so a guest can
+backpropagate the received gradient through its own release, and (c) describes its privacy
+cost. Forward mechanisms run on a guest's cut-layer output; backward mechanisms run on the
+host's partial loss ``δ_g`` before it is sent to guest ``g``.
+
+**Diagnostics that do not leak** (DESIGN privacy principle 2). Two kinds, never mixed:
+
+* ``Release.stats`` — computed from the *private* input of one release (its signal-to-noise
+  ratio, the fraction of activated elements…). They belong to the releasing party's local log
+  and must never be put in a message, a reply to the coordinator or a report;
+* :meth:`Mechanism.public_diagnostics` and :meth:`Mechanism.describe` — functions of the
+  mechanism's *public parameters* only (ε, clip bound, width, σ…), identical for every input,
+  safe to report. In particular nothing derived from data-dependent state (R3eLU's importances)
+  appears there.
 
 ``NoDefense`` is the identity: what :mod:`fl_split.parties` uses when no defence is configured,
 and the reason a split run with no defence is the same training as the monolithic model.
@@ -22,7 +32,11 @@ class Release:
     """What a mechanism produced for one batch.
 
     ``value`` leaves the party. ``ctx`` stays with the sender and is what its local derivative
-    needs (e.g. R3eLU's activation mask). ``stats`` are diagnostics (signal-to-noise ratio…).
+    needs (e.g. R3eLU's activation mask). ``stats`` are **private** diagnostics of this release,
+    computed from the input: they stay with the releasing party (its local log, see
+    :mod:`fl_split.privacy.diagnostics`). Every perturbing mechanism reports ``snr`` = RMS of the
+    signal (the bounded input the noise is added to) over the standard deviation of the noise,
+    per element; the per-record SNR of a ``d``-element release is ``snr·√d``.
     """
 
     value: torch.Tensor
@@ -49,8 +63,16 @@ class Mechanism:
         return grad
 
     def describe(self) -> dict:
-        """Name and parameters, as reported in results."""
+        """Name and parameters, as reported in results: public, parameter-derived values only."""
         return {"name": self.name}
+
+    def public_diagnostics(self) -> dict:
+        """Diagnostics computable from public parameters alone (safe to report): ``noise_scale``
+        (the parameter-derived scale: Laplace ``b``, Gaussian ``σ``…), ``noise_sd`` (its standard
+        deviation per element) and ``snr_bound``, the largest RMS signal per element the mechanism
+        admits over ``noise_sd`` (an upper bound on every release's private ``stats["snr"]``).
+        Empty when nothing is perturbed."""
+        return {}
 
     def cost(self) -> "PrivacyCost | None":
         """The privacy cost of one release of one record; ``None`` = no privacy claim.
@@ -111,8 +133,9 @@ class ReleaseStats:
     """Per-epoch aggregates of the diagnostics (``Release.stats``) of a party's releases.
 
     SPEC §3 asks that users see what a budget costs: every release reports its signal-to-noise
-    ratio (``snr``: mean |signal element| / noise scale, see :mod:`fl_split.privacy.mechanisms`)
-    and its noise scale. Keeping every value would grow with the run, so each epoch keeps
+    ratio (``snr``: RMS of the signal over the noise's standard deviation, per element, see
+    :class:`Release`) and its noise scale. These are private (computed from the party's values):
+    a ``ReleaseStats`` belongs in the party's own state and log, not in a report. Keeping every value would grow with the run, so each epoch keeps
     ``[sum, min, max, count]`` per statistic; :meth:`report` gives mean/min/max overall and per
     epoch. Plain numbers only, so it travels in a party's exported state.
     """

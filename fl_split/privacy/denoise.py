@@ -52,7 +52,9 @@ class Scale(PostProcess):
 class Mask(PostProcess):
     """``R_p(x) = x ⊙ m`` with ``m_ij ~ Bernoulli(p)`` i.i.d. (003 §3.2): each element is kept
     with probability ``p`` and zeroed otherwise, **no** ``1/p`` rescaling. The mask is drawn from
-    ``gen`` (the caller's seeded generator, on the tensor's device); the derivative is ``m``."""
+    ``gen`` (the receiving party's own generator, on the tensor's device); the derivative is ``m``.
+    It is post-processing of released data, so neither its randomness nor its exact keep rate
+    (a float32 uniform against ``p``) matters for privacy."""
 
     name = "mask"
     random = True
