@@ -2,15 +2,25 @@
 
 Every accountant is checked against an independent computation done here: dp_accounting called
 directly on the same composed events (PLD, RDP), Opacus' accountant stepped by hand, closed
-forms for single releases and for sequential / 001 Cor. 4-5 composition. Most PLD comparisons
+forms for single releases and for sequential / 001 Cor. 4-5 composition, and the exact privacy
+curve of composed binary randomized response (a binomial sum, no library). Most PLD comparisons
 run at a coarse discretisation (``pld_interval=1e-3``) for speed: the ledger and the direct
-computation then use the same interval, so they must agree to rounding, whatever the interval.
+computation then use the same interval, so they must agree to rounding, whatever the interval;
+the tests that must separate PLD from basic composition use the default interval and a tolerance
+derived from it.
+
+One neighbouring relation: replace-one. Every event is the replace-one event of one release of one
+record; DP-SGD at noise multiplier σ is ``GaussianDpEvent(σ/2)`` (the clipped sum moves by 2C).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import subprocess
+import sys
+import time
 
 import dp_accounting as dpa
 import numpy as np
@@ -20,8 +30,11 @@ from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from fl_split.errors import BudgetExceeded, ConfigError
-from fl_split.privacy import ledger as ledger_mod
+from fl_split.privacy import accountants as acc_mod
+from fl_split.privacy.accountants import accountant_names, pure_rdp_vector
 from fl_split.privacy.base import PrivacyCost
+from fl_split.privacy.dpsgd import dpsgd_cost
+from fl_split.privacy.events import cost_key, pure_dp_event, rr_noise
 from fl_split.privacy.ledger import EpsilonDeltaDpEvent, Ledger, LedgerEntry, paper_epsilon
 from fl_split.state import flatten, from_json, to_json, unflatten
 
@@ -57,8 +70,15 @@ def r3elu(eps: float, k: int = 4, c: float = 10.0) -> PrivacyCost:
 
 
 def dpsgd(z: float) -> PrivacyCost:
+    """A Gaussian step whose replace-one event has multiplier ``z`` (DP-SGD at σ = 2z)."""
     return PrivacyCost("dpsgd", dpa.GaussianDpEvent(noise_multiplier=z), None, sensitivity_l2=1.0,
-                       params=(("noise_multiplier", z), ("max_grad_norm", 1.0)))
+                       params=(("noise_multiplier", 2 * z), ("max_grad_norm", 0.5)))
+
+
+def dlap(eps: float, sens: int) -> PrivacyCost:
+    """Exact discrete Laplace on a grid: sensitivity ``sens`` grid units, parameter a = ε/Δ."""
+    return PrivacyCost("laplace", dpa.dp_event.DiscreteLaplaceDpEvent(noise_parameter=eps / sens, sensitivity=sens),
+                       epsilon=eps, sensitivity_l1=float(sens), params=(("grid", True),))
 
 
 def entry(cost, ids, *, epoch=1, index=0, phase="train", direction="forward", rate=None, rnd=0):
@@ -147,10 +167,15 @@ def test_basic_sums_pure_epsilons_and_splits_delta_for_gaussian():
 # -- compositions: paper, pld, rdp, opacus against direct computations ---------------------------
 def test_paper_formula_and_basic_over_epochs():
     cost = laplace(b=10.0, l1=1.0)  # ε = 0.1 per release
-    for acc, expect in (("basic", 20 * 0.1), ("paper", paper_epsilon(0.1, 20, DELTA))):
+    # 30 records in batches of 8: 4 training steps per epoch, 80 in all; each record in 20 of them
+    # (no sample rate given: gamma = 1)
+    for acc, expect in (("basic", 20 * 0.1), ("paper", paper_epsilon(0.1, 80, DELTA)),
+                        ("paper-record", paper_epsilon(0.1, 20, DELTA))):
         led = Ledger("g", accountant=acc)
         epochs(led, cost, n_records=30, batch=8, n_epochs=20)
         assert led.epsilon() == pytest.approx(expect, rel=1e-12)
+    assert led.training_steps == 80 and led.report()["training_steps"] == 80
+    assert any("gamma = 1" in a and "no sample rate" in a for a in led.report()["assumptions"])
     # the formula itself, computed here: γε√(2T ln(1/δ)) + γε T(e^{γε} − 1), γ = 1
     by_hand = 0.1 * math.sqrt(40 * math.log(1e5)) + 0.1 * 20 * math.expm1(0.1)
     assert paper_epsilon(0.1, 20, DELTA) == pytest.approx(by_hand)
@@ -195,7 +220,8 @@ def test_r3elu_pure_part_is_accounted_as_randomized_response():
                                     dpa.LaplaceDpEvent(2.0)])
     assert led.epsilon("rdp") == pytest.approx(direct_rdp([(rr_event, 3)]), rel=1e-9)
     assert led.epsilon("basic") == pytest.approx(3.0)
-    assert led.epsilon("paper") == pytest.approx(paper_epsilon(1.0, 3, DELTA))
+    assert led.epsilon("paper-record") == pytest.approx(paper_epsilon(1.0, 3, DELTA))
+    assert led.epsilon("paper") == pytest.approx(paper_epsilon(1.0, 6, DELTA))  # 2 steps x 3 epochs
     assert led.epsilon("pld") <= 3.0 + 3 * COARSE
     assert any("randomized response" in a for a in led.report()["assumptions"])
 
@@ -267,8 +293,8 @@ def test_charges_compose_once_per_new_worst_vector(monkeypatch):
     vector changes (once per epoch here), then cached; with a budget, the pre-check composes
     O(log releases) times."""
     calls = []
-    real = ledger_mod.event_pld
-    monkeypatch.setattr(ledger_mod, "event_pld", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    real = acc_mod.event_pld
+    monkeypatch.setattr(acc_mod, "event_pld", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     cost = laplace(2.0, 1.0)
     led = Ledger("g", accountant="pld", pld_interval=COARSE)
     ids = np.arange(400)
@@ -281,6 +307,11 @@ def test_charges_compose_once_per_new_worst_vector(monkeypatch):
     calls.clear()
     led = Ledger("g", accountant="pld", pld_interval=COARSE, budget=100.0)
     epochs(led, cost, n_records=400, batch=4, n_epochs=3)
+    assert calls == []  # basic (1.5) fits the budget, and the PLD is never above basic
+    calls.clear()
+    led = Ledger("g", accountant="pld", pld_interval=COARSE, budget=1.4)
+    with pytest.raises(BudgetExceeded):
+        epochs(led, cost, n_records=400, batch=4, n_epochs=3)
     assert len(calls) <= 3  # counts 1, 2, then 4 (doubling ahead) cover all three epochs
 
 
@@ -358,9 +389,11 @@ def test_unsupported_accountant_is_a_config_error_and_records_nothing():
     # mixed per-release epsilons (geometric schedule) are not for Cor. 4/5 either
     led = Ledger("g", accountant="paper")
     led.charge([entry(laplace(2.0, 1.0), [1])])
-    with pytest.raises(ConfigError, match="one per-release epsilon"):
+    with pytest.raises(ConfigError, match="one per-step epsilon") as exc:
         led.charge([entry(laplace(4.0, 1.0), [1], epoch=2)])
     assert len(led) == 1
+    # the per-record reading fails too (record 1 would have two epsilons); basic, pld, rdp apply
+    assert exc.value.allowed == "basic, pld, rdp"
     # approximate-DP parts have no RDP; Opacus only accounts Gaussian releases
     approx = PrivacyCost("custom", EpsilonDeltaDpEvent(1.0, 1e-6), None)
     with pytest.raises(ConfigError, match="RDP"):
@@ -515,3 +548,526 @@ def test_charges_without_a_budget_report_the_same_as_with_one():
     a, b = lazy.report(), eager.report()
     b["budget"] = None
     assert a == b
+
+
+# -- one registry ------------------------------------------------------------------------------
+def test_one_registry_of_accountants_read_by_ledger_and_config():
+    names = accountant_names()
+    assert names == ("basic", "paper", "paper-record", "pld", "rdp", "opacus")
+    with pytest.raises(ConfigError) as exc:
+        Ledger("g", accountant="moments")
+    assert exc.value.allowed == ", ".join(names)
+    led = Ledger("g")
+    with pytest.raises(ConfigError) as exc:
+        led.epsilon("tight")
+    assert exc.value.allowed == ", ".join(names)
+    from fl_split.config import RunConfig
+
+    choices = {f.name: f for f in dataclasses.fields(RunConfig)}["accountant"].metadata["choices"]
+    assert tuple(choices() if callable(choices) else choices) == names
+
+
+def test_importing_the_accountants_loads_no_accounting_library():
+    """``fl-split --help`` lists the accountants: the registry must not import dp_accounting,
+    Opacus or SciPy (they are imported inside the methods that use them)."""
+    code = ("import sys, fl_split.privacy.accountants as a; a.accountant_names(); "
+            "print([m for m in ('dp_accounting', 'opacus', 'scipy') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# -- DP-SGD under replace-one --------------------------------------------------------------------
+def test_dpsgd_cost_is_the_replace_one_gaussian():
+    """Replacing one record moves the clipped sum by up to 2C: a Gaussian of multiplier σ/2."""
+    cost = dpsgd_cost(0.7, 1.5)
+    assert isinstance(cost.dp_event, dpa.GaussianDpEvent) and cost.dp_event.noise_multiplier == pytest.approx(0.35)
+    assert cost.epsilon is None and cost.sensitivity_l2 == 3.0
+    assert dict(cost.params)["noise_multiplier"] == 0.7 and dict(cost.params)["max_grad_norm"] == 1.5
+    assert dpsgd_cost(0.7, 1.5) is cost  # one object per setting (the ledger keys costs by identity first)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        dpsgd_cost(0.0, 1.0)
+
+
+def test_dpsgd_epsilon_against_opacus_and_dp_accounting():
+    """σ = 0.7, every record in every step (sample rate 1), T = 5 steps, δ = 1e-5.
+
+    Opacus is add/remove (one record moves the clipped sum by C): replace-one at σ is Opacus at
+    σ/2, so its RDPAccountant stepped at σ/2 must give the ledger's opacus and rdp values.
+    dp_accounting has its own replace-one analysis of the Gaussian (PLDAccountant(REPLACE_ONE)
+    doubles the shift): at σ it must give the ledger's PLD. Both are far above what σ itself
+    gives (the understated value fl_split reported before: 19.3 instead of 49.5)."""
+    from opacus.accountants import RDPAccountant
+
+    sigma, steps = 0.7, 5
+    led = Ledger("g", accountant="rdp")
+    for t in range(steps):
+        led.charge([entry(dpsgd_cost(sigma, 1.0), np.arange(20), epoch=t + 1, direction="update", rate=1.0)])
+    rep = led.report()
+    half = RDPAccountant()
+    for _ in range(steps):
+        half.step(noise_multiplier=sigma / 2, sample_rate=1.0)
+    assert rep["epsilons"]["opacus"] == pytest.approx(half.get_epsilon(DELTA), rel=1e-9)
+    assert rep["epsilons"]["rdp"] == pytest.approx(half.get_epsilon(DELTA), rel=1e-9)  # same orders here
+    assert rep["epsilons"]["rdp"] == pytest.approx(direct_rdp([(dpa.GaussianDpEvent(sigma / 2), steps)]), rel=1e-9)
+    library = dpa.pld.PLDAccountant(NR.REPLACE_ONE, value_discretization_interval=1e-4)
+    library.compose(dpa.GaussianDpEvent(sigma), steps)
+    # T Gaussians compose exactly into one (multiplier σ/2/√T): the analytic Gaussian's epsilon
+    exact = dpa.get_epsilon_gaussian(sigma / 2 / math.sqrt(steps), DELTA)
+    assert rep["epsilons"]["pld"] == pytest.approx(library.get_epsilon(DELTA), rel=1e-6)
+    assert rep["epsilons"]["pld"] == pytest.approx(exact, rel=1e-6)
+    assert rep["epsilons"]["rdp"] == pytest.approx(49.5, abs=0.05)
+    old = RDPAccountant()
+    for _ in range(steps):
+        old.step(noise_multiplier=sigma, sample_rate=1.0)
+    assert old.get_epsilon(DELTA) == pytest.approx(19.3, abs=0.05)
+    assert rep["epsilons"]["rdp"] / old.get_epsilon(DELTA) > 2.2
+    assert any("sigma/2" in a for a in rep["assumptions"])
+
+
+# -- amplification: one sampled event per training batch ---------------------------------------
+def test_amplification_one_step_per_batch_released_to_two_guests():
+    """The host's releases of one batch to G = 2 guests are ONE Poisson-sampled event containing both
+    (q = 0.05, 100 steps, Laplace ε = 1 per release): basic is 100·ln(1+q(e²−1)) = 27.72, not the
+    16.48 of 200 independent samples."""
+    q, steps, cost = 0.05, 100, laplace(1.0, 1.0)
+    led = Ledger("host", accountant="basic", amplification=True)
+    for i in range(steps):
+        ids = np.arange(5 * (i % 20), 5 * (i % 20) + 5)
+        led.charge([entry(cost, ids, epoch=1 + i // 20, index=i % 20, direction="backward", rate=q)
+                    for _guest in range(2)])
+    amplified = math.log1p(q * math.expm1(2.0))  # the step is 2-DP; sampled at q
+    assert led.epsilon() == pytest.approx(steps * amplified, rel=1e-12)
+    assert led.epsilon() == pytest.approx(27.72, abs=0.005)
+    independent = 2 * steps * math.log1p(q * math.expm1(1.0))
+    assert independent == pytest.approx(16.48, abs=0.005) and led.epsilon() > independent + 11
+    # PLD / RDP: the step's pure epsilon as binary randomized response (its dominating pair), composed
+    # 100 times — dp_accounting called directly on that event
+    rr_event = dpa.RandomizedResponseDpEvent(rr_noise(amplified), 2)
+    direct = pld_lib.from_randomized_response(rr_noise(amplified), 2, value_discretization_interval=1e-4,
+                                              neighboring_relation=NR.REPLACE_ONE).self_compose(steps)
+    assert led.epsilon("pld") == pytest.approx(direct.get_epsilon_for_delta(DELTA), rel=1e-9)
+    assert led.epsilon("rdp") == pytest.approx(direct_rdp([(rr_event, steps)]), rel=1e-9)
+    # the old reading (each guest's release its own sample) is optimistic, under PLD too
+    sampled = dpa.PoissonSampledDpEvent(q, cost.dp_event)
+    assert direct_pld([(sampled, 2 * steps)], interval=1e-4) < led.epsilon("pld")
+    assert led.epsilon("paper") == pytest.approx(paper_epsilon(2.0, steps, DELTA, gamma=q))
+    assert any("ln(1+q(e^eps-1))" in a and "dominating pair" in a for a in led.report()["assumptions"])
+
+
+def test_amplified_gaussian_steps_compose_exactly_into_one_gaussian():
+    """A host step with Gaussian backward releases to 2 guests and a DP-SGD update is one sampled
+    Gaussian of the merged multiplier; dp_accounting's RDP accountant, given the composed event
+    inside the Poisson sampling, computes the same multiplier itself."""
+    q, steps = 0.1, 30
+    back, upd = gaussian(6.0, 2.0), dpsgd_cost(1.1, 1.0)  # multipliers 3 and 0.55
+    led = Ledger("host", accountant="pld", amplification=True, pld_interval=COARSE)
+    for i in range(steps):
+        led.charge([entry(back, [i], index=i, direction="backward", rate=q),
+                    entry(back, [i], index=i, direction="backward", rate=q),
+                    entry(upd, [i], index=i, direction="update", rate=q)])
+    composed = dpa.PoissonSampledDpEvent(q, dpa.ComposedDpEvent([back.dp_event, back.dp_event, upd.dp_event]))
+    assert led.epsilon("rdp") == pytest.approx(direct_rdp([(composed, steps)], NR.ADD_OR_REMOVE_ONE), rel=1e-9)
+    z = (2 / 3.0 ** 2 + 1 / 0.55 ** 2) ** -0.5
+    merged = dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z))
+    interval = COARSE * acc_mod.amplified_pure_epsilon(dpa.get_epsilon_gaussian(z, DELTA), q)
+    assert led.epsilon() == pytest.approx(direct_pld([(merged, steps)], interval=max(COARSE, interval)), rel=1e-6)
+    from opacus.accountants import RDPAccountant
+
+    op = RDPAccountant()
+    for _ in range(steps):
+        op.step(noise_multiplier=z, sample_rate=q)
+    assert led.report()["epsilons"]["opacus"] == pytest.approx(op.get_epsilon(DELTA), rel=1e-9)
+    # three independent samples per step would be optimistic
+    apart = [(dpa.PoissonSampledDpEvent(q, back.dp_event), 2 * steps),
+             (dpa.PoissonSampledDpEvent(q, upd.dp_event), steps)]
+    assert direct_rdp(apart, NR.ADD_OR_REMOVE_ONE) < led.epsilon("rdp")
+
+
+def test_a_batch_charged_in_two_calls_is_one_step():
+    """A guest charges its forward release of a batch when it releases it and its DP-SGD update of
+    the same batch when the gradient comes back (a later call, interleaved with the next batch's
+    release): the ledger ends exactly where charging both at once would."""
+    q, fwd, upd = 0.25, gaussian(8.0, 2.0), dpsgd_cost(1.0, 1.0)
+    apart = Ledger("guest-1", accountant="rdp", amplification=True, pld_interval=COARSE)
+    together = Ledger("guest-1", accountant="rdp", amplification=True, pld_interval=COARSE)
+    keys = [(e, i) for e in (1, 2) for i in range(4)]
+    for n, (e, i) in enumerate(keys):
+        ids = np.arange(10 * i, 10 * i + 10)
+        apart.charge([entry(fwd, ids, epoch=e, index=i, rate=q)])
+        if n:
+            pe, pi = keys[n - 1]
+            apart.charge([entry(upd, np.arange(10 * pi, 10 * pi + 10), epoch=pe, index=pi, direction="update", rate=q)])
+        together.charge([entry(fwd, ids, epoch=e, index=i, rate=q),
+                         entry(upd, ids, epoch=e, index=i, direction="update", rate=q)])
+    e, i = keys[-1]
+    apart.charge([entry(upd, np.arange(10 * i, 10 * i + 10), epoch=e, index=i, direction="update", rate=q)])
+    for name in ("basic", "pld", "rdp", "opacus"):
+        assert apart.epsilon(name) == together.epsilon(name), name
+    assert apart.training_steps == 8
+    composed = dpa.PoissonSampledDpEvent(q, dpa.ComposedDpEvent([fwd.dp_event, upd.dp_event]))
+    assert apart.epsilon() == pytest.approx(direct_rdp([(composed, 8)], NR.ADD_OR_REMOVE_ONE), rel=1e-9)
+
+
+def test_amplified_step_mixing_gaussian_and_laplace():
+    """dp_accounting has no PLD/RDP of a Poisson-sampled composition of a Gaussian and a Laplace
+    release. Basic amplifies the step's (ε, δ) by sampling; PLD composes the dominating pair of that
+    (ε, δ) guarantee (half of δ spent on the steps' δ); RDP does not apply and says why."""
+    q, steps = 0.1, 200
+    led = Ledger("host", accountant="basic", amplification=True)
+    for i in range(steps):
+        led.charge([entry(laplace(2.0, 1.0), [i], index=i, direction="backward", rate=q),
+                    entry(dpsgd_cost(4.0, 1.0), [i], index=i, direction="update", rate=q)])
+    rep = led.report()
+    assert rep["epsilons"]["rdp"] is None
+    assert any(a.startswith("rdp accountant not applicable") and "mixes" in a for a in rep["assumptions"])
+    # basic, each step: 0.5 + ε_G(δ_in) with δ_in = δ/(T q), then ln(1 + q(e^that − 1))
+    inner = 0.5 + dpa.get_epsilon_gaussian(2.0, DELTA / (steps * q))
+    assert led.epsilon() == pytest.approx(steps * math.log1p(q * math.expm1(inner)), rel=1e-9)
+    # pld, each step: (ln(1+q(e^{0.5 + ε_G(δ_s)} − 1)), q δ_s) with δ_s = δ/(2 T q), composed as PLDs
+    d_s = DELTA / (2 * steps * q)
+    e = math.log1p(q * math.expm1(0.5 + dpa.get_epsilon_gaussian(2.0, d_s)))
+    pair = pld_lib.from_privacy_parameters(pld_common.DifferentialPrivacyParameters(e, q * d_s),
+                                           value_discretization_interval=1e-4 * max(1.0, e))
+    by_hand = pair.self_compose(steps).get_epsilon_for_delta(DELTA)
+    assert rep["epsilons"]["pld"] == pytest.approx(min(by_hand, led.epsilon()), rel=1e-9)
+    assert rep["epsilons"]["pld"] < led.epsilon()
+    assert any("from_privacy_parameters" in a and "half of delta" in a for a in rep["assumptions"])
+    with pytest.raises(ConfigError, match="mixes") as exc:
+        Ledger("host", accountant="rdp", amplification=True).charge(
+            [entry(laplace(2.0, 1.0), [1], direction="backward", rate=q),
+             entry(dpsgd_cost(1.0, 1.0), [1], direction="update", rate=q)])
+    assert exc.value.allowed == "basic, pld"
+
+
+# -- paper: 001 Cor. 4/5 as stated -----------------------------------------------------------------
+def test_paper_accountant_counts_training_steps_with_gamma_b_over_n():
+    """T = training steps the party released in, γ = B/N, ε = the per-step pure epsilon (a host's two
+    backward releases per step: 2ε); test-phase releases per record with γ = 1; the max of the views."""
+    n, b, epochs_ = 100, 10, 3
+    q = b / n
+    host = Ledger("host", accountant="paper")
+    ids = np.arange(n)
+    for e in range(1, epochs_ + 1):
+        for i in range(0, n, b):
+            host.charge([entry(laplace(2.0, 1.0), ids[i:i + b], epoch=e, index=i // b, direction="backward", rate=q)
+                         for _ in range(2)])
+    assert host.epsilon() == pytest.approx(paper_epsilon(1.0, 30, DELTA, gamma=q), rel=1e-12)
+    assert host.epsilon("paper-record") == pytest.approx(paper_epsilon(0.5, 6, DELTA), rel=1e-12)
+    # test-phase: 8 releases of the same records at γ = 1 now dominate
+    guest = Ledger("guest-1", accountant="paper")
+    epochs(guest, laplace(2.0, 1.0), n_records=n, batch=b, n_epochs=epochs_, rate=q)
+    train_view = paper_epsilon(0.5, 30, DELTA, gamma=q)
+    assert guest.epsilon() == pytest.approx(train_view, rel=1e-12)
+    epochs(guest, laplace(2.0, 1.0), n_records=20, batch=20, n_epochs=8, phase="test", start=1000)
+    assert guest.epsilon() == pytest.approx(max(train_view, paper_epsilon(0.5, 8, DELTA)), rel=1e-12)
+    assert paper_epsilon(0.5, 8, DELTA) > train_view
+    # steps with different epsilons, or an (ε, δ)-only release: not applicable, with the reason
+    led = Ledger("g", accountant="basic")
+    led.charge([entry(laplace(2.0, 1.0), [1], index=0, rate=q)])
+    led.charge([entry(laplace(2.0, 1.0), [2], index=1, rate=q), entry(laplace(2.0, 1.0), [2], index=1, rate=q)])
+    rep = led.report()
+    assert rep["epsilons"]["paper"] is None and "one per-step epsilon" in " ".join(rep["assumptions"])
+    assert rep["epsilons"]["paper-record"] == pytest.approx(paper_epsilon(0.5, 2, DELTA))
+    led.charge([entry(dpsgd_cost(1.0, 1.0), [3], index=2, direction="update", rate=q)])
+    assert any(a.startswith("paper accountant not applicable: 001 Cor. 4/5 needs pure epsilon-DP releases; "
+                            "dpsgd releases are only (epsilon, delta)-DP") for a in led.report()["assumptions"])
+
+
+# -- PLD tests whose tolerance separates PLD from basic composition ----------------------------------
+def exact_rr_epsilon(eps: float, releases: int, delta: float) -> float:
+    """Exact epsilon at ``delta`` of ``releases`` binary randomized responses of ``eps`` (no library):
+    with K the number of truthful answers, K ~ Bin(T, p) on one side and Bin(T, 1 − p) on the other
+    (p = e^ε/(1+e^ε)), the privacy loss is ε(2K − T), and δ(ε') = Σ_k P(k)(1 − e^{ε' − ε(2k−T)})⁺."""
+    t = releases
+    lp, lq = eps - math.log1p(math.exp(eps)), -math.log1p(math.exp(eps))
+    lc = [math.lgamma(t + 1) - math.lgamma(k + 1) - math.lgamma(t - k + 1) for k in range(t + 1)]
+
+    def delta_at(e: float) -> float:
+        return math.fsum(math.exp(lc[k] + k * lp + (t - k) * lq) * -math.expm1(e - eps * (2 * k - t))
+                         for k in range(t + 1) if eps * (2 * k - t) > e)
+
+    lo, hi = 0.0, t * eps
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if delta_at(mid) > delta else (lo, mid)
+    return hi
+
+
+def test_pld_of_many_rr_releases_is_tight_and_far_below_basic():
+    """400 binary RR releases of ε = 0.1 to one record: basic says 40; the exact epsilon (binomial sum)
+    is ≈ 9. The ledger's pessimistic PLD (interval Δ = 1e-4) rounds each release's loss up by less
+    than Δ, so it lies in [exact, exact + T·Δ] (T·Δ = 0.04): a tolerance 700× smaller than the gap to
+    basic, so this test fails if the PLD degenerates to basic (or to anything else)."""
+    eps, t = 0.1, 400
+    led = Ledger("g", accountant="pld")  # default interval 1e-4
+    for i in range(t):
+        led.charge([entry(rr(eps, 1), [7, 8], epoch=i + 1)])
+    exact = exact_rr_epsilon(eps, t, DELTA)
+    tol = t * 1e-4
+    assert exact <= led.epsilon() <= exact + tol
+    assert led.epsilon("basic") == pytest.approx(eps * t) and led.epsilon("basic") - exact > 700 * tol
+    # and dp_accounting composing the same event at a 10x finer interval agrees within T·(Δ + Δ/10)
+    fine = pld_lib.from_randomized_response(rr_noise(eps), 2, value_discretization_interval=1e-5,
+                                            neighboring_relation=NR.REPLACE_ONE).self_compose(t)
+    assert abs(led.epsilon() - fine.get_epsilon_for_delta(DELTA)) <= t * 1.1e-4
+
+
+def test_pld_of_many_laplace_releases_is_tight_and_far_below_basic():
+    """200 Laplace releases of ε = 0.1: basic 20, the PLD ≈ 4. The truth lies between dp_accounting's
+    optimistic and pessimistic PLDs at a 10x finer interval; the ledger's (interval Δ = 1e-4) is
+    at least the optimistic one and at most the pessimistic one + T·Δ."""
+    cost, t = laplace(b=10.0, l1=1.0), 200
+    led = Ledger("g", accountant="pld")
+    epochs(led, cost, n_records=6, batch=6, n_epochs=t)
+    fine_pess = pld_lib.from_laplace_mechanism(10.0, value_discretization_interval=1e-5).self_compose(t)
+    fine_opt = pld_lib.from_laplace_mechanism(10.0, value_discretization_interval=1e-5,
+                                              pessimistic_estimate=False).self_compose(t)
+    lower, upper = fine_opt.get_epsilon_for_delta(DELTA), fine_pess.get_epsilon_for_delta(DELTA)
+    assert lower <= led.epsilon() <= upper + t * 1e-4
+    assert led.epsilon("basic") == pytest.approx(20.0) and led.epsilon("basic") - upper > 500 * t * 1e-4
+
+
+# -- discrete Laplace ------------------------------------------------------------------------------
+def test_discrete_laplace_releases():
+    """DiscreteLaplaceDpEvent(a, Δ) with ε = aΔ: basic sums ε, PLD is dp_accounting's discrete Laplace
+    PLD (as its PLDAccountant builds it), close to the continuous Laplace of the same ε; RDP has none."""
+    cost = dlap(0.5, 1000)
+    led = Ledger("g", accountant="pld", pld_interval=COARSE)
+    epochs(led, cost, n_records=8, batch=4, n_epochs=3)
+    assert led.epsilon("basic") == pytest.approx(1.5)
+    assert led.epsilon() == pytest.approx(direct_pld([(cost.dp_event, 3)]), rel=1e-9)
+    assert led.epsilon() == pytest.approx(direct_pld([(laplace(2.0, 1.0).dp_event, 3)]), abs=2e-3)
+    rep = led.report()
+    assert rep["epsilons"]["rdp"] is None
+    assert any(a.startswith("rdp accountant not applicable") and "DiscreteLaplaceDpEvent" in a
+               for a in rep["assumptions"])
+    assert any("from_discrete_laplace_mechanism" in a for a in rep["assumptions"])
+    with pytest.raises(ConfigError, match="DiscreteLaplace") as exc:
+        Ledger("g", accountant="rdp").charge([entry(cost, [1])])
+    assert "pld" in exc.value.allowed and "basic" in exc.value.allowed
+    # a fine grid (sensitivity 1e5 grid units) builds in a fraction of a second
+    fine = dlap(1.0, 100_000)
+    led = Ledger("g", accountant="pld")
+    t0 = time.perf_counter()
+    led.charge([entry(fine, [1])])
+    assert led.epsilon() == pytest.approx(1.0, abs=1e-3)
+    assert time.perf_counter() - t0 < 20
+
+
+def test_discrete_laplace_in_r3elu_and_under_amplification():
+    """R3eLU with the discrete Laplace: [RR of ε_p, DLap] composed per release; with amplification a
+    step of it is the pure-DP fallback (ln(1+q(e^ε−1)) as binary RR) in every accountant."""
+    ep, el, sens, q = 0.5, 0.5, 640, 0.2
+    cost = PrivacyCost("r3elu", dpa.ComposedDpEvent([pure_dp_event(ep),
+                                                     dpa.dp_event.DiscreteLaplaceDpEvent(el / sens, sens)]),
+                       epsilon=ep + el, sensitivity_l1=float(sens))
+    led = Ledger("g", accountant="pld", pld_interval=COARSE)
+    epochs(led, cost, n_records=10, batch=5, n_epochs=2)
+    part = pld_lib.from_randomized_response(rr_noise(ep), 2, value_discretization_interval=COARSE,
+                                            neighboring_relation=NR.REPLACE_ONE)
+    part = part.compose(pld_lib.from_discrete_laplace_mechanism(el / sens, sensitivity=sens,
+                                                                value_discretization_interval=COARSE))
+    # (the pessimistic PLD of two releases of ε = 1 rounds above basic composition: capped at 2)
+    assert led.epsilon() == pytest.approx(min(part.self_compose(2).get_epsilon_for_delta(DELTA), 2.0), rel=1e-9)
+    for e in range(3, 13):
+        led.charge([entry(cost, np.arange(10), epoch=e)])
+    assert led.epsilon() == pytest.approx(part.self_compose(12).get_epsilon_for_delta(DELTA), rel=1e-9)
+    assert led.epsilon() < 11.0 < led.epsilon("basic")
+    assert led.epsilon("rdp") is None
+    amp = Ledger("g", accountant="pld", amplification=True)
+    epochs(amp, cost, n_records=10, batch=5, n_epochs=2, rate=q)  # 4 steps
+    e1 = math.log1p(q * math.expm1(1.0))
+    assert amp.epsilon("basic") == pytest.approx(4 * e1, rel=1e-12)
+    assert amp.epsilon("rdp") == pytest.approx(direct_rdp([(pure_dp_event(e1), 4)]), rel=1e-9)
+    direct = pld_lib.from_randomized_response(rr_noise(e1), 2, value_discretization_interval=1e-4,
+                                              neighboring_relation=NR.REPLACE_ONE).self_compose(4)
+    assert amp.epsilon() == pytest.approx(min(direct.get_epsilon_for_delta(DELTA), 4 * e1), rel=1e-9)
+
+
+def test_pure_rdp_vector_is_dp_accountings_randomized_response():
+    for eps in (0.01, 0.3, 1.0, 5.0, 60.0):
+        ours, orders = pure_rdp_vector(eps)
+        acc = dpa.rdp.RdpAccountant(neighboring_relation=NR.REPLACE_ONE)
+        acc.compose(pure_dp_event(eps))
+        assert list(orders) == list(acc._orders)
+        np.testing.assert_allclose(ours, acc._rdp, rtol=1e-9)
+
+
+# -- many distinct costs -------------------------------------------------------------------------
+def _distinct_cost_run(make_cost, n=200, b=10, n_epochs=4, **kw):
+    """A distinct cost per step; returns the ledger, the costs in step order and each record's costs."""
+    led = Ledger("g", **kw)
+    rng = np.random.default_rng(3)
+    costs, where = [], {}
+    for e in range(1, n_epochs + 1):
+        perm = rng.permutation(n)
+        for k in range(n // b):
+            cost = make_cost(len(costs))
+            costs.append(cost)
+            for r in perm[k * b:(k + 1) * b]:
+                where.setdefault(int(r), []).append(cost)
+            led.charge([entry(cost, perm[k * b:(k + 1) * b], epoch=e, index=k)])
+    return led, costs, where
+
+
+def test_many_distinct_laplace_costs_are_bounded_by_sorted_releases():
+    """A distinct Laplace cost per step (ε_i = 1/(1+i), as a per-iteration schedule makes): every
+    record's count vector is distinct and incomparable. The bound sorts each record's releases
+    (Laplace is ordered by dominance: a larger ε dominates) and takes, position by position, the
+    largest any record has: 4 releases for 4 epochs, not one per step, and every record's
+    composition is at most the bound's."""
+    t0 = time.perf_counter()
+    led, costs, where = _distinct_cost_run(lambda i: laplace(b=1.0 + i, l1=1.0), accountant="pld", budget=1e6)
+    charging = time.perf_counter() - t0
+    rep = led.report()
+    ranked = [sorted((c.epsilon for c in cs), reverse=True) for cs in where.values()]
+    bound = [max(r[i] for r in ranked) for i in range(4)]
+    worst_basic = max(sum(r) for r in ranked)
+    assert rep["epsilons"]["basic"] == pytest.approx(worst_basic, rel=1e-12)  # basic stays exact
+    assert worst_basic <= sum(bound) < 2 * worst_basic  # the bound is close: far below all 80 steps' sum
+    assert math.fsum(c.epsilon for c in costs) > 4 * sum(bound)
+    direct = pld_lib.identity(value_discretization_interval=1e-4)
+    for e_ in bound:
+        direct = direct.compose(pld_lib.from_laplace_mechanism(1 / e_, value_discretization_interval=1e-4))
+    assert rep["epsilons"]["pld"] == pytest.approx(min(direct.get_epsilon_for_delta(DELTA), worst_basic), rel=1e-6)
+    for cs in list(where.values())[:20]:  # every record is below the bound
+        own = pld_lib.identity(value_discretization_interval=1e-4)
+        for c in cs:
+            own = own.compose(pld_lib.from_laplace_mechanism(c.dp_event.noise_multiplier,
+                                                             value_discretization_interval=1e-4))
+        assert own.get_epsilon_for_delta(DELTA) <= rep["epsilons"]["pld"] + 1e-9
+    bound_events = [(dpa.LaplaceDpEvent(1 / e_), 1) for e_ in bound]
+    assert rep["epsilons"]["rdp"] == pytest.approx(direct_rdp(bound_events), rel=1e-9)
+    assert "per-record bound" in " ".join(rep["assumptions"])
+    assert charging < 30  # 80 charges with a budget check each (well under a second here)
+    # a handful of incomparable records is still composed record by record (no bound)
+    small = Ledger("g", accountant="basic")
+    for i in range(5):
+        small.charge([entry(laplace(1.0 + i, 1.0), [i], index=i)])
+    assert small.epsilon() == pytest.approx(1.0) and "per-record bound" not in " ".join(small.report()["assumptions"])
+
+
+def test_many_distinct_unordered_costs_use_the_elementwise_maximum_and_merge_the_pld_tail():
+    """Releases of no dominance-ordered family (here discrete Laplace with distinct parameters) are
+    bounded by the element-wise maximum of the records' counts — a record released at every step —
+    and beyond the 64 largest distinct pure releases the PLD merges the rest into one pure release
+    of their summed epsilon (basic composition). Both are stated in the report."""
+    led, costs, where = _distinct_cost_run(lambda i: dlap(1.0 / (1 + i), 50), accountant="pld", pld_interval=COARSE)
+    rep = led.report()
+    worst_basic = max(sum(c.epsilon for c in cs) for cs in where.values())
+    assert rep["epsilons"]["basic"] == pytest.approx(worst_basic, rel=1e-12)  # exact, record by record
+    # the bound: every step once (the element-wise maximum); its PLD, by hand: the 64 largest
+    # releases + binary RR of the rest's summed epsilon
+    top, rest = sorted(costs, key=lambda c: -c.epsilon)[:64], sorted(costs, key=lambda c: -c.epsilon)[64:]
+    by_hand = pld_lib.from_randomized_response(rr_noise(math.fsum(c.epsilon for c in rest)), 2,
+                                               value_discretization_interval=COARSE,
+                                               neighboring_relation=NR.REPLACE_ONE)
+    for c in top:
+        by_hand = by_hand.compose(pld_lib.from_discrete_laplace_mechanism(
+            c.dp_event.noise_parameter, sensitivity=50, value_discretization_interval=COARSE))
+    state = led._state
+    (items,), bounded = led._candidates(state, skip_train=False)
+    assert bounded and [n for _, n in items] == [1] * len(costs)
+    view = acc_mod.View(acc_mod.RECORDS, items, state.releases, COARSE)
+    notes = set()
+    assert acc_mod.get_accountant("pld").epsilon(view, DELTA, notes) == pytest.approx(
+        min(by_hand.get_epsilon_for_delta(DELTA), math.fsum(c.epsilon for c in costs)), rel=1e-6)
+    assert acc_mod.NOTE_PLD_TAIL in notes
+    # reported: the smaller of that and the worst record's exact basic composition (both valid)
+    assert rep["epsilons"]["pld"] == pytest.approx(min(by_hand.get_epsilon_for_delta(DELTA), worst_basic), rel=1e-6)
+    text = " ".join(rep["assumptions"])
+    assert "per-record bound" in text and "element-wise maximum" in text and "64 largest" in text
+
+
+# -- persistence, with steps ---------------------------------------------------------------------
+def test_round_trip_with_steps_and_budget():
+    led = Ledger("guest-1", accountant="basic", amplification=True, budget=30.0, pld_interval=COARSE)
+    fwd, upd, q = laplace(4.0, 1.0), dpsgd_cost(2.0, 1.0), 0.2
+    for i in range(6):
+        led.charge([entry(fwd, [i, i + 1], index=i, rate=q)])
+        if i:
+            led.charge([entry(upd, [i - 1, i], index=i - 1, direction="update", rate=q)])
+    epochs(led, dlap(0.25, 50), n_records=4, batch=4, n_epochs=2, phase="test", start=500)
+    state = led.export_state()
+    assert state["format"] == 2 and state["steps"]["epoch"].tolist() == [1] * 6
+    restored = Ledger.from_state(unflatten(*flatten(state)))
+    assert restored.report() == led.report()
+    assert restored.training_steps == 6
+    more = [entry(upd, [5, 6], index=5, direction="update", rate=q)]
+    for lg in (led, restored):
+        lg.charge(more)
+    assert restored.report() == led.report()
+    big = [entry(fwd, [1], epoch=9, index=i, rate=q) for i in range(1000)]
+    for lg in (led, restored):
+        with pytest.raises(BudgetExceeded):
+            lg.charge(big)
+    assert restored.report() == led.report()
+    with pytest.raises(ValueError, match="format 2"):
+        Ledger.from_state({**state, "format": 1})
+
+
+def test_costs_differing_only_in_parameters_are_one_kind_of_release():
+    """Two costs with the same event and epsilon (e.g. R3eLU with refreshed importances) are listed
+    apart in the report but composed as one kind (no element-wise bound, one PLD atom)."""
+    a = PrivacyCost("r3elu", dpa.LaplaceDpEvent(2.0), 0.5, params=(("importance", (1.0, 2.0)),))
+    b = PrivacyCost("r3elu", dpa.LaplaceDpEvent(2.0), 0.5, params=(("importance", (2.0, 1.0)),))
+    assert cost_key(a) != cost_key(b)
+    led = Ledger("g", accountant="pld", pld_interval=COARSE)
+    for i in range(40):
+        led.charge([entry(a if i % 2 else b, [i % 7, 7 + i % 5], index=i)])
+    rep = led.report()
+    assert len(rep["mechanisms"]) == 2 and sum(m["releases"] for m in rep["mechanisms"]) == 80
+    worst = rep["releases_per_record"]
+    assert rep["epsilons"]["basic"] == pytest.approx(0.5 * worst)
+    assert rep["epsilon"] == pytest.approx(direct_pld([(a.dp_event, worst)]), rel=1e-9)
+
+
+def test_discrete_laplace_sampler_slack_is_added_to_the_pld():
+    """A cost may state a pure epsilon above its event's (the sampler slack: the event is the ideal
+    discrete Laplace mechanism). Basic sums the stated epsilons; the PLD of the events is taken at
+    δ·e^{−S/2} and the summed excess S is added (δ'(ε + S) ≤ e^{S/2}·δ(ε))."""
+    slack, sens, t = 1e-3, 400, 800.0  # event epsilon Δ/t = 0.5, stated 0.501
+    cost = PrivacyCost("laplace", dpa.dp_event.DiscreteLaplaceDpEvent(1.0 / t, sens), epsilon=sens / t + slack,
+                       sensitivity_l1=1.0, params=(("sampler_slack", slack),))
+    led = Ledger("g", accountant="pld", pld_interval=COARSE)
+    epochs(led, cost, n_records=4, batch=4, n_epochs=20)
+    s_total = 20 * slack
+    direct = pld_lib.from_discrete_laplace_mechanism(1.0 / t, sensitivity=sens, value_discretization_interval=COARSE)
+    expect = direct.self_compose(20).get_epsilon_for_delta(DELTA * math.exp(-s_total / 2)) + s_total
+    assert led.epsilon() == pytest.approx(expect, rel=1e-9)
+    assert led.epsilon("basic") == pytest.approx(20 * (0.5 + slack))
+    assert any("S, their summed excess" in a for a in led.report()["assumptions"])
+
+
+def test_the_laplace_mechanisms_cost_goes_through_the_ledger():
+    """The Laplace mechanism's own cost (discrete Laplace on a grid, with its sampler slack) is
+    accounted by basic, paper and pld, not by rdp; its epsilon is the requested one."""
+    from fl_split.privacy.mechanisms import Laplace
+
+    cost = Laplace(16, "forward", 1.0, epsilon=2.0).cost()
+    assert type(cost.dp_event).__name__ == "DiscreteLaplaceDpEvent" and cost.epsilon == pytest.approx(2.0)
+    led = Ledger("guest-1", accountant="pld")
+    epochs(led, cost, n_records=20, batch=10, n_epochs=10, rate=0.5)
+    rep = led.report()
+    assert rep["epsilons"]["basic"] == pytest.approx(20.0)
+    assert rep["epsilons"]["paper"] == pytest.approx(paper_epsilon(2.0, 20, DELTA, gamma=0.5))
+    assert rep["epsilons"]["rdp"] is None
+    continuous = direct_pld([(dpa.LaplaceDpEvent(0.5), 10)], interval=2e-4)
+    assert continuous - 0.01 <= rep["epsilon"] <= continuous + 0.05 and rep["epsilon"] < 20.0
+
+
+def test_a_refused_new_kind_of_release_leaves_nothing_behind():
+    """A refused charge's new kind of release is not remembered: the next new kind takes its index
+    and must be judged (and accounted) on its own."""
+    led = Ledger("g", accountant="rdp", budget=5.0)
+    with pytest.raises(ConfigError, match="DiscreteLaplace"):
+        led.charge([entry(dlap(0.5, 10), [1])])
+    assert led.would_be([entry(dlap(0.5, 10), [1])]) is None
+    led.charge([entry(laplace(2.0, 1.0), [1])])  # the same index, now a Laplace release
+    assert led.epsilon() == pytest.approx(direct_rdp([(dpa.LaplaceDpEvent(2.0), 1)]), rel=1e-12)
+    with pytest.raises(BudgetExceeded):
+        led.charge([entry(laplace(0.1, 1.0), [1], epoch=2)])  # ε = 10 alone
+    led.charge([entry(laplace(4.0, 1.0), [1], epoch=3)])
+    events = [(dpa.LaplaceDpEvent(2.0), 1), (dpa.LaplaceDpEvent(4.0), 1)]
+    assert led.epsilon() == pytest.approx(direct_rdp(events), rel=1e-12)
+    assert Ledger.from_state(led.export_state()).report() == led.report()
