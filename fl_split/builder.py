@@ -7,8 +7,15 @@ Three layers, so that a Flower node can build only its own party:
   once per node process, not once per message);
 * :func:`plan_run` — the public facts every party agrees on: architecture, cut, batch
   schedule, each party's input and cut-layer shapes (widths are public metadata in VFL);
-* :func:`make_guest` / :func:`make_host` — one party with its own modules, optimizer and
-  mechanisms. :func:`make_monolithic` builds the no-split reference from the same modules.
+* :func:`make_guest` / :func:`make_host` — one party with its own secret, modules (initialised
+  from the secret), local-update policy, mechanisms and ledger. This is the one place that reads
+  the run configuration for a party: parties get what they need explicitly.
+  :func:`make_monolithic` builds the no-split reference from the same modules.
+
+Secrets: each party's :class:`~fl_split.seeding.PartySecret` is fresh OS entropy unless a
+``private_seed`` is given (reproducible research runs: split ≡ monolithic, local ≡ Flower). The
+private seed is not part of :class:`~fl_split.config.RunConfig` — the configuration is public (it is
+sent to every party and written to the results) — and is passed next to it.
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ from fl_split.data.base import PartyData, apply_padding, feature_parties, partit
 from fl_split.data.registry import dataset_info, load_dataset
 from fl_split.errors import ConfigError
 from fl_split.merge import Merge, merged_shape
+from fl_split.local_update import DpSgdUpdate, FrozenUpdate, LocalUpdate, OptimizerSettings, OptimizerUpdate
 from fl_split.models.registry import build_bottom, build_top, get_architecture, output_shape
-from fl_split.parties import GuestParty, HostParty, resolve_device
+from fl_split.parties import GuestParty, HostParty, Importance, MechanismSchedule, resolve_device
 from fl_split.privacy import factory as privacy_factory
+from fl_split.privacy.validate import check_opacus_compatible, check_record_independent
 from fl_split.schedule import BatchSchedule
-from fl_split.seeding import numpy_rng
+from fl_split.seeding import PartySecret, numpy_rng
 
 
 @dataclass
@@ -93,7 +102,7 @@ def prepare_data(cfg: RunConfig) -> PreparedData:
 
 @dataclass
 class RunPlan:
-    """What every party of a run agrees on before training."""
+    """What every party of a run agrees on before training (all public)."""
 
     cfg: RunConfig
     arch: str
@@ -110,15 +119,21 @@ class RunPlan:
     def guests(self) -> list[str]:
         return [f"guest-{i}" for i in range(1, self.cfg.guests + 1)]
 
+    @property
+    def sample_rate(self) -> float:
+        """``B/N``: the share of the training records in one batch (used by the accountants)."""
+        return min(1.0, self.cfg.batch_size / max(self.schedule.n_train, 1))
+
 
 def model_name(cfg: RunConfig) -> str:
     return dataset_info(cfg.dataset).default_model if cfg.model == AUTO else cfg.model
 
 
 def _architecture(cfg: RunConfig):
-    """The configured architecture (``--hidden`` / ``--batch-norm`` apply to ``mlp`` only)."""
+    """The configured architecture (``--hidden`` for the generic mlp, ``--norm`` for any model
+    that has normalisation layers)."""
     hidden = None if cfg.hidden == AUTO else tuple(int(h) for h in cfg.hidden.split(","))
-    return get_architecture(model_name(cfg)).configure(hidden=hidden, batch_norm=True if cfg.batch_norm else None)
+    return get_architecture(model_name(cfg)).configure(hidden=hidden, norm=cfg.norm)
 
 
 def guest_cut_activation(cfg: RunConfig) -> str:
@@ -138,7 +153,8 @@ def plan_run(cfg: RunConfig, prepared: PreparedData | None = None) -> RunPlan:
         raise ConfigError("model", arch.name, "a vector model (e.g. mlp) for a table dataset",
                           reason=f"'{arch.name}' needs image inputs and '{cfg.dataset}' is a table")
     act = guest_cut_activation(cfg)
-    cut_shapes = {p: output_shape(build_bottom(arch, p, s, cut, act, cfg.seed), s) for p, s in input_shapes.items()}
+    # shapes only: throwaway modules, no party's secret involved
+    cut_shapes = {p: output_shape(build_bottom(arch, p, s, cut, act, None), s) for p, s in input_shapes.items()}
     schedule = BatchSchedule(len(prepared.train_ids), len(prepared.test_ids), cfg.batch_size, cfg.seed)
     return RunPlan(cfg=cfg, arch=arch.name, cut=cut, schedule=schedule, input_shapes=input_shapes,
                    cut_shapes=cut_shapes, merged_shape=merged_shape(cfg.merge, cut_shapes),
@@ -146,10 +162,9 @@ def plan_run(cfg: RunConfig, prepared: PreparedData | None = None) -> RunPlan:
 
 
 def make_ledger(cfg: RunConfig, party: str):
-    """The party's ledger, or ``None`` when nothing it releases is protected."""
+    """The party's ledger, or ``None`` when the party claims no differential privacy."""
     role = "host" if party == "host" else "guest"
-    protected = privacy_factory.protects_host(cfg) if role == "host" else privacy_factory.protects_guests(cfg)
-    if not protected:
+    if not privacy_factory.claims_dp(cfg, role):
         return None
     from fl_split.privacy.ledger import Ledger
 
@@ -157,67 +172,172 @@ def make_ledger(cfg: RunConfig, party: str):
                   budget=None if cfg.budget == AUTO else float(cfg.budget), amplification=cfg.amplification)
 
 
-def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = None) -> GuestParty:
+def optimizer_settings(cfg: RunConfig) -> OptimizerSettings:
+    return OptimizerSettings(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
+
+
+def _claims(cfg: RunConfig, role: str) -> str:
+    """What a party claims, in words (for the module-validation error)."""
+    parts = []
+    protected = privacy_factory.protects_guests(cfg) if role == "guest" else privacy_factory.protects_host(cfg)
+    if protected and cfg.defense in privacy_factory.BOUNDARY:
+        parts.append(f"--defense {cfg.defense} protects its {'forward' if role == 'guest' else 'backward'} releases")
+    if privacy_factory.uses_dpsgd(cfg, role):
+        parts.append("it trains with DP-SGD")
+    return " and ".join(parts)
+
+
+def _update_policy(cfg: RunConfig, role: str, party: str, modules: list[nn.Module], frozen: bool = False) -> LocalUpdate:
+    """The party's local-update policy over its ``modules``, after refusing modules that would
+    make its per-record guarantee wrong (``fl_split.privacy.validate``)."""
+    if privacy_factory.claims_dp(cfg, role):
+        check_record_independent(party, {f"model {i + 1}" if len(modules) > 1 else "model": m
+                                         for i, m in enumerate(modules)}, _claims(cfg, role))
+    if frozen:
+        return FrozenUpdate(modules)
+    if privacy_factory.uses_dpsgd(cfg, role):
+        for m in modules:
+            check_opacus_compatible(party, m)
+        return DpSgdUpdate(modules, optimizer_settings(cfg), privacy_factory.dpsgd_sigma(cfg), cfg.max_grad_norm,
+                           expected_batch_size=cfg.batch_size)
+    return OptimizerUpdate(modules, optimizer_settings(cfg))
+
+
+def _mechanisms(plan: RunPlan, factory) -> MechanismSchedule:
+    return MechanismSchedule(factory, plan.schedule.num_train_batches(), constant=plan.cfg.schedule == "constant")
+
+
+def _uses_importance(cfg: RunConfig, role: str) -> bool:
+    protected = privacy_factory.protects_guests(cfg) if role == "guest" else privacy_factory.protects_host(cfg)
+    return cfg.defense == "r3elu" and cfg.allocation != "uniform" and protected
+
+
+def _layer(module: nn.Module, last: bool) -> nn.Module:
+    """The first (``last=False``) or last Linear/Conv layer of ``module``."""
+    found = [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
+    if not found:
+        raise ConfigError("allocation", "importance", "uniform for this model",
+                          reason="importance allocation scores the neurons of a Linear or Conv layer, and the "
+                                 "model has none")
+    return found[-1] if last else found[0]
+
+
+def party_secret(party: str, private_seed: int | None) -> PartySecret:
+    """A party's secret: fresh OS entropy, or derived from ``private_seed`` (research runs)."""
+    return PartySecret.for_party(party, private_seed)
+
+
+def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = None, *,
+               private_seed: int | None = None, secret: PartySecret | None = None) -> GuestParty:
     cfg = plan.cfg
+    secret = secret or party_secret(name, private_seed)
     arch = _architecture(cfg)
-    bottom = build_bottom(arch, name, plan.input_shapes[name], plan.cut, plan.guest_cut_activation, cfg.seed)
+    bottom = build_bottom(arch, name, plan.input_shapes[name], plan.cut, plan.guest_cut_activation, secret)
     if cfg.one_shot:
-        bottom.load_state_dict(pretrained_bottoms(cfg)[name])
+        bottom.load_state_dict(pretrained_bottom(cfg, name, secret))
+    dev = resolve_device(device or cfg.device)
+    update = _update_policy(cfg, "guest", name, [bottom.to(dev)], frozen=cfg.one_shot)
     width = int(np.prod(plan.cut_shapes[name]))
-    return GuestParty(name, cfg, plan.schedule, data, bottom, plan.cut_shapes[name],
-                      mechanism=lambda epoch: privacy_factory.forward_mechanism(cfg, width, epoch),
-                      grad_postprocess=privacy_factory.postprocess(cfg, "backward"),
-                      device=resolve_device(device or cfg.device), ledger=make_ledger(cfg, name),
-                      dpsgd=privacy_factory.uses_dpsgd(cfg, "guest"), frozen=cfg.one_shot,
-                      importance=cfg.allocation != "uniform" and privacy_factory.protects_guests(cfg),
-                      constant_schedule=cfg.schedule == "constant")
+    importance = None
+    if _uses_importance(cfg, "guest"):
+        from fl_split.privacy.r3elu import ImportanceTracker
+
+        importance = Importance(ImportanceTracker(_layer(update.modules[0], last=True), side="output"),
+                                cfg.importance_refresh)
+    return GuestParty(name, data, plan.schedule, update=update, cut_shape=plan.cut_shapes[name],
+                      mechanisms=_mechanisms(plan, lambda i: privacy_factory.forward_mechanism(cfg, width, i)),
+                      secret=secret, ledger=make_ledger(cfg, name), sample_rate=plan.sample_rate,
+                      grad_postprocess=privacy_factory.postprocess(cfg, "backward"), importance=importance,
+                      device=dev)
 
 
-def make_host(plan: RunPlan, data: PartyData, device: str | None = None) -> HostParty:
+def _host_importance(plan: RunPlan, top: nn.Module):
+    """001 Eq. 8–10 for the host's backward releases: the importance of each cut-layer feature the
+    host receives, from the parameters of its top's first layer connected to it (the host owns
+    those, not the guest's cut layer), and per guest the part that scores its features."""
+    from fl_split.privacy.r3elu import ImportanceTracker
+
     cfg = plan.cfg
+    layer = _layer(top, last=False)
+    tracker = ImportanceTracker(layer, side="input")
+    n = tracker.n
+    widths = {g: int(np.prod(plan.cut_shapes[g])) for g in plan.guests}
+    parts: dict = {}
+    if isinstance(layer, nn.Linear) and n == int(np.prod(plan.merged_shape)):
+        if cfg.merge == "concat":
+            if len(plan.merged_shape) != 1:
+                raise ConfigError("allocation", cfg.allocation, "uniform with --protect host for this model",
+                                  reason="the backward importance of image feature maps concatenated along the "
+                                         "width axis is not supported")
+            offset = sum(int(np.prod(s)) for p, s in plan.cut_shapes.items() if p == "host")
+            for g in plan.guests:
+                parts[g] = (lambda u, a=offset, b=offset + widths[g]: u[a:b])
+                offset += widths[g]
+        # element-wise merges: every guest's feature i feeds the same input i
+    elif not (isinstance(layer, (nn.Conv1d, nn.Conv2d)) and all(w % n == 0 for w in widths.values())):
+        raise ConfigError("allocation", cfg.allocation, "uniform with --protect host for this model",
+                          reason=f"the top's first layer has {n} inputs, which do not map onto the guests' "
+                                 f"cut-layer features")
+    return Importance(tracker, cfg.importance_refresh), parts
+
+
+def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, private_seed: int | None = None,
+              secret: PartySecret | None = None) -> HostParty:
+    cfg = plan.cfg
+    secret = secret or party_secret("host", private_seed)
     arch = _architecture(cfg)
     bottom = None
     if cfg.host_features:
-        bottom = build_bottom(arch, "host", plan.input_shapes["host"], plan.cut, "native", cfg.seed)
-    top = build_top(arch, plan.merged_shape, plan.cut, plan.num_outputs, cfg.seed)
+        bottom = build_bottom(arch, "host", plan.input_shapes["host"], plan.cut, "native", secret)
+    top = build_top(arch, plan.merged_shape, plan.cut, plan.num_outputs, secret)
+    dev = resolve_device(device or cfg.device)
+    modules = [m.to(dev) for m in (bottom, top) if m is not None]
+    update = _update_policy(cfg, "host", "host", modules)
     guest_shapes = {g: plan.cut_shapes[g] for g in plan.guests}
     widths = {g: int(np.prod(s)) for g, s in guest_shapes.items()}
-    mechanisms = {g: (lambda epoch, w=w: privacy_factory.backward_mechanism(cfg, w, epoch)) for g, w in widths.items()}
-    return HostParty(cfg, plan.schedule, data, bottom, Merge(cfg.merge), top, guest_shapes,
-                     backward_mechanisms=mechanisms, act_postprocess=privacy_factory.postprocess(cfg, "forward"),
-                     device=resolve_device(device or cfg.device), ledger=make_ledger(cfg, "host"),
-                     dpsgd=privacy_factory.uses_dpsgd(cfg, "host"), one_shot=cfg.one_shot,
-                     constant_schedule=cfg.schedule == "constant")
+    mechanisms = {g: _mechanisms(plan, lambda i, w=w: privacy_factory.backward_mechanism(cfg, w, i))
+                  for g, w in widths.items()}
+    importance, parts = (_host_importance(plan, update.modules[-1]) if _uses_importance(cfg, "host") else (None, {}))
+    return HostParty(data, plan.schedule, update=update, has_bottom=bottom is not None, merge=Merge(cfg.merge),
+                     guest_shapes=guest_shapes, backward_mechanisms=mechanisms, secret=secret,
+                     ledger=make_ledger(cfg, "host"), sample_rate=plan.sample_rate,
+                     act_postprocess=privacy_factory.postprocess(cfg, "forward"), one_shot=cfg.one_shot,
+                     importance=importance, importance_parts=parts, report_metrics=cfg.report_metrics,
+                     metrics_file=cfg.host_metrics, device=dev)
 
 
-@functools.lru_cache(maxsize=2)
-def _pretrained(key: tuple, cfg: RunConfig) -> dict[str, dict]:
+@functools.lru_cache(maxsize=4)
+def _pretrained(key: tuple, cfg: RunConfig, party: str, secret: PartySecret) -> dict:
     from fl_split.engine import MonolithicEngine
 
-    engine = MonolithicEngine(cfg.replace(one_shot=False, epochs=cfg.pretrain_epochs, progress=False), public=True)
+    pre = cfg.replace(one_shot=False, epochs=cfg.pretrain_epochs, progress=False, report_metrics="epoch",
+                      host_metrics="")
+    engine = MonolithicEngine(pre, public=True, secret=secret)
     engine.run()
-    return {p: {k: v.detach().clone() for k, v in m.state_dict().items()} for p, m in engine.model.bottoms.items()}
+    return {k: v.detach().clone() for k, v in engine.model.bottoms[party].state_dict().items()}
 
 
-def pretrained_bottoms(cfg: RunConfig) -> dict[str, dict]:
-    """One-shot mode (002 §3): the guests' bottoms pretrained on *public* records.
+def pretrained_bottom(cfg: RunConfig, party: str, secret: PartySecret) -> dict:
+    """One-shot mode (002 §3): guest ``party``'s bottom pretrained on *public* records.
 
     002 loads the first layers of a model pretrained on a public same-domain dataset and freezes
-    them. Here the public data are ``--public-fraction`` of the training IDs, removed from the
-    private training set (:func:`prepare_data`); the whole model is trained on them (no privacy
-    is needed for public records) for ``--pretrain-epochs`` and each guest keeps its bottom.
-    Deterministic from the config, so every node computes the same weights.
+    them. Here the public data are ``--public-fraction`` of the training IDs (every party's columns
+    of them are public), removed from the private training set (:func:`prepare_data`). The guest
+    trains a whole model on them (no privacy is needed for public records) for
+    ``--pretrain-epochs`` and keeps its bottom. The initialisation and the shuffling of that
+    pretraining come from the guest's own secret, so nobody else can recompute its frozen weights.
     """
-    return _pretrained(_data_key(cfg) + (cfg.pretrain_epochs, cfg.model, cfg.cut_layer, cfg.hidden, cfg.lr,
-                                         cfg.optimizer, cfg.defense, cfg.protect, cfg.merge), cfg)
+    key = _data_key(cfg) + (cfg.pretrain_epochs, cfg.model, cfg.cut_layer, cfg.hidden, cfg.norm, cfg.lr,
+                            cfg.optimizer, cfg.defense, cfg.protect, cfg.merge)
+    return _pretrained(key, cfg, party, secret)
 
 
-def make_parties(cfg: RunConfig) -> tuple[HostParty, dict[str, GuestParty], RunPlan]:
-    """All parties of a run in this process (the local engine's view)."""
+def make_parties(cfg: RunConfig, private_seed: int | None = None) -> tuple[HostParty, dict[str, GuestParty], RunPlan]:
+    """All parties of a run in this process (the local engine's view), each with its own secret."""
     prepared = prepare_data(cfg)
     plan = plan_run(cfg, prepared)
-    host = make_host(plan, prepared.parties["host"])
-    guests = {g: make_guest(plan, prepared.parties[g], g) for g in plan.guests}
+    host = make_host(plan, prepared.parties["host"], private_seed=private_seed)
+    guests = {g: make_guest(plan, prepared.parties[g], g, private_seed=private_seed) for g in plan.guests}
     return host, guests, plan
 
 
@@ -234,18 +354,26 @@ class MonolithicModel(nn.Module):
         return self.top(self.merge([self.bottoms[p](xs[p]) for p in self.bottoms]))
 
 
-def make_monolithic(cfg: RunConfig, public: bool = False) -> tuple[MonolithicModel, PreparedData, RunPlan]:
-    """The no-split reference: same modules and initial weights as the split parties.
+def make_monolithic(cfg: RunConfig, public: bool = False, private_seed: int | None = None,
+                    secret: PartySecret | None = None) -> tuple[MonolithicModel, PreparedData, RunPlan]:
+    """The no-split reference: the modules of the split parties, in one model.
 
-    ``public=True`` trains on the one-shot public records instead (guest pretraining)."""
+    Each module is initialised from its party's secret derived from ``private_seed`` — exactly the
+    split parties' initial weights — or, with ``secret``, every module from that one secret (one
+    party training a whole model alone: one-shot pretraining). Without either, fresh entropy.
+    ``public=True`` trains on the one-shot public records instead."""
     prepared = prepare_data(cfg)
     if public:
         one_shot = prepare_data(cfg.replace(one_shot=True))
         prepared = dataclasses.replace(one_shot, parties=one_shot.public,
                                        train_ids=one_shot.public["host"].train_ids, public={})
     plan = plan_run(cfg, prepared)
+    if secret is not None:
+        plan = dataclasses.replace(plan, schedule=BatchSchedule(plan.schedule.n_train, plan.schedule.n_test,
+                                                                cfg.batch_size, secret.derive("pretrain-order")))
     arch = _architecture(cfg)
-    bottoms = {p: build_bottom(arch, p, s, plan.cut, plan.guest_cut_activation, cfg.seed)
+    owner = (lambda p: secret) if secret is not None else (lambda p: party_secret(p, private_seed))
+    bottoms = {p: build_bottom(arch, p, s, plan.cut, plan.guest_cut_activation, owner(p))
                for p, s in plan.input_shapes.items()}
-    top = build_top(arch, plan.merged_shape, plan.cut, plan.num_outputs, cfg.seed)
+    top = build_top(arch, plan.merged_shape, plan.cut, plan.num_outputs, owner("host"))
     return MonolithicModel(bottoms, Merge(cfg.merge), top), prepared, plan

@@ -9,17 +9,15 @@ written once, atomically, after the run.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_split.config import RunConfig, allowed_text, coerce, key_of, option_fields
 from fl_split.errors import ConfigError, DataError, FlSplitError
+from fl_split.results import write_json_atomic
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -53,12 +51,31 @@ def _add_train_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = 
                            help=f"{meta['help']} [{allowed_text(f)}; default: {f.default}]")
 
 
+def _add_private_seed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--private-seed", dest="private_seed", metavar="S", type=_private_seed, default=None,
+                   help="reproducible research runs: derive each party's secret randomness (initialisation, "
+                        "noise, masks) from S and its name, inside the party. Never written to the results. "
+                        "Default: fresh OS entropy per party, so two runs release different noise "
+                        "[an integer >= 0]")
+
+
+def _private_seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an integer >= 0") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"got {value}; allowed: an integer >= 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fl-split", description="Vertical split learning with privacy protection.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     train = sub.add_parser("train", help="run one split-learning experiment",
                            description="Run one split-learning experiment and print accuracy and each party's epsilon.")
     _add_train_flags(train)
+    _add_private_seed(train)
     export = sub.add_parser(
         "export-parties", help="write one data file per party (host.npz, guest-1.npz, ...) for a Flower deployment",
         description="Prepare the dataset as a run would (shared-ID split, column partition, each party's own "
@@ -96,46 +113,29 @@ def _check_out_path(path: str) -> None:
         raise ConfigError("out", path, "a file path (not a directory)")
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` via a temporary file + rename (never half-written)."""
-    path = Path(path).expanduser()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(_jsonable(data), fh, indent=2, allow_nan=True)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _jsonable(o: Any) -> Any:
-    if isinstance(o, dict):
-        return {str(k): _jsonable(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_jsonable(v) for v in o]
-    if hasattr(o, "item") and callable(o.item):  # numpy / torch scalars
-        return o.item()
-    if dataclasses.is_dataclass(o):
-        return _jsonable(dataclasses.asdict(o))
-    return o
-
-
 def _fmt(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "-"
     if isinstance(x, float):
         return "nan" if math.isnan(x) else f"{x:.{digits}f}"
     return str(x)
 
 
+def _console():
+    """A rich console; when the output is not a terminal (piped, redirected, CI logs) tables get
+    the width they need instead of rich's 80-column default, which cuts names short."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
 def print_summary(results: dict[str, Any]) -> None:
     """A readable summary of a results dictionary on stdout."""
-    from rich.console import Console
     from rich.table import Table
 
-    from fl_split.privacy.base import mean_snr
+    from fl_split.privacy.disclosure import snr_bound
 
-    console = Console(highlight=False)
+    console = _console()
     cfg, final = results["config"], results["final"]
     engine = results["plan"]["engine"]
     title = (f"{cfg['dataset']} · {engine} · {cfg['guests']} guest(s)"
@@ -148,32 +148,51 @@ def print_summary(results: dict[str, Any]) -> None:
     for col in ("epoch", "train loss", f"test {final['metric']}", "epoch time (s)"):
         hist.add_column(col, justify="right")
     for h in results["history"]:
-        hist.add_row(str(h["epoch"]), _fmt(h["train_loss"]), _fmt(h["test_metric"]), _fmt(h["epoch_time_s"], 2))
+        hist.add_row(str(h["epoch"]), _fmt(h.get("train_loss")), _fmt(h.get("test_metric")),
+                     _fmt(h["epoch_time_s"], 2))
     console.print(hist)
+    if final.get("kept_by_host"):
+        console.print(f"metrics kept by the host (--report-metrics none): see {final['kept_by_host']}")
     privacy = results.get("privacy")
     if privacy:
         table = Table(title="privacy, per party", title_justify="left")
-        for col in ("party", "mechanism", "releases", "per record", "SNR", "epsilon", "delta", "accountant"):
+        for col in ("party", "mechanism", "releases", "per record", "SNR bound", "epsilon", "delta", "accountant"):
             table.add_column(col, justify="right" if col not in ("party", "mechanism", "accountant") else "left")
         for party, rep in privacy.items():
             mech = rep.get("mechanism")
             name = mech.get("name") if isinstance(mech, dict) else str(mech)
             per_record = rep.get("releases_per_record")
-            snr = mean_snr(rep)
+            snr = snr_bound(rep)
             table.add_row(party, str(name), str(rep.get("releases", 0)), "-" if per_record is None else str(per_record),
                           "-" if snr is None else f"{snr:.3g}",
                           _fmt(rep.get("epsilon"), 3) if rep.get("epsilon") is not None else "-",
-                          f"{rep.get('delta', 0):g}", str(rep.get("accountant", "")))
+                          "-" if rep.get("delta") is None else f"{rep['delta']:g}", str(rep.get("accountant") or "-"))
         console.print(table)
         if any(rep.get("epsilon") is None for rep in privacy.values()):
             console.print("epsilon '-': that party's releases are not perturbed; no differential privacy is claimed")
-        console.print("SNR: mean over releases of mean |signal element| / noise scale (docs/mechanisms.md)")
+        console.print("SNR bound: the largest signal-to-noise ratio per element the mechanism's parameters allow "
+                      "(public; each party logs its measured SNR locally, see docs/mechanisms.md)")
     wire = results["wire"]
-    line = (f"final test {final['metric']}: {final['value']:.4f}   training time: {results['time_s']:.1f} s   "
+    value = "kept by the host" if final.get("value") is None else f"{final['value']:.4f}"
+    line = (f"final test {final['metric']}: {value}   training time: {results['time_s']:.1f} s   "
             f"wire: {wire['bytes_to_host'] / 1e6:.2f} MB to host, {wire['bytes_to_guests'] / 1e6:.2f} MB to guests")
     console.print(line)
     if results.get("stopped_reason", "completed") != "completed":
         console.print(f"stopped early ({results['stopped_reason']}): {results.get('stopped_detail', '')}")
+
+
+def _show_party_warnings() -> None:
+    """Print the parties' own warnings (e.g. "releases are mostly noise") on stderr: in the local
+    engine every party runs in this process, so its log is this console."""
+    import logging
+
+    log = logging.getLogger("fl_split")
+    if not any(getattr(h, "_fl_split_cli", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("fl-split: warning: %(message)s"))
+        handler._fl_split_cli = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -181,7 +200,14 @@ def cmd_train(ns: argparse.Namespace) -> int:
     _check_out_path(cfg.out)
     from fl_split.engine import run_experiment
 
-    results = run_experiment(cfg)
+    _show_party_warnings()
+    if not cfg.monolithic:
+        from fl_split.builder import plan_run
+        from fl_split.privacy.diagnostics import hopeless_releases
+
+        for line in hopeless_releases(plan_run(cfg)):
+            print(f"fl-split: warning: {line}", file=sys.stderr)
+    results = run_experiment(cfg, private_seed=ns.private_seed)
     if cfg.out:
         write_json_atomic(cfg.out, results)
     print_summary(results)
@@ -204,7 +230,6 @@ def cmd_export_parties(ns: argparse.Namespace) -> int:
 
 
 def cmd_datasets() -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from fl_split.data.registry import data_root, dataset_info, dataset_names
@@ -216,12 +241,11 @@ def cmd_datasets() -> int:
         info = dataset_info(name)
         table.add_row(name, "yes" if info.offline else "no (download)", "yes" if info.available() else "no",
                       info.default_model, info.description)
-    Console(highlight=False).print(table)
+    _console().print(table)
     return 0
 
 
 def cmd_models() -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from fl_split.models.registry import get_architecture, model_names
@@ -232,7 +256,7 @@ def cmd_models() -> int:
     for name in model_names():
         arch = get_architecture(name)
         table.add_row(name, arch.inputs, f"1..{arch.num_layers()}", str(arch.default_cut), arch.description)
-    Console(highlight=False).print(table)
+    _console().print(table)
     return 0
 
 

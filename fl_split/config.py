@@ -27,7 +27,6 @@ AUTO = "auto"
 
 MERGE_OPS = ("concat", "sum", "avg", "max", "min", "mul")
 DEFENSES = ("none", "laplace", "gaussian", "r3elu", "rr", "dpsgd")
-ACCOUNTANTS = ("basic", "paper", "pld", "rdp")
 
 
 def _opt(default: Any, help: str, *, choices: tuple | Callable[[], tuple] | None = None,
@@ -63,6 +62,12 @@ def _dataset_names() -> tuple:
     from fl_split.data.registry import dataset_names
 
     return tuple(dataset_names())
+
+
+def _accountant_names() -> tuple:
+    from fl_split.privacy.accountants import accountant_names
+
+    return tuple(accountant_names())
 
 
 def _model_names() -> tuple:
@@ -101,7 +106,10 @@ class RunConfig:
     hidden: str = _opt(AUTO, "hidden widths of model 'mlp', e.g. '128,64'; auto = the model's default",
                        check=lambda v: v == AUTO or (all(p.strip().isdigit() and int(p) > 0 for p in v.split(","))),
                        allowed="'auto' or comma-separated positive integers")
-    batch_norm: bool = _opt(False, "BatchNorm after each hidden Linear of model 'mlp'")
+    norm: str = _opt(AUTO, "normalisation layers of the architectures that have them (MLPs, ResNets): batch, "
+                           "group, layer or none; auto = the architecture's own. BatchNorm mixes the records of a "
+                           "batch, so a party that claims differential privacy needs group, layer or none",
+                     choices=(AUTO, "batch", "group", "layer", "none"))
     merge: str = _opt("concat", "how the host merges cut-layer outputs", choices=MERGE_OPS)
 
     # --- optimisation ---------------------------------------------------------------------
@@ -112,8 +120,9 @@ class RunConfig:
     momentum: float = _opt(0.0, "SGD momentum", check=lambda v: _nonneg_float(v) and v < 1,
                            allowed="a number in [0, 1)")
     weight_decay: float = _opt(0.0, "L2 weight decay", check=_nonneg_float, allowed="a number >= 0")
-    seed: int = _opt(0, "run seed: data split, initialisation, batch order, every mechanism draw",
-                     check=_nonneg_int, allowed="an integer >= 0")
+    seed: int = _opt(0, "public run seed: the data split, the batch order and the round plan that every party "
+                        "shares. It is public: each party's private draws (initialisation, noise, masks) come "
+                        "from its own secret, see --private-seed", check=_nonneg_int, allowed="an integer >= 0")
     monolithic: bool = _opt(False, "train the same modules as one model with one optimizer (no split)")
 
     # --- execution ------------------------------------------------------------------------
@@ -164,9 +173,12 @@ class RunConfig:
                         group="privacy")
     denoise_param: float = _opt(0.2, "lambda of scale or p of mask", check=_open_unit,
                                 allowed="a number strictly between 0 and 1", group="privacy")
+    importance_refresh: str = _opt("epoch", "R3eLU importance allocation: when the neuron importances U are "
+                                            "refreshed (001 §3.4: before each epoch; batch = before every release)",
+                                   choices=("epoch", "batch"), group="privacy")
     denoise_side: str = _opt("forward", "which releases are denoised (by their receiver)",
                              choices=("forward", "backward", "both"), group="privacy")
-    accountant: str = _opt("pld", "accountant whose epsilon is reported and budgeted", choices=ACCOUNTANTS,
+    accountant: str = _opt("pld", "accountant whose epsilon is reported and budgeted", choices=_accountant_names,
                            group="privacy")
     budget: Any = _opt(AUTO, "per-party epsilon budget; a release that would exceed it is refused "
                              "and the run stops; auto = no budget",
@@ -182,6 +194,18 @@ class RunConfig:
                                 check=_positive_int, allowed="an integer >= 1", group="privacy")
     max_grad_norm: float = _opt(1.0, "DP-SGD per-sample gradient clipping norm (Opacus max_grad_norm)",
                                 check=_positive_float, allowed="a number > 0", group="privacy")
+    dp_sgd: str = _opt("none", "which parties also train their own models with DP-SGD (Opacus; noise multiplier "
+                               "--dp-sgd-sigma), on top of --defense on their releases; accounted in the same "
+                               "ledger. --defense dpsgd is DP-SGD alone on the --protect parties",
+                       choices=("none", "guest", "host", "both"), group="privacy")
+    dp_sgd_sigma: Any = _opt(AUTO, "noise multiplier of --dp-sgd; auto = --sigma", kind="float_or_auto",
+                             allowed="'auto' or a number > 0", group="privacy")
+    report_metrics: str = _opt("epoch", "what the host tells the coordinator: epoch = per-epoch aggregates (train "
+                                        "loss, test metric and loss; declared as not covered by DP); none = nothing, "
+                                        "the host writes them to --host-metrics", choices=("epoch", "none"),
+                               group="privacy")
+    host_metrics: str = _opt("", "the host's own metrics file (JSON), written by the host as each epoch ends; "
+                                 "needed with --report-metrics none", group="privacy")
 
     # ------------------------------------------------------------------------------------
     def __post_init__(self) -> None:

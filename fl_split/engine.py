@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from fl_split.builder import make_monolithic, make_parties
+from fl_split.builder import make_monolithic, make_parties, optimizer_settings
 from fl_split.config import RunConfig
-from fl_split.errors import BudgetExceeded
-from fl_split.parties import GuestParty, HostParty, batch_metric, make_optimizer, resolve_device
+from fl_split.errors import BudgetExceeded, ProtocolError
+from fl_split.parties import GuestParty, HostParty, batch_metric, resolve_device
 from fl_split.schedule import BatchKey, EvalRound, TrainRound, plan_rounds
 
 
@@ -35,11 +35,13 @@ class Transport(Protocol):
     def guest_step(self, owed: dict[str, list[bytes]], keys: tuple[BatchKey, ...], round_: int) -> dict[str, list[bytes]]:
         """Every guest applies ``owed[g]`` then releases ``keys``; returns their blobs."""
 
-    def host_train(self, keys: tuple[BatchKey, ...], acts: dict[str, list[bytes]], round_: int) -> tuple[dict[str, list[bytes]], dict]:
-        """The host trains on ``acts``; returns the gradient blobs per guest and stats."""
+    def host_train(self, keys: tuple[BatchKey, ...], acts: dict[str, list[bytes]], round_: int) -> dict[str, list[bytes]]:
+        """The host trains on ``acts``; returns the gradient blobs per guest (nothing else)."""
 
     def host_evaluate(self, keys: tuple[BatchKey, ...], acts: dict[str, list[bytes]], round_: int) -> dict:
-        """The host evaluates; returns ``{"hits", "n", "loss_sum"}``."""
+        """The host evaluates the test split and closes the epoch; returns the epoch's aggregates
+        (``{"epoch", "train_loss", "test_metric", "test_loss"}``, or only ``{"epoch"}`` when the host
+        keeps its metrics: ``--report-metrics none``)."""
 
     def reports(self) -> dict[str, dict]:
         """Each party's end-of-run report (``party.report()``), keyed by party name."""
@@ -52,7 +54,6 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[
     wire = {"bytes_to_host": 0, "bytes_to_guests": 0, "messages_to_host": 0, "messages_to_guests": 0,
             "rounds": 0}
     history: list[dict[str, Any]] = []
-    loss_sum, n_seen = 0.0, 0
     total = cfg.epochs * schedule.num_train_batches()
     bar = tqdm(total=total, desc=f"{engine} split training", unit="batch", disable=not cfg.progress,
                leave=False, dynamic_ncols=True)
@@ -73,17 +74,17 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[
             wire["bytes_to_host"] += sum(len(b) for bl in acts.values() for b in bl)
             wire["messages_to_host"] += sum(len(bl) for bl in acts.values())
             if isinstance(rnd, TrainRound):
-                owed, stats = transport.host_train(rnd.keys, acts, rnd.round)
-                loss_sum += stats["loss_sum"]
-                n_seen += stats["n"]
+                owed = transport.host_train(rnd.keys, acts, rnd.round)
                 bar.update(len(rnd.keys))
-                bar.set_postfix(epoch=rnd.epoch, loss=f"{loss_sum / max(n_seen, 1):.4f}", refresh=False)
+                bar.set_postfix(epoch=rnd.epoch, refresh=False)
             elif isinstance(rnd, EvalRound):
                 owed = {g: [] for g in transport.guests}
-                stats = transport.host_evaluate(rnd.keys, acts, rnd.round)
+                metrics = transport.host_evaluate(rnd.keys, acts, rnd.round)
                 now = time.perf_counter()
-                history.append(_epoch_record(rnd.epoch, loss_sum, n_seen, stats, now - t_epoch))
-                loss_sum, n_seen, t_epoch = 0.0, 0, now
+                history.append(_epoch_record(rnd.epoch, metrics, now - t_epoch))
+                t_epoch = now
+                if history[-1].get("test_metric") is not None:
+                    bar.set_postfix(epoch=rnd.epoch, test=f"{history[-1]['test_metric']:.4f}", refresh=False)
     except BudgetExceeded as exc:
         # a party refused a release: stop cleanly; nothing over budget has left any party
         stopped = {"stopped_reason": "budget", "stopped_detail": str(exc), "stopped_round": rnd.round}
@@ -97,14 +98,21 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[
     return results
 
 
-def _epoch_record(epoch: int, loss_sum: float, n: int, stats: dict, seconds: float) -> dict[str, Any]:
-    return {
-        "epoch": epoch,
-        "train_loss": loss_sum / n if n else float("nan"),
-        "test_metric": stats["hits"] / stats["n"] if stats["n"] else float("nan"),
-        "test_loss": stats["loss_sum"] / stats["n"] if stats["n"] else float("nan"),
-        "epoch_time_s": seconds,
-    }
+#: what the host may tell the coordinator about an epoch (its declared aggregates)
+AGGREGATES = ("train_loss", "test_metric", "test_loss")
+
+
+def _epoch_record(epoch: int, metrics: dict, seconds: float) -> dict[str, Any]:
+    """One ``history`` row: the host's aggregates for ``epoch`` (``None`` where the host keeps
+    them: ``--report-metrics none``) and the coordinator's own epoch time."""
+    if int(metrics.get("epoch", epoch)) != int(epoch):
+        raise ProtocolError(f"host reported metrics for epoch {metrics.get('epoch')}, expected epoch {epoch}")
+    row: dict[str, Any] = {"epoch": epoch}
+    for k in AGGREGATES:
+        v = metrics.get(k)
+        row[k] = None if v is None else float(v)
+    row["epoch_time_s"] = seconds
+    return row
 
 
 def make_results(cfg: RunConfig, plan, history: list[dict], wire: dict, elapsed: float, engine: str,
@@ -113,6 +121,11 @@ def make_results(cfg: RunConfig, plan, history: list[dict], wire: dict, elapsed:
     config = cfg.to_dict()
     config.update(model=plan.arch, cut_layer=plan.cut)
     last = history[-1] if history else {}
+    kept = cfg.report_metrics == "none" and engine != "monolithic"
+    final = {"metric": plan.metric, "value": last.get("test_metric", float("nan")),
+             "train_loss": last.get("train_loss", float("nan"))}
+    if kept:
+        final.update(value=None, train_loss=None, kept_by_host=cfg.host_metrics)
     return {
         "config": config,
         "plan": {
@@ -125,8 +138,7 @@ def make_results(cfg: RunConfig, plan, history: list[dict], wire: dict, elapsed:
             "merged_shape": list(plan.merged_shape),
         },
         "history": history,
-        "final": {"metric": plan.metric, "value": last.get("test_metric", float("nan")),
-                  "train_loss": last.get("train_loss", float("nan"))},
+        "final": final,
         "wire": wire,
         "time_s": elapsed,
         "stopped_reason": "completed",
@@ -157,13 +169,14 @@ class LocalTransport:
 
 class LocalEngine:
     """All parties in one process, talking through the codec (exact per-batch semantics when
-    ``batches_per_round = 1``)."""
+    ``batches_per_round = 1``). Each party has its own secret: fresh entropy, or derived from
+    ``private_seed`` inside :func:`~fl_split.builder.make_parties`."""
 
     name = "local"
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, private_seed: int | None = None) -> None:
         self.cfg = cfg
-        self.host, self.guests, self.plan = make_parties(cfg)
+        self.host, self.guests, self.plan = make_parties(cfg, private_seed)
 
     def run(self) -> dict[str, Any]:
         return coordinate(self.cfg, self.plan, LocalTransport(self.host, self.guests), self.name)
@@ -174,12 +187,14 @@ class MonolithicEngine:
 
     name = "monolithic"
 
-    def __init__(self, cfg: RunConfig, public: bool = False) -> None:
+    def __init__(self, cfg: RunConfig, public: bool = False, private_seed: int | None = None,
+                 secret=None) -> None:
         self.cfg = cfg
-        self.model, self.data, self.plan = make_monolithic(cfg, public=public)
+        self.model, self.data, self.plan = make_monolithic(cfg, public=public, private_seed=private_seed,
+                                                           secret=secret)
         self.device = resolve_device(cfg.device)
         self.model.to(self.device)
-        self.optimizer = make_optimizer(cfg, self.model.parameters())
+        self.optimizer = optimizer_settings(cfg).make(self.model.parameters())
         self.holders = list(self.plan.input_shapes)
 
     def _batch(self, key: BatchKey):
@@ -211,7 +226,10 @@ class MonolithicEngine:
                     bar.update(1)
                 stats = self.evaluate(epoch)
                 now = time.perf_counter()
-                history.append(_epoch_record(epoch, loss_sum, n, stats, now - t_epoch))
+                metrics = {"epoch": epoch, "train_loss": loss_sum / n if n else float("nan"),
+                           "test_metric": stats["hits"] / stats["n"] if stats["n"] else float("nan"),
+                           "test_loss": stats["loss_sum"] / stats["n"] if stats["n"] else float("nan")}
+                history.append(_epoch_record(epoch, metrics, now - t_epoch))
                 t_epoch = now
         finally:
             bar.close()
@@ -232,12 +250,15 @@ class MonolithicEngine:
         return {"hits": hits, "n": n, "loss_sum": loss_sum}
 
 
-def run_experiment(cfg: RunConfig) -> dict[str, Any]:
-    """Build and run the configured experiment on the configured engine."""
+def run_experiment(cfg: RunConfig, private_seed: int | None = None) -> dict[str, Any]:
+    """Build and run the configured experiment on the configured engine.
+
+    ``private_seed`` (``--private-seed``) makes every party's private randomness reproducible; it
+    is not part of the (public) configuration and never appears in the results."""
     if cfg.monolithic:
-        return MonolithicEngine(cfg).run()
+        return MonolithicEngine(cfg, private_seed=private_seed).run()
     if cfg.engine == "flower":
         from fl_split.flower import FlowerEngine
 
-        return FlowerEngine(cfg).run()
-    return LocalEngine(cfg).run()
+        return FlowerEngine(cfg, private_seed=private_seed).run()
+    return LocalEngine(cfg, private_seed).run()

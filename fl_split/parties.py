@@ -1,10 +1,15 @@
-"""``GuestParty`` and ``HostParty``: each owns its data slice, models, optimizer, mechanisms.
+"""``GuestParty`` and ``HostParty``: the trust boundary.
 
-A party is the unit of trust (DESIGN principle 1): its data and model never leave the object;
-what leaves is a :mod:`fl_split.protocol` blob produced from its mechanism's release. The same
-classes run under the in-process :class:`~fl_split.engine.LocalEngine` and inside Flower
-ClientApps; a party's whole state can be exported and restored (:meth:`export_state`), which is
-how a Flower node keeps it in ``context.state`` between messages.
+A party is the unit of trust (DESIGN principle 1, ``docs/references.md``): its data, models,
+optimizer, secret and ledger never leave the object; what leaves is a :mod:`fl_split.protocol`
+blob produced by its mechanism and charged to its ledger first, and — for the host — per-epoch
+aggregate metrics declared in its privacy report. A party is given exactly what it needs (its
+data slice, the public batch schedule, its own modules wrapped in a local-update policy, its
+mechanisms, its :class:`~fl_split.seeding.PartySecret`, its ledger and the public sample rate);
+it never reads the run configuration. The same classes run under the in-process
+:class:`~fl_split.engine.LocalEngine` and inside Flower ClientApps; a party's whole state can be
+exported and restored (:meth:`export_state`), which is how a Flower node keeps it in
+``context.state`` between messages.
 
 Per batch (SPEC §2):
 
@@ -18,13 +23,16 @@ A guest may release several batches before their gradients come back (``batches_
 1``). It then applies the gradients in order, each to a forward recomputed with its *current*
 weights (FedBCD-style local updates). With one batch per round the weights have not moved in
 between and the kept autograd graph is used directly: exact sequential training.
+
+Every random draw of a party comes from its secret, keyed by purpose and batch
+(``secret.torch_generator("release", phase, epoch, index)``): unpredictable to every other party,
+reproducible with ``--private-seed``, and continued exactly by a restored party.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import warnings
+import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,18 +42,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_split.config import RunConfig
 from fl_split.data.base import PartyData
 from fl_split.errors import ProtocolError
+from fl_split.local_update import LocalUpdate
 from fl_split.merge import Merge
-from fl_split.privacy.base import Mechanism, NoDefense, PostProcess, ReleaseStats
+from fl_split.privacy.base import Mechanism, NoDefense, PostProcess
+from fl_split.privacy.diagnostics import LocalDiagnostics
+from fl_split.privacy.disclosure import party_privacy_report
+from fl_split.protocol import Message, decode, encode
+from fl_split.results import write_json_atomic
+from fl_split.schedule import BatchKey, BatchSchedule
+from fl_split.seeding import PartySecret
+from fl_split.state import flatten, unflatten
 
 if TYPE_CHECKING:
     from fl_split.privacy.ledger import Ledger, LedgerEntry
-from fl_split.protocol import Message, decode, encode
-from fl_split.schedule import BatchKey, BatchSchedule
-from fl_split.seeding import torch_generator
-from fl_split.state import flatten, unflatten
+    from fl_split.privacy.r3elu import ImportanceTracker
 
 HIT_AT = 10
 
@@ -68,14 +80,6 @@ def set_mode(module: nn.Module, train: bool) -> None:
         module.train(train)
 
 
-def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
-    """The optimizer every party uses for its own parameters (same settings for all)."""
-    params = [p for p in params if p.requires_grad]
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
 def batch_metric(logits: torch.Tensor, y: torch.Tensor, metric: str) -> int:
     """Number of correct predictions (accuracy) or hits in the top 10 (hit@10)."""
     if metric == "hit@10":
@@ -85,75 +89,87 @@ def batch_metric(logits: torch.Tensor, y: torch.Tensor, metric: str) -> int:
 
 
 class MechanismSchedule:
-    """The mechanism a party applies in each epoch (one object per epoch, built on first use).
+    """The mechanism a party applies to each batch.
 
-    A constant schedule builds one object; the geometric schedule (001 §3.4) a new one per
-    epoch with ``ε/2^epoch``. ``factory(epoch) -> Mechanism``.
+    ``factory(iteration) -> Mechanism``; a constant schedule builds one object. 001 §3.4's
+    geometric schedule gives training iteration ``i`` (1-based, counted over the whole run:
+    ``(epoch − 1)·batches_per_epoch + index + 1``) the budget ``ε_T/2^i``; the test releases after
+    epoch ``e`` use the mechanism of that epoch's last iteration. A few recent objects are cached.
     """
 
-    def __init__(self, factory: Callable[[int], Mechanism] | Mechanism | None, constant: bool = True) -> None:
+    CACHE = 4
+
+    def __init__(self, factory: Callable[[int], Mechanism] | Mechanism | None, batches_per_epoch: int,
+                 constant: bool = True) -> None:
         if factory is None:
             factory = NoDefense()
         self._fixed = factory if isinstance(factory, Mechanism) else None
         self._factory = factory
         self._constant = constant
+        self._per_epoch = int(batches_per_epoch)
         self._cache: dict[int, Mechanism] = {}
 
-    def __call__(self, epoch: int) -> Mechanism:
+    def iteration(self, key: BatchKey) -> int:
+        if key.phase == "train":
+            return (key.epoch - 1) * self._per_epoch + key.index + 1
+        return max(key.epoch, 1) * self._per_epoch
+
+    def __call__(self, key: BatchKey | None = None) -> Mechanism:
+        """The mechanism of ``key``'s batch (``None``: the first iteration's, for reports)."""
         if self._fixed is not None:
             return self._fixed
-        e = 1 if self._constant else max(int(epoch), 1)
-        if e not in self._cache:
-            self._cache[e] = self._factory(e)
-        return self._cache[e]
+        i = 1 if (self._constant or key is None) else self.iteration(key)
+        mech = self._cache.get(i)
+        if mech is None:
+            if len(self._cache) >= self.CACHE:
+                self._cache.pop(next(iter(self._cache)))
+            mech = self._cache[i] = self._factory(i)
+        return mech
 
 
-def make_dp_optimizer(cfg: RunConfig, modules: list[nn.Module]) -> torch.optim.Optimizer:
-    """Opacus DP-SGD (per-sample clipping to ``--max-grad-norm`` + Gaussian noise of multiplier
-    ``--sigma``) around the party's usual optimizer, over ``modules`` (already GradSampleModules).
-    The noise generator is re-seeded before every step (:func:`_dp_seed`) so noise is
-    deterministic per (run, party, batch) whatever the transport."""
-    from opacus.optimizers import DPOptimizer
+class Importance:
+    """001 §3.4's neuron importances ``U`` for R3eLU's allocation (Eq. 8–10), and when they change.
 
-    params = [p for m in modules for p in m.parameters()]
-    return DPOptimizer(make_optimizer(cfg, params), noise_multiplier=cfg.sigma, max_grad_norm=cfg.max_grad_norm,
-                       expected_batch_size=cfg.batch_size, loss_reduction="mean")
+    ``tracker`` folds the gradients of every backward into the running mean of Eq. 9; releases use
+    a snapshot taken before the epoch begins (the paper) or before each release (``refresh =
+    "batch"``). A snapshot is always taken *before* the batch's own backward, so the noise of a
+    release never depends on that batch's records (only, like the weights, on earlier ones).
+    The host's tracker scores the merged input of its top: :meth:`apply` takes the function that
+    picks one guest's cut-layer features out of it.
+    """
 
+    def __init__(self, tracker: "ImportanceTracker", refresh: str = "epoch") -> None:
+        if refresh not in ("epoch", "batch"):
+            raise ValueError(f"importance refresh must be 'epoch' or 'batch', got {refresh!r}")
+        self.tracker = tracker
+        self.refresh = refresh
+        self._snapshot: torch.Tensor | None = None
+        self._epoch = 0
 
-@contextlib.contextmanager
-def quiet_input_grad_warning():
-    """Silence PyTorch's warning that a module's full backward hook fires although no input
-    requires a gradient: Opacus' per-sample-gradient hooks (DP-SGD) raise it on every backward of
-    a bottom model, whose input (raw features) never requires one — true and intended."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
-        yield
+    def values_for(self, key: BatchKey) -> torch.Tensor:
+        if self.refresh == "batch" or self._snapshot is None or (key.phase == "train" and key.epoch != self._epoch):
+            self._snapshot = self.tracker.values.clone()
+            self._epoch = key.epoch if key.phase == "train" else self._epoch
+        return self._snapshot
 
+    def apply(self, mech: Mechanism, key: BatchKey, part: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """Give ``mech`` the importances of ``key`` (mechanisms without an allocation ignore it)."""
+        if hasattr(mech, "set_importance"):
+            u = self.values_for(key)
+            mech.set_importance(part(u) if part is not None else u)
 
-def dp_module(module: nn.Module) -> nn.Module:
-    """``module`` made Opacus-compatible (BatchNorm → GroupNorm) and wrapped for per-sample grads."""
-    from opacus import GradSampleModule
-    from opacus.validators import ModuleValidator
+    def update(self) -> None:
+        self.tracker.update()
 
-    fixed = ModuleValidator.fix(module)
-    errors = ModuleValidator.validate(fixed, strict=False)
-    if errors:
-        from fl_split.errors import ConfigError
+    def state_dict(self) -> dict:
+        return {"tracker": self.tracker.state_dict(), "epoch": self._epoch,
+                "snapshot": None if self._snapshot is None else self._snapshot.clone()}
 
-        raise ConfigError("defense", "dpsgd", "a model Opacus supports", reason="; ".join(map(str, errors[:3])))
-    return GradSampleModule(fixed, loss_reduction="mean")
-
-
-def _cut_layer(module: nn.Module) -> nn.Module:
-    """The last Linear/Conv layer of a bottom model: the cut layer whose neurons R3eLU's
-    importance allocation scores (001 Eq. 8-9)."""
-    last = None
-    for m in module.modules():
-        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)):
-            last = m
-    if last is None:
-        raise ValueError("importance allocation needs a Linear or Conv cut layer in the bottom model")
-    return last
+    def load_state_dict(self, state: dict) -> None:
+        self.tracker.load_state_dict(state["tracker"])
+        self._epoch = int(state["epoch"])
+        snap = state.get("snapshot")
+        self._snapshot = None if snap is None else torch.as_tensor(snap).clone()
 
 
 @dataclass
@@ -167,13 +183,21 @@ class _Pending:
 
 
 class _Party:
-    def __init__(self, name: str, cfg: RunConfig, schedule: BatchSchedule, data: PartyData,
-                 device: torch.device | str = "cpu") -> None:
+    """What guests and hosts share: data access by batch key, secret, ledger, release counters."""
+
+    role = ""
+
+    def __init__(self, name: str, data: PartyData, schedule: BatchSchedule, secret: PartySecret,
+                 ledger: "Ledger | None", sample_rate: float, device: torch.device | str) -> None:
         self.name = name
-        self.cfg = cfg
-        self.schedule = schedule
         self.data = data
+        self.schedule = schedule
+        self.secret = secret
+        self.ledger = ledger
+        self.sample_rate = float(sample_rate)
         self.device = torch.device(device)
+        self.steps = 0
+        self.released = {"batches": 0, "records": 0}
 
     def ids(self, key: BatchKey) -> np.ndarray:
         pos = self.schedule.positions(key)
@@ -189,94 +213,104 @@ class _Party:
         y = self.data.y_train if key.phase == "train" else self.data.y_test
         return y.index_select(0, pos).to(self.device, non_blocking=True)
 
+    def _gen(self, *parts: object) -> torch.Generator:
+        """A private generator for ``parts`` (purpose, then the batch key)."""
+        return self.secret.torch_generator(*parts, device=self.device)
+
+    def _entry(self, round_: int, key: BatchKey, direction: str, cost) -> "LedgerEntry":
+        from fl_split.privacy.ledger import LedgerEntry
+
+        return LedgerEntry(round_, key.as_tuple(), direction, cost, self.ids(key), self.sample_rate)
+
+    def _charge(self, entries: list["LedgerEntry"]) -> None:
+        """Record ``entries`` before anything they describe is computed or leaves (atomic:
+        ``BudgetExceeded`` records nothing). Costs do not depend on the data."""
+        if self.ledger is not None and entries:
+            self.ledger.charge(entries)
+
+    def _common_state(self) -> dict[str, Any]:
+        return {"secret": self.secret.state_dict(), "steps": self.steps, "released": dict(self.released),
+                "ledger": self.ledger.export_state() if self.ledger is not None else None}
+
+    def _load_common(self, state: dict[str, Any]) -> None:
+        self.secret = PartySecret.from_state(state["secret"])
+        self.steps = int(state["steps"])
+        self.released = {k: int(v) for k, v in state["released"].items()}
+        if self.ledger is not None:
+            from fl_split.privacy.ledger import Ledger
+
+            self.ledger = Ledger.from_state(state["ledger"])
+
 
 class GuestParty(_Party):
-    """Holds features only: a bottom model, its optimizer, its forward mechanism and its ledger.
+    """Holds features only: a bottom model (inside its local-update policy), its forward
+    mechanism, its secret and its ledger.
 
     Privacy (SPEC §3, §5): every release is charged to :attr:`ledger` *before* anything is
-    computed or leaves (costs do not depend on the data), for all batches of the request at once,
-    so a refused request (``BudgetExceeded``) releases nothing. ``dpsgd`` trains the bottom with
-    Opacus DP-SGD; ``frozen`` is 002's one-shot mode (pretrained bottom, no gradients back).
+    computed or leaves, for all batches of the request at once, so a refused request
+    (``BudgetExceeded``) releases nothing. A DP-SGD update policy charges its steps too.
     """
 
-    def __init__(self, name: str, cfg: RunConfig, schedule: BatchSchedule, data: PartyData,
-                 bottom: nn.Module, cut_shape: tuple[int, ...],
-                 mechanism: Mechanism | Callable[[int], Mechanism] | None = None,
-                 grad_postprocess: PostProcess | None = None, device: torch.device | str = "cpu", *,
-                 ledger: Ledger | None = None, dpsgd: bool = False, frozen: bool = False,
-                 importance: bool = False, constant_schedule: bool = True) -> None:
-        super().__init__(name, cfg, schedule, data, device)
+    role = "guest"
+
+    def __init__(self, name: str, data: PartyData, schedule: BatchSchedule, *, update: LocalUpdate,
+                 cut_shape: tuple[int, ...], mechanisms: MechanismSchedule, secret: PartySecret,
+                 ledger: "Ledger | None" = None, sample_rate: float = 1.0,
+                 grad_postprocess: PostProcess | None = None, importance: Importance | None = None,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__(name, data, schedule, secret, ledger, sample_rate, device)
         if not data.has_features:
             raise ValueError(f"{name}: a guest must hold feature columns")
+        self.update = update
+        self.bottom = update.modules[0]
         self.cut_shape = tuple(cut_shape)
-        self.dpsgd = dpsgd
-        self.frozen = frozen
-        bottom = bottom.to(self.device)
-        if frozen:
-            bottom.requires_grad_(False)
-        self.bottom = dp_module(bottom) if dpsgd else bottom
-        self.optimizer = (make_dp_optimizer(cfg, [self.bottom]) if dpsgd
-                          else make_optimizer(cfg, self.bottom.parameters()) if not frozen else None)
-        self.mechanisms = MechanismSchedule(mechanism, constant_schedule)
+        self.mechanisms = mechanisms
         #: receiver-side post-processing of received gradients (denoising), identity by default
         self.grad_postprocess = grad_postprocess or PostProcess()
-        self.ledger = ledger
-        self.importance = None
-        if importance:
-            from fl_split.privacy.mechanisms import ImportanceTracker
-
-            self.importance = ImportanceTracker(_cut_layer(self.bottom))
-        self.steps = 0
-        self.released = {"batches": 0, "records": 0}
-        #: diagnostics of the releases (signal-to-noise ratio, noise scale), per epoch
-        self.release_stats = ReleaseStats()
+        self.importance = importance
+        self.diagnostics = LocalDiagnostics(name, int(np.prod(self.cut_shape)))
         self._pending: dict[BatchKey, _Pending] = {}
 
     @property
     def mechanism(self) -> Mechanism:
-        """The first epoch's mechanism (what reports describe)."""
-        return self.mechanisms(1)
+        """The first iteration's mechanism (what reports describe)."""
+        return self.mechanisms()
 
     # -- forward ----------------------------------------------------------------------------
-    def _charge(self, entries: list[LedgerEntry]) -> None:
-        if self.ledger is not None and entries:
-            self.ledger.charge(entries)
-
     def release(self, keys: list[BatchKey] | tuple[BatchKey, ...], round_: int) -> list[bytes]:
         """Compute and release the cut-layer output of each batch in ``keys``."""
         keys = list(keys)
         for key in keys:
             if key.phase == "train" and key in self._pending:
                 raise ProtocolError(f"{self.name}: {key} was already released and awaits its gradient")
-        rate = self.cfg.batch_size / self.schedule.n_train
-        entries = [_entry(round_, key, "forward", cost, self.ids(key), rate)
-                   for key in keys if (cost := self.mechanisms(key.epoch).cost()) is not None]
-        self._charge(entries)  # raises BudgetExceeded before anything is computed or leaves
+        self._charge([self._entry(round_, key, "forward", cost) for key in keys
+                      if (cost := self.mechanisms(key).cost()) is not None])
         blobs = []
         for key in keys:
-            train = key.phase == "train" and not self.frozen
+            if key.phase == "test" and key.index == 0:
+                self.diagnostics.check(key.epoch, self.mechanisms(key).name)  # the epoch's training is over
+            train = key.phase == "train" and self.update.trains
             x = self.rows(key)
-            mech = self.mechanisms(key.epoch)
-            if self.importance is not None and hasattr(mech, "set_importance"):
-                mech.set_importance(self.importance.values)
-            if train and not self.dpsgd:
-                set_mode(self.bottom, True)
+            mech = self.mechanisms(key)
+            if self.importance is not None:
+                self.importance.apply(mech, key)
+            set_mode(self.bottom, train)
+            if train and self.update.keeps_release_graph:
                 v = self.bottom(x)
             else:
-                # DP-SGD guests forward without the graph (Opacus must not capture activations
-                # of this pass) and recompute when the gradient arrives
-                set_mode(self.bottom, train)
+                # DP-SGD guests forward without the graph (Opacus must not capture activations of
+                # this pass) and recompute when the gradient arrives
                 with torch.no_grad():
                     v = self.bottom(x)
-            gen = self._generator("release", key) if mech.random else None
-            rel = mech.release(v.detach(), gen)
-            self.release_stats.add(key.epoch, rel.stats)
+            rel = mech.release(v.detach(), self._gen("release", *key.as_tuple()) if mech.random else None)
+            self.diagnostics.add(key.epoch, rel.stats)
             blobs.append(encode(Message("activations", self.name, "host", round_, key, self.ids(key),
                                         rel.value, rel.encoding)))
             self.released["batches"] += 1
             self.released["records"] += len(v)
             if train:
-                self._pending[key] = _Pending(round_, self.steps, rel.ctx, None if self.dpsgd else v)
+                self._pending[key] = _Pending(round_, self.steps, rel.ctx,
+                                              v if self.update.keeps_release_graph else None)
         return blobs
 
     # -- backward ---------------------------------------------------------------------------
@@ -295,24 +329,20 @@ class GuestParty(_Party):
         for m in msgs:
             m.check(kind="gradients", sender="host", receiver=self.name, key=m.key, ids=self.ids(m.key),
                     sample_shape=self.cut_shape)
-        if self.dpsgd and msgs:
-            rate = self.cfg.batch_size / self.schedule.n_train
-            self._charge([_entry(-1 if round_ is None else round_, m.key, "update",
-                                 dpsgd_cost(self.cfg), self.ids(m.key), rate) for m in msgs])
+        cost = self.update.cost()
+        if cost is not None and msgs:
+            self._charge([self._entry(-1 if round_ is None else round_, m.key, "update", cost) for m in msgs])
         for m in msgs:
             p = self._pending.pop(m.key)
             out = p.out if (p.out is not None and p.version == self.steps) else self._recompute(m.key)
-            gen = self._generator("denoise", m.key) if self.grad_postprocess.random else None
+            gen = self._gen("denoise", *m.key.as_tuple()) if self.grad_postprocess.random else None
             grad = self.grad_postprocess(m.tensor.to(self.device), gen)
-            grad = self.mechanisms(m.key.epoch).local_grad(p.ctx, grad)
-            self.optimizer.zero_grad(set_to_none=True)
-            with quiet_input_grad_warning():
-                out.backward(grad)
+            grad = self.mechanisms(m.key).local_grad(p.ctx, grad)
+            self.update.zero_grad()
+            self.update.backward(out, grad)
             if self.importance is not None:
                 self.importance.update()
-            if self.dpsgd:
-                self.optimizer.generator = self._generator("dpsgd", m.key)
-            self.optimizer.step()
+            self.update.step(self._gen("dpsgd", *m.key.as_tuple()) if cost is not None else None)
             self.steps += 1
 
     def step(self, grad_blobs: list[bytes], keys, round_: int) -> list[bytes]:
@@ -321,8 +351,8 @@ class GuestParty(_Party):
         return self.release(keys, round_)
 
     def _recompute(self, key: BatchKey) -> torch.Tensor:
-        """Forward ``key`` again with the current weights, leaving BatchNorm statistics untouched
-        (they were already updated when the batch was first released)."""
+        """Forward ``key`` again with the current weights, leaving normalisation statistics
+        untouched (they were already updated when the batch was first released)."""
         # the forward updates scratch copies of the buffers; the originals are put back by
         # reference (not copied in place: the new graph may have saved the scratch tensors)
         saved = [(m, name, buf) for m in self.bottom.modules() for name, buf in m.named_buffers(recurse=False)]
@@ -335,149 +365,91 @@ class GuestParty(_Party):
             for m, name, buf in saved:
                 setattr(m, name, buf)
 
-    def _generator(self, purpose: str, key: BatchKey) -> torch.Generator:
-        return torch_generator(self.cfg.seed, self.name, purpose, *key.as_tuple(), device=self.device)
-
     @property
     def pending_keys(self) -> list[BatchKey]:
         return sorted(self._pending)
 
     def report(self) -> dict[str, Any]:
-        """End-of-run facts this party is willing to disclose (no data, no weights)."""
+        """End-of-run facts this party is willing to disclose (no data, no weights, no secret)."""
         mech = self.mechanism
+        dp = self.update.describe() if self.update.cost() is not None else None
         return {"role": "guest", "optimizer_steps": self.steps, "mechanism": mech.describe(),
                 "postprocess": self.grad_postprocess.describe(), "released": dict(self.released),
-                "privacy": privacy_report(self.cfg, self.ledger, mech, self.dpsgd, self.released, "guest",
-                                          int(np.prod(self.cut_shape)), self.release_stats)}
+                "privacy": party_privacy_report(role="guest", ledger=self.ledger, mechanism=mech, update=dp,
+                                                released=self.released, cut_width=int(np.prod(self.cut_shape)),
+                                                randomness=self.secret.source, aggregates=False)}
 
     # -- state ------------------------------------------------------------------------------
     def export_state(self) -> dict[str, Any]:
         return {
+            **self._common_state(),
             "model": self.bottom.state_dict(),
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "steps": self.steps,
-            "released": dict(self.released),
+            "optimizer": self.update.state_dict(),
             "pending": [[list(k.as_tuple()), p.round, p.version, p.ctx] for k, p in sorted(self._pending.items())],
-            "ledger": self.ledger.export_state() if self.ledger is not None else None,
             "importance": self.importance.state_dict() if self.importance is not None else None,
-            "release_stats": self.release_stats.state_dict(),
+            "diagnostics": self.diagnostics.state_dict(),
         }
 
     def import_state(self, state: dict[str, Any]) -> None:
+        self._load_common(state)
         self.bottom.load_state_dict(state["model"])
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.steps = int(state["steps"])
-        self.released = {k: int(v) for k, v in state["released"].items()}
+        self.update.load_state_dict(state["optimizer"])
         self._pending = {BatchKey(str(k[0]), int(k[1]), int(k[2])): _Pending(int(r), int(v), dict(ctx), None)
                          for k, r, v, ctx in state["pending"]}
-        self.release_stats.load_state_dict(state["release_stats"])
-        if self.ledger is not None:
-            from fl_split.privacy.ledger import Ledger
-
-            self.ledger = Ledger.from_state(state["ledger"])
         if self.importance is not None:
             self.importance.load_state_dict(state["importance"])
-
-
-def _entry(round_: int, key: BatchKey, direction: str, cost, ids: np.ndarray, rate: float) -> "LedgerEntry":
-    from fl_split.privacy.ledger import LedgerEntry
-
-    return LedgerEntry(round_, key.as_tuple(), direction, cost, ids, rate)
-
-
-@functools.lru_cache(maxsize=8)
-def dpsgd_cost(cfg: RunConfig):
-    """One DP-SGD step as seen by one record of the batch: a Gaussian mechanism of noise
-    multiplier ``σ`` on its clipped (``--max-grad-norm``) per-sample gradient. One object per
-    configuration (see :meth:`Mechanism.cost`)."""
-    import dp_accounting
-
-    from fl_split.privacy.base import PrivacyCost
-
-    return PrivacyCost("dpsgd", dp_accounting.GaussianDpEvent(noise_multiplier=cfg.sigma), None,
-                       sensitivity_l2=cfg.max_grad_norm,
-                       params=(("noise_multiplier", cfg.sigma), ("max_grad_norm", cfg.max_grad_norm)))
-
-
-def privacy_report(cfg: RunConfig, ledger: Ledger | None, mech: Mechanism, dpsgd: bool, released: dict,
-                   role: str, cut_width: int, stats: ReleaseStats) -> dict[str, Any]:
-    """A party's entry of the results' ``privacy`` block (SPEC §5 report), with the diagnostics of
-    its releases (``release_stats``: signal-to-noise ratio and noise scale, overall and per epoch)."""
-    desc = dict(mech.describe())
-    if dpsgd:
-        desc = {"name": "dpsgd", "noise_multiplier": cfg.sigma, "max_grad_norm": cfg.max_grad_norm,
-                "library": "opacus"}
-    desc["cut_width"] = cut_width
-    cost = None if dpsgd else mech.cost()
-    if cost is not None:
-        desc.setdefault("sensitivity_l1", cost.sensitivity_l1)
-        desc.setdefault("sensitivity_l2", cost.sensitivity_l2)
-    out: dict[str, Any] = {"mechanism": desc}
-    if ledger is None:
-        what = "forward releases (cut-layer activations)" if role == "guest" else "backward releases (partial losses)"
-        out.update(releases=released.get("records", 0), releases_per_record=None, delta=cfg.delta, epsilon=None,
-                   accountant=cfg.accountant, epsilons={}, budget=None,
-                   assumptions=[f"unprotected: this party's {what} are not perturbed; no differential "
-                                f"privacy is claimed for them"], release_stats=stats.report())
-        return out
-    rep = ledger.report()
-    out.update(rep)
-    out["mechanism"] = desc
-    out["release_stats"] = stats.report()
-    if dpsgd:
-        out.setdefault("assumptions", [])
-        out["assumptions"] = list(out["assumptions"]) + [
-            "DP-SGD protects what the party's trained parameters reveal; the cut-layer tensors it "
-            "exchanges are computed from raw data and are not covered by this epsilon"]
-    return out
+        self.diagnostics.load_state_dict(state["diagnostics"])
 
 
 class HostParty(_Party):
     """Holds the labels, optionally its own bottom, the merge layer and the top model.
 
     Privacy: the partial loss ``δ_g`` sent to guest ``g`` is released through
-    ``backward_mechanisms[g]`` and charged to :attr:`ledger` (one release per batch per guest,
-    all batches of a request charged before training on any). ``dpsgd`` trains the host's own
-    parameters with Opacus. ``one_shot`` (002): the host keeps every received release by record
+    ``backward_mechanisms[g]`` and charged to :attr:`ledger` (one release per batch per guest, all
+    batches of a request charged before training on any). A DP-SGD update policy charges its
+    steps to the same ledger. ``one_shot`` (002): the host keeps every received release by record
     and trains later epochs on that cache; nothing flows back to the guests.
+
+    Only per-epoch aggregates leave the host besides its releases: :meth:`evaluate` returns the
+    epoch's training loss, test metric and test loss (``report_metrics="epoch"``) or nothing
+    (``"none"``); either way the host appends them to its own ``metrics_file`` if it has one.
     """
 
-    def __init__(self, cfg: RunConfig, schedule: BatchSchedule, data: PartyData, bottom: nn.Module | None,
-                 merge: Merge, top: nn.Module, guest_shapes: dict[str, tuple[int, ...]],
-                 backward_mechanisms: dict[str, Mechanism | Callable[[int], Mechanism]] | None = None,
-                 act_postprocess: PostProcess | None = None, device: torch.device | str = "cpu", *,
-                 ledger: Ledger | None = None, dpsgd: bool = False, one_shot: bool = False,
-                 constant_schedule: bool = True) -> None:
-        super().__init__("host", cfg, schedule, data, device)
+    role = "host"
+
+    def __init__(self, data: PartyData, schedule: BatchSchedule, *, update: LocalUpdate, has_bottom: bool,
+                 merge: Merge, guest_shapes: dict[str, tuple[int, ...]],
+                 backward_mechanisms: dict[str, MechanismSchedule], secret: PartySecret,
+                 ledger: "Ledger | None" = None, sample_rate: float = 1.0,
+                 act_postprocess: PostProcess | None = None, one_shot: bool = False,
+                 importance: Importance | None = None, importance_parts: dict[str, Callable] | None = None,
+                 report_metrics: str = "epoch", metrics_file: str = "",
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__("host", data, schedule, secret, ledger, sample_rate, device)
         if data.y_train is None:
             raise ValueError("the host must hold the labels")
-        self.dpsgd = dpsgd
-        bottom = bottom.to(self.device) if bottom is not None else None
-        top = top.to(self.device)
-        self.bottom = dp_module(bottom) if (dpsgd and bottom is not None) else bottom
-        self.top = dp_module(top) if dpsgd else top
+        if report_metrics not in ("epoch", "none"):
+            raise ValueError(f"report_metrics must be 'epoch' or 'none', got {report_metrics!r}")
+        self.update = update
+        self.bottom = update.modules[0] if has_bottom else None
+        self.top = update.modules[-1]
         self.merge = merge
         self.guest_shapes = {g: tuple(s) for g, s in guest_shapes.items()}
         self.guests = list(guest_shapes)
-        modules = ([self.bottom] if self.bottom is not None else []) + [self.top]
-        if dpsgd:
-            self.optimizer = make_dp_optimizer(cfg, modules)
-        else:
-            self.optimizer = make_optimizer(cfg, [p for m in modules for p in m.parameters()])
-        backward_mechanisms = backward_mechanisms or {}
-        self.backward_mechanisms = {g: MechanismSchedule(backward_mechanisms.get(g), constant_schedule)
-                                    for g in self.guests}
+        self.backward_mechanisms = dict(backward_mechanisms)
         #: receiver-side post-processing of received activations (denoising), identity by default
         self.act_postprocess = act_postprocess or PostProcess()
-        self.ledger = ledger
         self.one_shot = one_shot
+        self.importance = importance
+        self.importance_parts = importance_parts or {}
+        self.report_metrics = report_metrics
+        self.metrics_file = metrics_file
+        width = int(np.prod(next(iter(self.guest_shapes.values())))) if self.guest_shapes else 0
+        self.diagnostics = LocalDiagnostics("host", width)
+        self.history: list[dict[str, Any]] = []
+        self._train_loss = [0.0, 0]
         self._cache: dict[str, dict[str, torch.Tensor]] = {}
         self._cached: dict[str, np.ndarray] = {}
-        self.steps = 0
-        self.released = {"batches": 0, "records": 0}
-        #: diagnostics of the backward releases (all guests together), per epoch
-        self.release_stats = ReleaseStats()
         self.metric = data.metric
 
     # -- receiving ---------------------------------------------------------------------------
@@ -533,68 +505,69 @@ class HostParty(_Party):
             if train and not self.one_shot:
                 a.requires_grad_(True)
             leaves[g] = a
-            gen = torch_generator(self.cfg.seed, "host", "denoise", g, *key.as_tuple(), device=self.device) \
-                if self.act_postprocess.random else None
+            gen = self._gen("denoise", g, *key.as_tuple()) if self.act_postprocess.random else None
             parts.append(self.act_postprocess(a, gen))
         return self.top(self.merge(parts)), leaves
 
     # -- training ----------------------------------------------------------------------------
-    def _entries(self, keys, round_: int) -> list[LedgerEntry]:
-        rate = self.cfg.batch_size / self.schedule.n_train
+    def _entries(self, keys, round_: int) -> list["LedgerEntry"]:
         entries = []
+        update_cost = self.update.cost()
         for key in keys:
-            ids = self.ids(key)
             if not self.one_shot:
                 for g in self.guests:
-                    cost = self.backward_mechanisms[g](key.epoch).cost()
+                    cost = self.backward_mechanisms[g](key).cost()
                     if cost is not None:
-                        entries.append(_entry(round_, key, "backward", cost, ids, rate))
-            if self.dpsgd:
-                entries.append(_entry(round_, key, "update", dpsgd_cost(self.cfg), ids, rate))
+                        entries.append(self._entry(round_, key, "backward", cost))
+            if update_cost is not None:
+                entries.append(self._entry(round_, key, "update", update_cost))
         return entries
 
-    def train(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int) -> tuple[dict[str, list[bytes]], dict[str, float]]:
-        """Train on every batch in ``keys``; returns the released gradients per guest and stats."""
+    def train(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int) -> dict[str, list[bytes]]:
+        """Train on every batch in ``keys``; returns the released gradients per guest (nothing
+        else leaves: the training loss stays here until the epoch's aggregate)."""
         keys = list(keys)
         msgs = self._received(keys, blobs_by_guest)
-        entries = self._entries(keys, round_)
-        if self.ledger is not None and entries:
-            self.ledger.charge(entries)  # BudgetExceeded here: nothing trained, nothing released
+        self._charge(self._entries(keys, round_))  # BudgetExceeded here: nothing trained, nothing released
         grads: dict[str, list[bytes]] = {g: [] for g in self.guests}
-        loss_sum, n = 0.0, 0
+        dpsgd = self.update.cost() is not None
         if self.bottom is not None:
             set_mode(self.bottom, True)
         set_mode(self.top, True)
         for i, key in enumerate(keys):
             y = self.labels(key)
+            mechs = {g: self.backward_mechanisms[g](key) for g in self.guests}
+            if self.importance is not None and not self.one_shot:
+                for g, mech in mechs.items():  # before this batch's backward (see Importance)
+                    self.importance.apply(mech, key, self.importance_parts.get(g))
             logits, leaves = self._forward(key, {g: msgs[g][i] for g in self.guests}, train=True)
             loss = F.cross_entropy(logits, y)
-            self.optimizer.zero_grad(set_to_none=True)
-            with quiet_input_grad_warning():
-                loss.backward()
-            ids = self.ids(key)
+            self.update.zero_grad()
+            self.update.backward(loss)
+            if self.importance is not None:
+                self.importance.update()
             if not self.one_shot:
+                ids = self.ids(key)
                 for g in self.guests:
-                    mech = self.backward_mechanisms[g](key.epoch)
-                    gen = torch_generator(self.cfg.seed, "host", "release", g, *key.as_tuple(), device=self.device) \
-                        if mech.random else None
-                    rel = mech.release(leaves[g].grad, gen)
-                    self.release_stats.add(key.epoch, rel.stats)
+                    mech = mechs[g]
+                    rel = mech.release(leaves[g].grad, self._gen("release", g, *key.as_tuple()) if mech.random else None)
+                    self.diagnostics.add(key.epoch, rel.stats)
                     grads[g].append(encode(Message("gradients", "host", g, round_, key, ids, rel.value, rel.encoding)))
                     self.released["batches"] += 1
                     self.released["records"] += len(ids)
-            if self.dpsgd:
-                self.optimizer.generator = torch_generator(self.cfg.seed, "host", "dpsgd", *key.as_tuple(),
-                                                           device=self.device)
-            self.optimizer.step()
+            self.update.step(self._gen("dpsgd", *key.as_tuple()) if dpsgd else None)
             self.steps += 1
-            loss_sum += loss.item() * len(y)
-            n += len(y)
-        return grads, {"loss_sum": loss_sum, "n": n}
+            self._train_loss[0] += loss.item() * len(y)
+            self._train_loss[1] += len(y)
+        return grads
 
     @torch.no_grad()
-    def evaluate(self, keys, blobs_by_guest: dict[str, list[bytes]]) -> dict[str, float]:
-        """Metric counts on the test batches ``keys`` (accuracy or hit@10) and the test loss."""
+    def evaluate(self, keys, blobs_by_guest: dict[str, list[bytes]]) -> dict[str, Any]:
+        """Evaluate the test split (``keys``: all test batches of one epoch) and close the epoch.
+
+        Returns the epoch's aggregates — ``{"epoch", "train_loss", "test_metric", "test_loss"}``
+        with ``report_metrics="epoch"``, only ``{"epoch"}`` with ``"none"`` — and writes them to
+        the host's own metrics file when it has one."""
         keys = list(keys)
         msgs = self._received(keys, blobs_by_guest)
         if self.bottom is not None:
@@ -607,45 +580,58 @@ class HostParty(_Party):
             hits += batch_metric(logits, y, self.metric)
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
             n += len(y)
-        return {"hits": hits, "n": n, "loss_sum": loss_sum}
+        epoch = keys[0].epoch if keys else len(self.history) + 1
+        self.diagnostics.check(epoch, next(iter(self.backward_mechanisms.values()))().name
+                               if self.backward_mechanisms else "none")
+        tl, tn = self._train_loss
+        metrics = {"epoch": int(epoch), "train_loss": tl / tn if tn else math.nan,
+                   "test_metric": hits / n if n else math.nan, "test_loss": loss_sum / n if n else math.nan}
+        self._train_loss = [0.0, 0]
+        self.history.append(metrics)
+        if self.metrics_file:
+            write_json_atomic(self.metrics_file, {"party": "host", "metric": self.metric, "history": self.history})
+        return dict(metrics) if self.report_metrics == "epoch" else {"epoch": int(epoch)}
 
     def report(self) -> dict[str, Any]:
-        """End-of-run facts this party is willing to disclose (no data, no weights)."""
-        first = {g: m(1) for g, m in self.backward_mechanisms.items()}
+        """End-of-run facts this party is willing to disclose (no data, no weights, no secret)."""
+        first = {g: m() for g, m in self.backward_mechanisms.items()}
         mech = next(iter(first.values())) if first else NoDefense()
         width = int(np.prod(next(iter(self.guest_shapes.values())))) if self.guest_shapes else 0
+        dp = self.update.describe() if self.update.cost() is not None else None
         return {"role": "host", "optimizer_steps": self.steps,
                 "mechanisms": {g: m.describe() for g, m in first.items()},
                 "postprocess": self.act_postprocess.describe(), "released": dict(self.released),
-                "privacy": privacy_report(self.cfg, self.ledger, mech, self.dpsgd, self.released, "host", width,
-                                          self.release_stats)}
+                "privacy": party_privacy_report(role="host", ledger=self.ledger, mechanism=mech, update=dp,
+                                                released=self.released, cut_width=width,
+                                                randomness=self.secret.source,
+                                                aggregates=self.report_metrics == "epoch")}
 
     # -- state ------------------------------------------------------------------------------
     def export_state(self) -> dict[str, Any]:
         return {
+            **self._common_state(),
             "bottom": self.bottom.state_dict() if self.bottom is not None else None,
             "top": self.top.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "steps": self.steps,
-            "released": dict(self.released),
-            "ledger": self.ledger.export_state() if self.ledger is not None else None,
-            "release_stats": self.release_stats.state_dict(),
+            "optimizer": self.update.state_dict(),
+            "importance": self.importance.state_dict() if self.importance is not None else None,
+            "diagnostics": self.diagnostics.state_dict(),
+            "history": json.dumps(self.history),
+            "train_loss": [float(self._train_loss[0]), int(self._train_loss[1])],
             "cache": {name: {"x": c["x"], "filled": torch.from_numpy(self._cached[name])}
                       for name, c in self._cache.items()},
         }
 
     def import_state(self, state: dict[str, Any]) -> None:
+        self._load_common(state)
         if self.bottom is not None:
             self.bottom.load_state_dict(state["bottom"])
         self.top.load_state_dict(state["top"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps = int(state["steps"])
-        self.released = {k: int(v) for k, v in state["released"].items()}
-        if self.ledger is not None:
-            from fl_split.privacy.ledger import Ledger
-
-            self.ledger = Ledger.from_state(state["ledger"])
-        self.release_stats.load_state_dict(state["release_stats"])
+        self.update.load_state_dict(state["optimizer"])
+        if self.importance is not None:
+            self.importance.load_state_dict(state["importance"])
+        self.diagnostics.load_state_dict(state["diagnostics"])
+        self.history = json.loads(state["history"])
+        self._train_loss = [float(state["train_loss"][0]), int(state["train_loss"][1])]
         self._cache = {name: {"x": torch.as_tensor(c["x"])} for name, c in state["cache"].items()}
         self._cached = {name: np.asarray(torch.as_tensor(c["filled"]).numpy(), dtype=bool)
                         for name, c in state["cache"].items()}

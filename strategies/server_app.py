@@ -30,7 +30,7 @@ from flwr.serverapp import Grid, ServerApp
 from fl_split.config import RunConfig
 from fl_split.engine import coordinate
 from fl_split.flower.transport import POLL_INTERVAL, FlowerTransport, discover, setup
-from fl_split.privacy.base import mean_snr
+from fl_split.privacy.disclosure import snr_bound
 
 log = logging.getLogger("fl_split.flower")
 
@@ -49,6 +49,10 @@ class VerticalSplitStrategy:
         self.transport = discover(grid, self.cfg, self.poll_interval)
         log.info("federation: %s", ", ".join(f"{p} = node {n}" for p, n in self.transport.nodes.items()))
         self.plan = setup(self.transport, self.cfg)
+        from fl_split.privacy.diagnostics import hopeless_releases
+
+        for line in hopeless_releases(self.plan):
+            log.warning("%s", line)
         return self.transport
 
     def run(self, grid: Grid, write_out: bool = False) -> dict[str, Any]:
@@ -63,7 +67,7 @@ class VerticalSplitStrategy:
         if results.get("stopped_reason", "completed") != "completed":
             log.warning("stopped early (%s): %s", results["stopped_reason"], results.get("stopped_detail", ""))
         if write_out and self.cfg.out:
-            from fl_split.cli import write_json_atomic
+            from fl_split.results import write_json_atomic
 
             write_json_atomic(self.cfg.out, results)
             log.info("results written to %s", self.cfg.out)
@@ -76,15 +80,21 @@ def privacy_line(party: str, rep: dict[str, Any]) -> str:
     name = mech.get("name", "none") if isinstance(mech, dict) else str(mech)
     if rep.get("epsilon") is None:
         return f"{party}: {name}, no differential privacy claimed ({rep.get('releases', 0)} record releases)"
-    snr = mean_snr(rep)
+    snr = snr_bound(rep)
     return (f"{party}: {name}, epsilon = {rep['epsilon']:.4g} at delta = {rep['delta']:g} ({rep['accountant']} "
             f"accountant; {rep['releases']} record releases, at most {rep['releases_per_record']} per record"
-            + ("" if snr is None else f"; mean signal-to-noise ratio {snr:.3g}") + ")")
+            + ("" if snr is None else f"; signal-to-noise ratio at most {snr:.3g} per element") + ")")
+
+
+#: run-config keys the coordinator must not use, send or write (read by the ClientApps only)
+PRIVATE_KEYS = ("private-seed",)
 
 
 def config_from_context(context: Context) -> RunConfig:
-    """The run configuration of ``flwr run`` (``[tool.flwr.app.config]`` + ``--run-config``)."""
-    return RunConfig.from_mapping(dict(context.run_config)).replace(engine="flower", progress=False)
+    """The run configuration of ``flwr run`` (``[tool.flwr.app.config]`` + ``--run-config``), without
+    ``private-seed``: that one is for the parties' own secrets (simulation), never sent or written."""
+    public = {k: v for k, v in dict(context.run_config).items() if k not in PRIVATE_KEYS}
+    return RunConfig.from_mapping(public).replace(engine="flower", progress=False)
 
 
 app = ServerApp()

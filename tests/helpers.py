@@ -13,14 +13,15 @@ class StatelessTransport:
     survives between messages).
     """
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, private_seed: int | None = None):
         self.cfg = cfg
-        host, guests, self.plan = make_parties(cfg)
+        self.private_seed = private_seed
+        host, guests, self.plan = make_parties(cfg, private_seed)
         self.guests = list(guests)
         self.states = {"host": flatten(host.export_state()), **{g: flatten(p.export_state()) for g, p in guests.items()}}
 
     def _party(self, name):
-        host, guests, _ = make_parties(self.cfg)
+        host, guests, _ = make_parties(self.cfg)  # fresh secrets: the import replaces them
         party = host if name == "host" else guests[name]
         party.import_state(unflatten(*self.states[name]))
         return party
@@ -43,7 +44,10 @@ class StatelessTransport:
         return res
 
     def host_evaluate(self, keys, acts, round_):
-        return self._party("host").evaluate(keys, acts)
+        p = self._party("host")
+        res = p.evaluate(keys, acts)
+        self._save("host", p)
+        return res
 
     def reports(self):
         return {}

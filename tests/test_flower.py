@@ -39,6 +39,8 @@ from fl_split.party_files import export_parties
 from strategies.server_app import VerticalSplitStrategy
 
 ROOT = Path(__file__).resolve().parents[1]
+#: every equivalence below runs both sides with this private seed (the parties' secrets derive from it)
+PS = 5
 
 
 def _cfg(**kw) -> RunConfig:
@@ -69,7 +71,8 @@ class InlineGrid(Grid):
     continues from ``context.state`` alone (serialised through protobuf, as a SuperNode stores it).
     """
 
-    def __init__(self, node_configs, app=handle, fresh_process=False, silent=(), silent_types=(R.MSG_STEP,)):
+    def __init__(self, node_configs, app=None, fresh_process=False, silent=(), silent_types=(R.MSG_STEP,)):
+        app = app or (lambda message, context: handle(message, context, PS))
         self.ids = [1000 + 17 * i for i in range(len(node_configs))]
         self.contexts = {n: Context(run_id=7, node_id=n, node_config=dict(c), state=RecordDict(), run_config={})
                          for n, c in zip(self.ids, node_configs)}
@@ -132,7 +135,7 @@ def _strip(results: dict) -> dict:
 
 
 def _local(cfg: RunConfig) -> dict:
-    return LocalEngine(cfg.replace(engine="local")).run()
+    return LocalEngine(cfg.replace(engine="local"), PS).run()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -147,7 +150,10 @@ def test_pyproject_app_config_is_runconfig():
 
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())
     flwr = conf["tool"]["flwr"]
-    app_cfg = flwr["app"]["config"]
+    app_cfg = dict(flwr["app"]["config"])
+    # the parties' private seed (simulation only) is the one key that is not a RunConfig option:
+    # the ServerApp drops it, only the ClientApps read it
+    assert app_cfg.pop("private-seed") == ""
     want = {key_of(f.name): MAIN_JOB.get(f.name, f.default) for f in option_fields()}
     assert list(app_cfg) == list(want)
     for k, v in want.items():
@@ -302,10 +308,11 @@ def test_inline_deployment_from_party_files(tmp_path):
     the coordinator rebuilds the plan from public facts; results equal the local engine's."""
     cfg = _cfg(guests=3, epochs=1, batches_per_round=4)
     files = export_parties(cfg, tmp_path)
-    configs = [{"role": "guest", "guest-index": 2, "data-path": str(files["guest-2"])},
-               {"role": "host", "data-path": str(files["host"])},
-               {"role": "guest", "guest-index": 3, "data-path": str(files["guest-3"])},
-               {"role": "guest", "guest-index": 1, "data-path": str(files["guest-1"])}]
+    # in a deployment each SuperNode sets its own private seed (here all the same one)
+    configs = [{"role": "guest", "guest-index": 2, "data-path": str(files["guest-2"]), "private-seed": PS},
+               {"role": "host", "data-path": str(files["host"]), "private-seed": PS},
+               {"role": "guest", "guest-index": 3, "data-path": str(files["guest-3"]), "private-seed": PS},
+               {"role": "guest", "guest-index": 1, "data-path": str(files["guest-1"]), "private-seed": PS}]
     got = VerticalSplitStrategy(cfg).run(InlineGrid(configs, fresh_process=True))
     assert _strip(got) == _strip(_local(cfg))
 
@@ -369,7 +376,7 @@ def _corrupt_owed(party: str, round_: int):
         if (message.metadata.message_type == R.MSG_STEP and node_role(context.node_config).party == party
                 and int(req["round"]) == round_):
             req["owed"] = [b"FLS1" + b"\x00" * 12 for _ in req["owed"]]
-        return handle(message, context)
+        return handle(message, context, PS)
 
     return app
 
@@ -388,7 +395,7 @@ def _refuse(party: str, round_: int):
         if node_role(context.node_config).party == party and int(req.get("round", -1)) == round_:
             return Message(R.error_record(BudgetExceeded(party, 0.9, 1.2, 1.0, "pld"), party, round_),
                            reply_to=message)
-        return handle(message, context)
+        return handle(message, context, PS)
 
     return app
 
@@ -443,7 +450,7 @@ def test_simulation_equals_local_engine_k1():
     """Issue #3 exactness: with one batch per round the Flower simulation gives the local
     engine's per-epoch losses and final metric (bit-identical on CPU; asserted to 1e-6)."""
     cfg = _cfg(batches_per_round=1, engine="flower")
-    engine = FlowerEngine(cfg)
+    engine = FlowerEngine(cfg, private_seed=PS)
     got = engine.run()
     want = _local(cfg)
     assert len(got["history"]) == len(want["history"]) == cfg.epochs
@@ -465,7 +472,7 @@ def test_cli_flower_engine_one_host_four_guests(tmp_path, capsys):
     the results JSON equals the local engine's with the same K, and nothing is left running."""
     out = tmp_path / "r.json"
     argv = ["train", "--engine", "flower", "--guests", "4", "--batches-per-round", "4", "--epochs", "2",
-            "--limit", "300", "--seed", "1", "--no-progress", "--out", str(out)]
+            "--limit", "300", "--seed", "1", "--no-progress", "--out", str(out), "--private-seed", str(PS)]
     from fl_split.cli import main
 
     assert main(argv) == 0
@@ -482,9 +489,7 @@ def test_cli_flower_engine_one_host_four_guests(tmp_path, capsys):
 def test_cli_flower_party_failure_is_one_line(tmp_path, capsys, monkeypatch):
     """A ClientApp that crashes in round 3: the run stops, the CLI prints one line naming the
     party and the round, exits 1, writes no results, and leaves nothing running."""
-    import clients.client_app
-
-    monkeypatch.setattr(clients.client_app, "app", _fault_app("raise", "guest-2", 3))
+    monkeypatch.setattr(node_mod, "make_client_app", lambda private_seed=None: _fault_app("raise", "guest-2", 3))
     from fl_split.cli import main
 
     out = tmp_path / "r.json"
@@ -524,7 +529,7 @@ def test_simulation_on_a_two_node_ray_cluster():
         sessions = list(cluster.sessions)
         assert len(sessions) == 2 and all(session_pids(s) for s in sessions)
         cfg = _cfg(batches_per_round="epoch", ray_address=cluster.address, engine="flower")
-        engine = FlowerEngine(cfg)
+        engine = FlowerEngine(cfg, private_seed=PS)
         got = engine.run()
         assert _strip(got) == _strip(_local(cfg))
         ray_nodes = {w for w in engine.transport.stats.workers if w.startswith("ray:")}
@@ -558,7 +563,8 @@ def test_flwr_run_cli_against_our_own_superlink(tmp_path):
     try:
         cmd = [str(Path(sys.executable).parent / "flwr"), "run", ".", "--stream",
                "--federation-config", "num-supernodes=3 client-resources-num-cpus=1",
-               "--run-config", f"guests=2 epochs=1 limit=200 batches-per-round='epoch' out='{out}'"]
+               "--run-config", f"guests=2 epochs=1 limit=200 batches-per-round='epoch' out='{out}' "
+                               f"private-seed='{PS}'"]
         proc = subprocess.run(cmd, cwd=ROOT, env=link.env, capture_output=True, text=True, timeout=400)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert "epoch 1: train loss" in proc.stdout + proc.stderr

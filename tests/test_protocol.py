@@ -170,7 +170,7 @@ def test_guest_rejects_bad_gradients_and_keeps_state(parties):
     host, guests, plan = parties
     g = guests["guest-1"]
     keys = plan.schedule.train_keys(1)[:2]
-    grads, _ = host.train(keys, {"guest-1": g.release(keys, 1)}, 1)
+    grads = host.train(keys, {"guest-1": g.release(keys, 1)}, 1)
     before = _snapshot(g.bottom)
     wrong_ids = decode(grads["guest-1"][0])
     wrong_ids.ids = wrong_ids.ids + 1

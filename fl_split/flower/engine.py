@@ -85,10 +85,12 @@ class FlowerEngine:
     name = "flower"
 
     def __init__(self, cfg: RunConfig, client_app=None, num_supernodes: int | None = None,
-                 verbose: bool = False, stop_grace: float = STOP_GRACE, poll_interval: float | None = None) -> None:
+                 verbose: bool = False, stop_grace: float = STOP_GRACE, poll_interval: float | None = None,
+                 private_seed: int | None = None) -> None:
         from fl_split.flower.transport import POLL_INTERVAL
 
         self.cfg = cfg
+        self.private_seed = private_seed
         self.poll_interval = POLL_INTERVAL if poll_interval is None else poll_interval
         self.stop_grace = stop_grace
         self.client_app = client_app
@@ -129,7 +131,9 @@ class FlowerEngine:
         from strategies.server_app import make_server_app
 
         if self.client_app is None:
-            from clients.client_app import app as client_app
+            from fl_split.flower.node import make_client_app
+
+            client_app = make_client_app(self.private_seed)
         else:
             client_app = self.client_app
         fed = ("guests", "num_cpus", "num_gpus", "ray_address")

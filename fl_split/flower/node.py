@@ -8,9 +8,11 @@ comes from its ``node_config``:
 * simulation: ``partition-id`` (0 = host, 1..G = guests); the node prepares the dataset itself
   (once per process) and keeps only its party's slice.
 
-The party is built lazily from the run configuration the coordinator sends with ``setup``. Its
-whole state (models, optimizer, pending batches, ledger, receiver caches; random draws need no
-state, they are seeded by batch keys) is written to ``context.state`` after every message
+The party is built lazily from the run configuration the coordinator sends with ``setup``, with a
+secret of its own (:class:`~fl_split.seeding.PartySecret`) created *here*, on the party's node:
+fresh OS entropy, or derived from a ``private-seed`` the coordinator never sends (see
+:func:`private_seed_of`). Its whole state (secret, models, optimizer, pending batches, ledger,
+receiver caches) is written to ``context.state`` after every message
 (:func:`fl_split.parties.export_flat`),
 so any process can continue it — in deployment each message may start a fresh ClientApp process,
 in simulation a node's messages go to whichever Ray actor is free. A per-process cache keyed by a
@@ -124,8 +126,43 @@ def _deployment_plan(cfg: RunConfig, path: str, mtime: float):
     return plan_from_facts(cfg, facts)
 
 
-def build_party(cfg: RunConfig, role: NodeRole):
-    """``(party, public facts)`` of this node for ``cfg``."""
+def private_seed_of(role: NodeRole, context: Context, given: int | None = None) -> int | None:
+    """The private seed this node's party derives its secret from, or ``None`` (OS entropy).
+
+    * ``given``: passed to the ClientApp by an in-process simulation (``fl-split train --engine
+      flower --private-seed S``), whose run-config is empty;
+    * simulation under ``flwr run``: the run-config key ``private-seed`` (all parties run under one
+      user; the ServerApp drops the key and never sends or writes it);
+    * deployment: only the SuperNode's own ``--node-config "private-seed=S"``. A ``private-seed`` in
+      the run-config is refused there: every party and the coordinator can read it, and whoever
+      knows it can rebuild every party's noise.
+    """
+    run_value = str(context.run_config.get("private-seed", "")).strip()
+    node_value = str(context.node_config.get("private-seed", "")).strip()
+    if role.mode == "deployment":
+        if run_value:
+            raise FederationError("private-seed is set in the run config, which every party and the coordinator "
+                                  "can read; set it in this SuperNode's --node-config instead (or leave it out "
+                                  "for fresh OS entropy)")
+        value = node_value
+    elif given is not None:
+        return int(given)
+    else:
+        value = run_value or node_value
+    if not value:
+        return None
+    try:
+        seed = int(value)
+    except ValueError:
+        raise FederationError(f"private-seed is {value!r}; allowed: an integer >= 0") from None
+    if seed < 0:
+        raise FederationError(f"private-seed is {seed}; allowed: an integer >= 0")
+    return seed
+
+
+def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None, secret=None):
+    """``(party, public facts)`` of this node for ``cfg``, with its own secret (``secret``: the
+    one restored from the node's state; else fresh or from ``private_seed``)."""
     from fl_split.builder import make_guest, make_host
 
     if role.role == "guest" and role.guest_index > cfg.guests:
@@ -150,7 +187,10 @@ def build_party(cfg: RunConfig, role: NodeRole):
             raise FederationError(f"node-config says this node is {role.party}, but {path!r} holds "
                                   f"{data.party}'s data")
         plan = _deployment_plan(cfg, path, mtime)
-    party = make_host(plan, data) if role.role == "host" else make_guest(plan, data, role.party)
+    if role.role == "host":
+        party = make_host(plan, data, private_seed=private_seed, secret=secret)
+    else:
+        party = make_guest(plan, data, role.party, private_seed=private_seed, secret=secret)
     return party, facts
 
 
@@ -167,7 +207,8 @@ def _save(context: Context, party, config_json: str) -> None:
 
 
 def _restore(context: Context, role: NodeRole):
-    from fl_split.parties import import_flat
+    from fl_split.seeding import PartySecret
+    from fl_split.state import unflatten
 
     meta = context.state.config_records.get(R.STATE_META)
     if meta is None:
@@ -177,15 +218,16 @@ def _restore(context: Context, role: NodeRole):
     if cached is not None and cached[0] == meta["token"]:
         return cached[1], str(meta["config"])
     cfg = RunConfig.from_mapping(R.loads(str(meta["config"])))
-    party, _ = build_party(cfg, role)
-    import_flat(party, R.record_to_arrays(context.state.array_records[R.STATE_ARRAYS]),
-                R.loads(str(meta["skeleton"])))
+    state = unflatten(R.record_to_arrays(context.state.array_records[R.STATE_ARRAYS]), R.loads(str(meta["skeleton"])))
+    party, _ = build_party(cfg, role, secret=PartySecret.from_state(state["secret"]))
+    party.import_state(state)
     return party, str(meta["config"])
 
 
 # -- the handler ---------------------------------------------------------------------------------
-def handle(message: Message, context: Context) -> Message:
-    """Answer one coordinator message (any operation) for the party this node hosts."""
+def handle(message: Message, context: Context, private_seed: int | None = None) -> Message:
+    """Answer one coordinator message (any operation) for the party this node hosts
+    (``private_seed``: see :func:`private_seed_of`)."""
     mtype = message.metadata.message_type
     key = (context.run_id, context.node_id)
     req = R.request_of(message.content) if R.REQUEST in message.content.config_records else ConfigRecord()
@@ -202,7 +244,7 @@ def handle(message: Message, context: Context) -> Message:
                 raise FederationError(f"the coordinator set this node up as {expected}, but it hosts {role.party}")
             config_json = str(req["config"])
             cfg = RunConfig.from_mapping(R.loads(config_json))
-            party, facts = build_party(cfg, role)
+            party, facts = build_party(cfg, role, private_seed_of(role, context, private_seed))
             _save(context, party, config_json)
             facts_json = facts.to_json() if role.role == "host" else facts.without_labels().to_json()
             return _reply(message, facts=R.dumps(facts_json))
@@ -216,15 +258,15 @@ def handle(message: Message, context: Context) -> Message:
         if mtype == R.MSG_HOST_TRAIN:
             _expect(role, "host", mtype)
             acts = {g: R.blob_list(req, f"acts.{g}") for g in party.guests}
-            grads, stats = party.train(keys, acts, round_)
+            grads = party.train(keys, acts, round_)
             _save(context, party, config_json)
-            return _reply(message, stats=R.dumps(stats), **{f"grads.{g}": b for g, b in grads.items()})
+            return _reply(message, **{f"grads.{g}": b for g, b in grads.items()})
         if mtype == R.MSG_HOST_EVAL:
             _expect(role, "host", mtype)
             acts = {g: R.blob_list(req, f"acts.{g}") for g in party.guests}
-            stats = party.evaluate(keys, acts)
+            metrics = party.evaluate(keys, acts)
             _save(context, party, config_json)
-            return _reply(message, stats=R.dumps(stats))
+            return _reply(message, metrics=R.dumps(metrics))
         if mtype == R.MSG_REPORT:
             return _reply(message, report=R.dumps(party.report()))
         raise ProtocolError(f"{role.party}: unknown message type {mtype!r}")
@@ -242,3 +284,20 @@ def _expect(role: NodeRole, want: str, mtype: str) -> None:
 def _reply(message: Message, **values: Any) -> Message:
     values["worker"] = worker_id()
     return Message(R.reply_content(**values), reply_to=message)
+
+
+def make_client_app(private_seed: int | None = None):
+    """The fl_split ClientApp: :func:`handle` registered under every message type the coordinator
+    sends. ``private_seed`` is for in-process simulations (``fl-split train --engine flower
+    --private-seed S``), whose run-config is empty: it stays in the ClientApp, never in a message."""
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    def _handle(message: Message, context: Context) -> Message:
+        return handle(message, context, private_seed)
+
+    for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL):
+        category, action = mtype.split(".")
+        getattr(app, category)(action)(_handle)
+    return app

@@ -112,18 +112,12 @@ class FlowerTransport:
     def host_train(self, keys, acts, round_):
         req = R.content(round=round_, keys=R.keys_to_json(keys), **{f"acts.{g}": list(acts[g]) for g in self.guests})
         rep = self.exchange({"host": (R.MSG_HOST_TRAIN, req)}, round_)["host"]
-        stats = R.loads(str(rep["stats"]))
-        log.debug("round %d: %d batches, train loss %.4f", round_, len(keys),
-                  stats["loss_sum"] / max(stats["n"], 1))
-        return {g: R.blob_list(rep, f"grads.{g}") for g in self.guests}, stats
+        return {g: R.blob_list(rep, f"grads.{g}") for g in self.guests}
 
     def host_evaluate(self, keys, acts, round_):
         req = R.content(round=round_, keys=R.keys_to_json(keys), **{f"acts.{g}": list(acts[g]) for g in self.guests})
         rep = self.exchange({"host": (R.MSG_HOST_EVAL, req)}, round_)["host"]
-        stats = R.loads(str(rep["stats"]))
-        log.info("round %d (evaluation): test metric %.4f, test loss %.4f", round_,
-                 stats["hits"] / max(stats["n"], 1), stats["loss_sum"] / max(stats["n"], 1))
-        return stats
+        return R.loads(str(rep["metrics"]))
 
     def reports(self):
         reqs = {p: (R.MSG_REPORT, R.content()) for p in self.nodes}

@@ -1,7 +1,7 @@
 """Multi-layer perceptrons: the generic ``mlp`` and the MLPs of paper 001 Table 10.
 
 Layer ``i`` (1-based) of an MLP with hidden widths ``h_1 … h_L`` is
-``Linear(h_{i-1}, h_i) [+ BatchNorm1d] + ReLU`` for ``i ≤ L`` and ``Linear(h_L, outputs)`` for
+``Linear(h_{i-1}, h_i) [+ norm] + ReLU`` for ``i ≤ L`` and ``Linear(h_L, outputs)`` for
 ``i = L + 1`` (logits; softmax lives in the loss). Image inputs are flattened first.
 
 ``cut_activation`` (guests only) changes how the last bottom layer ends: ``native`` as above,
@@ -16,34 +16,34 @@ import math
 from torch import nn
 
 from fl_split.errors import ConfigError
-from fl_split.models.registry import Architecture, register
+from fl_split.models.registry import NORMS, Architecture, norm_layer, register
 
 
 class MLP(Architecture):
     inputs = "vector"
 
-    def __init__(self, name: str, hidden: tuple[int, ...], batch_norm: bool = False, default_cut: int = 1,
+    def __init__(self, name: str, hidden: tuple[int, ...], norm: str = "none", default_cut: int = 1,
                  description: str = "", configurable: bool = False) -> None:
         self.name = name
         self.hidden = tuple(int(h) for h in hidden)
-        self.batch_norm = batch_norm
+        if norm not in NORMS[1:]:
+            raise ValueError(f"MLP norm {norm!r} not in {NORMS[1:]}")
+        self.norm = norm
         self.default_cut = default_cut
         self.description = description
         self.configurable = configurable
 
-    def configure(self, hidden: tuple[int, ...] | None = None, batch_norm: bool | None = None) -> "MLP":
-        """A copy with other hidden widths / BatchNorm (only the generic ``mlp`` allows it)."""
-        if hidden is None and batch_norm is None:
+    def configure(self, hidden: tuple[int, ...] | None = None, norm: str = "auto") -> "MLP":
+        """A copy with other hidden widths (only the generic ``mlp``) or normalisation (any MLP:
+        001's MNIST MLP runs under a defence with ``--norm group`` or ``layer``)."""
+        if hidden is not None and not self.configurable:
+            raise ConfigError("hidden", ",".join(map(str, hidden)), f"'auto' for model '{self.name}' "
+                              "(only model 'mlp' takes --hidden)")
+        if hidden is None and norm in ("auto", self.norm):
             return self
-        if not self.configurable:
-            key = "hidden" if hidden is not None else "batch-norm"
-            raise ConfigError(key, hidden if hidden is not None else batch_norm,
-                              "the default for model '" + self.name + "' (only model 'mlp' takes "
-                              "--hidden / --batch-norm)")
-        return MLP(self.name, hidden if hidden is not None else self.hidden,
-                   self.batch_norm if batch_norm is None else batch_norm,
-                   min(self.default_cut, len(hidden) if hidden else self.default_cut),
-                   self.description, configurable=True)
+        hidden = hidden if hidden is not None else self.hidden
+        return MLP(self.name, hidden, self.norm if norm == "auto" else norm,
+                   min(self.default_cut, len(hidden)), self.description, configurable=self.configurable)
 
     def num_layers(self) -> int:
         return len(self.hidden) + 1
@@ -57,8 +57,8 @@ class MLP(Architecture):
             return mods
         if activation == "none":
             return mods
-        if self.batch_norm:
-            mods.append(nn.BatchNorm1d(width_out))
+        if self.norm != "none":
+            mods.append(norm_layer(self.norm, width_out, image=False))
         mods.append(nn.Tanh() if activation == "tanh" else nn.ReLU())
         return mods
 
@@ -88,12 +88,12 @@ class MLP(Architecture):
             raise ConfigError("cut-layer", cut, f"an integer in 1..{n} for model '{self.name}'")
 
 
-register(MLP("mlp", (64, 32), description="generic MLP: Linear+ReLU layers (--hidden, --batch-norm), "
+register(MLP("mlp", (64, 32), description="generic MLP: Linear+ReLU layers (--hidden, --norm), "
              "default hidden 64,32, cut after layer 1", configurable=True))
 register(MLP("movielens-mlp", (128, 128, 64), default_cut=1,
              description="001 Table 10 MovieLens: Linear(d,128)+ReLU | 128-64-items"))
 register(MLP("bookcrossing-mlp", (128, 256, 128), default_cut=1,
              description="001 Table 10 BookCrossing: Linear(d,128)+ReLU | 256-128-items"))
-register(MLP("mnist-mlp-bn", (128, 64, 64), batch_norm=True, default_cut=2,
+register(MLP("mnist-mlp-bn", (128, 64, 64), norm="batch", default_cut=2,
              description="001 Table 10 MNIST: Linear(d,128)+BN+ReLU, Linear(128,64)[+BN+ReLU] | "
                          "Linear(64,64)+BN+ReLU, Linear(64,10)"))

@@ -8,14 +8,21 @@ R3eLU *is* the cut-layer activation (001 Table 10 leaves the guest's last Linear
 Gaussian mechanism needs ``tanh``-bounded outputs (003 §4), randomized response binarises the
 pre-activation (002).
 
-Initialisation is deterministic per module: party ``p``'s bottom is initialised under the seed
-``(run seed, "init", p)`` and the top under ``(run seed, "init", "top")`` — so a party can build
-its own bottom alone (deployment) and the monolithic reference gets identical weights.
+Initialisation is private: a party's modules are initialised from its own
+:class:`~fl_split.seeding.PartySecret` (party ``p``'s bottom under ``("init", p)``, the host's top
+under ``("init", "top")``), never from the public run seed, which would let any party rebuild
+another's initial weights. With ``--private-seed`` the secrets are reproducible, so the
+monolithic reference starts from exactly the split parties' weights.
+
+``--norm`` picks the normalisation layers of the architectures that have some
+(:func:`norm_layer`): BatchNorm in training mode mixes the records of a batch, which a
+per-record privacy guarantee cannot allow (``fl_split.privacy.validate``).
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -24,9 +31,29 @@ from torch import nn
 
 from fl_split.errors import ConfigError
 from fl_split.merge import ELEMENTWISE, Merge, merged_shape
-from fl_split.seeding import seeded_torch
+from fl_split.seeding import PartySecret
 
 CUT_ACTIVATIONS = ("native", "none", "relu", "tanh")
+#: ``--norm``: ``auto`` = the architecture's own
+NORMS = ("auto", "batch", "group", "layer", "none")
+
+
+def norm_layer(kind: str, channels: int, image: bool = True) -> nn.Module:
+    """The normalisation of ``channels`` features of ``(N, C, H, W)`` (``image``) or ``(N, C)`` inputs.
+
+    ``batch``: BatchNorm (mixes the records of a batch in training mode); ``group``:
+    ``GroupNorm(gcd(32, C), C)`` as Opacus' ``ModuleValidator.fix`` does; ``layer``: per-record
+    normalisation over all features (``GroupNorm(1, C)``, which is LayerNorm over ``(C, H, W)``
+    for images); ``none``: identity."""
+    if kind == "batch":
+        return nn.BatchNorm2d(channels) if image else nn.BatchNorm1d(channels)
+    if kind == "group":
+        return nn.GroupNorm(math.gcd(32, channels), channels)
+    if kind == "layer":
+        return nn.GroupNorm(1, channels)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"normalisation {kind!r} not in {NORMS[1:]}")
 
 _MODEL_MODULES = ("fl_split.models.mlp", "fl_split.models.vision")
 
@@ -52,13 +79,13 @@ class Architecture(ABC):
     def top(self, merged: tuple[int, ...], cut: int, num_outputs: int) -> nn.Module:
         """Layers ``cut+1 …`` for the merged cut-layer output of shape ``merged``; returns logits."""
 
-    def configure(self, hidden: tuple[int, ...] | None = None, batch_norm: bool | None = None) -> "Architecture":
-        """A variant with other hidden widths / BatchNorm; fixed architectures refuse."""
-        if hidden is None and not batch_norm:
+    def configure(self, hidden: tuple[int, ...] | None = None, norm: str = "auto") -> "Architecture":
+        """A variant with other hidden widths (``--hidden``) or normalisation (``--norm``);
+        architectures that have neither refuse."""
+        if hidden is None and norm in ("auto", "none"):
             return self
-        key, value = ("hidden", hidden) if hidden is not None else ("batch-norm", batch_norm)
-        raise ConfigError(key, value, f"the default for model '{self.name}' (only model 'mlp' "
-                          "takes --hidden / --batch-norm)")
+        key, value = ("hidden", ",".join(map(str, hidden))) if hidden is not None else ("norm", norm)
+        raise ConfigError(key, value, f"'auto' for model '{self.name}' (it has no such layers)")
 
     def check_cut(self, cut: int, merge: str) -> None:
         n = self.num_layers()
@@ -129,9 +156,10 @@ def output_shape(module: nn.Module, in_shape: tuple[int, ...]) -> tuple[int, ...
 
 
 def build_modules(arch_name: str, cut: int | str, merge: str, input_shapes: dict[str, tuple[int, ...]],
-                  num_outputs: int, seed: int, guest_cut_activation: str = "native") -> SplitModules:
+                  num_outputs: int, private_seed: int, guest_cut_activation: str = "native") -> SplitModules:
     """Build every module of the split model (what :class:`~fl_split.parties.HostParty` and the
-    guests each build for themselves, gathered here for the monolithic reference and tests).
+    guests each build for themselves, gathered here for tests), each party's modules initialised
+    from its secret derived from ``private_seed``.
 
     ``input_shapes`` maps each feature-holding party (merge order) to its input shape.
     """
@@ -143,22 +171,29 @@ def build_modules(arch_name: str, cut: int | str, merge: str, input_shapes: dict
     bottoms: dict[str, nn.Module] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for party, shape in input_shapes.items():
-        bottoms[party] = build_bottom(arch, party, shape, cut, guest_cut_activation, seed)
+        bottoms[party] = build_bottom(arch, party, shape, cut, guest_cut_activation,
+                                      PartySecret.from_private_seed(private_seed, party))
         shapes[party] = output_shape(bottoms[party], shape)
     m_shape = merged_shape(merge, shapes)
-    top = build_top(arch, m_shape, cut, num_outputs, seed)
+    top = build_top(arch, m_shape, cut, num_outputs, PartySecret.from_private_seed(private_seed, "host"))
     return SplitModules(bottoms=bottoms, merge=Merge(merge), top=top, cut_shapes=shapes,
                         merged_shape=m_shape, cut=cut, arch=arch.name)
 
 
 def build_bottom(arch: Architecture, party: str, in_shape: tuple[int, ...], cut: int,
-                 guest_cut_activation: str, seed: int) -> nn.Module:
-    """One party's bottom, initialised under its own derived seed."""
+                 guest_cut_activation: str, secret: PartySecret | None) -> nn.Module:
+    """One party's bottom, initialised from that party's ``secret`` (``None``: a throwaway module
+    for shape inference; the caller's RNG state is left untouched either way)."""
     act = guest_cut_activation if party != "host" else "native"
-    with seeded_torch(seed, "init", party):
+    if secret is None:
+        with torch.random.fork_rng(devices=[]):
+            return arch.bottom(tuple(in_shape), cut, act)
+    with secret.seeded_torch("init", party):
         return arch.bottom(tuple(in_shape), cut, act)
 
 
-def build_top(arch: Architecture, merged: tuple[int, ...], cut: int, num_outputs: int, seed: int) -> nn.Module:
-    with seeded_torch(seed, "init", "top"):
+def build_top(arch: Architecture, merged: tuple[int, ...], cut: int, num_outputs: int,
+              secret: PartySecret) -> nn.Module:
+    """The host's top, initialised from the host's ``secret``."""
+    with secret.seeded_torch("init", "top"):
         return arch.top(tuple(merged), cut, num_outputs)

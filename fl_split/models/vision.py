@@ -40,7 +40,7 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, conv1x1, conv3x3
 
 from fl_split.errors import ConfigError
-from fl_split.models.registry import CUT_ACTIVATIONS, Architecture, output_shape, register
+from fl_split.models.registry import CUT_ACTIVATIONS, Architecture, norm_layer, output_shape, register
 
 Shape = tuple[int, ...]
 
@@ -79,8 +79,9 @@ class CutBasicBlock(BasicBlock):
     """
 
     def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None,
-                 final: str = "native") -> None:
-        super().__init__(inplanes, planes, stride=stride, downsample=downsample)
+                 final: str = "native", norm: str = "batch") -> None:
+        super().__init__(inplanes, planes, stride=stride, downsample=downsample,
+                         norm_layer=lambda c: norm_layer(norm, c))
         self.final = _activation_module(final)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
@@ -113,7 +114,7 @@ def _resnet_init(module: nn.Module) -> nn.Module:
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-        elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
+        elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)) and m.weight is not None:
             nn.init.constant_(m.weight, 1)
             nn.init.constant_(m.bias, 0)
     return module
@@ -125,21 +126,22 @@ def _resnet_init(module: nn.Module) -> nn.Module:
 
 @dataclass(frozen=True)
 class Layer:
-    """One cuttable layer: ``build(in_shape, act)`` returns its module for that input shape.
+    """One cuttable layer: ``build(in_shape, act, norm)`` returns its module for that input shape
+    (``norm``: the architecture's normalisation, see :func:`~fl_split.models.registry.norm_layer`).
 
     ``has_act=False`` marks a layer without a nonlinearity of its own (a pooling layer): when
     the cut falls on it, the cut activation goes to the layer before (see the module docstring).
     """
 
     name: str
-    build: Callable[[Shape, str], nn.Module]
+    build: Callable[[Shape, str, str], nn.Module]
     has_act: bool = True
 
 
-def conv_layer(channels: int, pool: bool) -> Callable[[Shape, str], nn.Module]:
-    """``Conv2d(C, channels, 3, padding=1) + act [+ stripe_pool]``."""
+def conv_layer(channels: int, pool: bool) -> Callable[[Shape, str, str], nn.Module]:
+    """``Conv2d(C, channels, 3, padding=1) + act [+ stripe_pool]`` (no normalisation)."""
 
-    def build(shape: Shape, act: str) -> nn.Module:
+    def build(shape: Shape, act: str, norm: str) -> nn.Module:
         mods: list[nn.Module] = [nn.Conv2d(shape[0], channels, kernel_size=3, padding=1), *activation(act)]
         if pool:
             mods.append(stripe_pool((channels, *shape[1:])))
@@ -148,10 +150,10 @@ def conv_layer(channels: int, pool: bool) -> Callable[[Shape, str], nn.Module]:
     return build
 
 
-def fc_layer(width: int) -> Callable[[Shape, str], nn.Module]:
-    """``[Flatten] + Linear(prod(in), width) + act``."""
+def fc_layer(width: int) -> Callable[[Shape, str, str], nn.Module]:
+    """``[Flatten] + Linear(prod(in), width) + act`` (no normalisation)."""
 
-    def build(shape: Shape, act: str) -> nn.Module:
+    def build(shape: Shape, act: str, norm: str) -> nn.Module:
         mods: list[nn.Module] = [nn.Flatten()] if len(shape) != 1 else []
         mods += [nn.Linear(math.prod(shape), width), *activation(act)]
         return nn.Sequential(*mods)
@@ -159,40 +161,41 @@ def fc_layer(width: int) -> Callable[[Shape, str], nn.Module]:
     return build
 
 
-def resnet_stem(channels: int) -> Callable[[Shape, str], nn.Module]:
-    """CIFAR stem: ``Conv2d(C, channels, 3, padding=1, bias=False) + BN + act`` (no max-pool)."""
+def resnet_stem(channels: int) -> Callable[[Shape, str, str], nn.Module]:
+    """CIFAR stem: ``Conv2d(C, channels, 3, padding=1, bias=False) + norm + act`` (no max-pool)."""
 
-    def build(shape: Shape, act: str) -> nn.Module:
-        return _resnet_init(nn.Sequential(conv3x3(shape[0], channels), nn.BatchNorm2d(channels), *activation(act)))
+    def build(shape: Shape, act: str, norm: str) -> nn.Module:
+        return _resnet_init(nn.Sequential(conv3x3(shape[0], channels), norm_layer(norm, channels), *activation(act)))
 
     return build
 
 
-def resnet_stage(planes: int, blocks: int, stride: int, shortcut: str) -> Callable[[Shape, str], nn.Module]:
+def resnet_stage(planes: int, blocks: int, stride: int, shortcut: str) -> Callable[[Shape, str, str], nn.Module]:
     """``blocks`` BasicBlocks; the first has ``stride`` and, if the shape changes, a shortcut:
-    ``"conv"`` = torchvision's ``conv1x1 + BN`` (option B), ``"pad"`` = :class:`PadShortcut`
+    ``"conv"`` = torchvision's ``conv1x1 + norm`` (option B), ``"pad"`` = :class:`PadShortcut`
     (option A). The last block's post-addition activation is ``act``."""
 
-    def build(shape: Shape, act: str) -> nn.Module:
+    def build(shape: Shape, act: str, norm: str) -> nn.Module:
         inplanes = shape[0]
         mods: list[nn.Module] = []
         for b in range(blocks):
             s = stride if b == 0 else 1
             down = None
             if s != 1 or inplanes != planes:
-                down = (nn.Sequential(conv1x1(inplanes, planes, s), nn.BatchNorm2d(planes)) if shortcut == "conv"
+                down = (nn.Sequential(conv1x1(inplanes, planes, s), norm_layer(norm, planes)) if shortcut == "conv"
                         else PadShortcut(inplanes, planes, s))
-            mods.append(CutBasicBlock(inplanes, planes, s, down, final=act if b == blocks - 1 else "native"))
+            mods.append(CutBasicBlock(inplanes, planes, s, down, final=act if b == blocks - 1 else "native",
+                                      norm=norm))
             inplanes = planes
         return _resnet_init(nn.Sequential(*mods))
 
     return build
 
 
-def pool_layer(kind: str, size: int) -> Callable[[Shape, str], nn.Module]:
+def pool_layer(kind: str, size: int) -> Callable[[Shape, str, str], nn.Module]:
     """Adaptive ``kind`` ("max" / "avg") pooling to ``size × size`` and flatten (no activation)."""
 
-    def build(shape: Shape, act: str) -> nn.Module:
+    def build(shape: Shape, act: str, norm: str) -> nn.Module:
         pool = nn.AdaptiveMaxPool2d(size) if kind == "max" else nn.AdaptiveAvgPool2d(size)
         return nn.Sequential(pool, nn.Flatten())
 
@@ -208,11 +211,25 @@ class ImageArchitecture(Architecture):
 
     inputs = "image"
 
-    def __init__(self, name: str, layers: list[Layer], default_cut: int, description: str) -> None:
+    def __init__(self, name: str, layers: list[Layer], default_cut: int, description: str,
+                 norm: str | None = None) -> None:
         self.name = name
         self.layers = list(layers)
         self.default_cut = default_cut
         self.description = description
+        #: the normalisation of its layers (``None``: the architecture has none)
+        self.norm = norm
+
+    def configure(self, hidden: tuple[int, ...] | None = None, norm: str = "auto") -> "ImageArchitecture":
+        """A copy with another normalisation (``--norm``); ``--hidden`` is the MLPs' only."""
+        if hidden is not None:
+            raise ConfigError("hidden", ",".join(map(str, hidden)), f"'auto' for model '{self.name}' "
+                              "(only the MLPs take --hidden)")
+        if norm in ("auto", self.norm) or (self.norm is None and norm == "none"):
+            return self
+        if self.norm is None:
+            raise ConfigError("norm", norm, f"auto or none for model '{self.name}' (it has no normalisation layers)")
+        return ImageArchitecture(self.name, self.layers, self.default_cut, self.description, norm)
         if not 1 <= default_cut <= len(self.layers):
             raise ValueError(f"{name}: default cut {default_cut} outside 1..{len(self.layers)}")
 
@@ -245,7 +262,7 @@ class ImageArchitecture(Architecture):
         mods: list[tuple[str, nn.Module]] = []
         for i in range(first, last + 1):
             layer = self.layers[i - 1]
-            m = layer.build(shape, acts.get(i, "native"))
+            m = layer.build(shape, acts.get(i, "native"), self.norm or "none")
             shape = output_shape(m, shape)
             mods.append((layer.name, m))
         return mods, shape
@@ -272,8 +289,8 @@ class ImageArchitecture(Architecture):
 
 
 def cnn_stripe() -> ImageArchitecture:
-    """A small CNN for one image stripe (digits 8×w, MNIST 28×14, …); no BatchNorm, so DP-SGD
-    (Opacus) can train it."""
+    """A small CNN for one image stripe (digits 8×w, MNIST 28×14, …); no normalisation layers, so
+    every defence can protect it as it is."""
     return ImageArchitecture(
         "cnn-stripe",
         [Layer("conv1", conv_layer(16, pool=True)),
@@ -308,7 +325,7 @@ def resnet18_split() -> ImageArchitecture:
          Layer("layer4", resnet_stage(512, 2, 2, "conv")),
          Layer("pool", pool_layer("avg", 1), has_act=False)],
         default_cut=2,
-        description="001 Table 10 CIFAR ResNet-18: stem, layer1 | layer2..4, avgpool, FC-out")
+        description="001 Table 10 CIFAR ResNet-18: stem, layer1 | layer2..4, avgpool, FC-out", norm="batch")
 
 
 def resnet20() -> ImageArchitecture:
@@ -322,7 +339,8 @@ def resnet20() -> ImageArchitecture:
          Layer("layer3", resnet_stage(64, 3, 2, "pad")),
          Layer("pool", pool_layer("max", 2), has_act=False)],
         default_cut=5,
-        description="003 Table 1 ResNet-20: stem, 3 stages x 3 blocks (16/32/64), maxpool->256 | FC-out")
+        description="003 Table 1 ResNet-20: stem, 3 stages x 3 blocks (16/32/64), maxpool->256 | FC-out",
+        norm="batch")
 
 
 for _factory in (cnn_stripe, cnn_mnist, resnet18_split, resnet20):

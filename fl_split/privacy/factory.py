@@ -5,16 +5,24 @@ guests' forward releases (their features), ``host`` = the host's backward releas
 and features, through the partial losses), ``both``. ``dpsgd`` is not a boundary mechanism: the
 protected party trains its own parameters with DP-SGD (Opacus) and both crossings stay identity.
 
-Epsilon is per record and per release (``docs/mechanisms.md``); with ``--schedule geometric`` the
-release in epoch ``i`` gets ``ε/2^i`` (001 §3.4), so the total over any number of epochs stays
-below ``ε``.
+``--dp-sgd guest|host|both`` adds DP-SGD on those parties' own models to whatever ``--defense``
+puts on their releases (one ledger per party accounts both).
+
+Epsilon is per record and per release (``docs/mechanisms.md``); with ``--schedule geometric``
+training iteration ``i`` (counted over the whole run) gets ``ε/2^i`` (001 §3.4), so a record's
+total over any number of iterations stays below ``ε``. Once ``ε/2^i`` falls below
+``ε·2^-40`` (noise a trillion times the signal bound) the party releases zeros instead
+(:class:`Exhausted`): a constant release costs nothing, carries as much as that noise, and keeps
+the numbers finite.
 """
 
 from __future__ import annotations
 
+import torch
+
 from fl_split.config import AUTO, RunConfig
 from fl_split.errors import ConfigError
-from fl_split.privacy.base import Mechanism, NoDefense, PostProcess
+from fl_split.privacy.base import Mechanism, NoDefense, PostProcess, Release
 
 #: defences that perturb what crosses the cut (the others: none, dpsgd)
 BOUNDARY = ("laplace", "gaussian", "r3elu", "rr")
@@ -43,6 +51,14 @@ def check(cfg: RunConfig) -> None:
     if cfg.allocation != "uniform" and cfg.defense != "r3elu":
         raise ConfigError("allocation", cfg.allocation, "uniform (importance allocation is R3eLU's, 001 Eq. 8-10)",
                           reason=f"--defense is {cfg.defense}")
+    if cfg.one_shot and cfg.dp_sgd in ("guest", "both"):
+        raise ConfigError("dp-sgd", cfg.dp_sgd, "none or host (one-shot freezes the guests' bottoms)")
+    if cfg.defense == "dpsgd" and cfg.dp_sgd != "none":
+        raise ConfigError("dp-sgd", cfg.dp_sgd, "none with --defense dpsgd (which is DP-SGD alone on the --protect "
+                          "parties); use --dp-sgd with a boundary defence to combine both")
+    if cfg.report_metrics == "none" and not cfg.host_metrics:
+        raise ConfigError("host-metrics", cfg.host_metrics, "a file path for the host's own metrics",
+                          reason="--report-metrics none keeps every metric at the host, which writes them there")
 
 
 def guest_cut_activation(cfg: RunConfig) -> str:
@@ -58,19 +74,48 @@ def guest_cut_activation(cfg: RunConfig) -> str:
     return {"r3elu": "none", "gaussian": "tanh", "rr": "none"}.get(cfg.defense, "native")
 
 
-def epoch_epsilon(cfg: RunConfig, epoch: int) -> float:
-    """The per-release epsilon of ``epoch`` (1-based) under the configured schedule."""
+#: geometric schedule: below this fraction of the total budget a release is replaced by zeros
+EXHAUSTED_FRACTION = 2.0 ** -40
+
+
+class Exhausted(Mechanism):
+    """A release of zeros: what the geometric schedule sends once ``ε_T/2^i < ε_T·2^-40``.
+
+    A constant output is 0-DP (no cost is charged), and the receiver learns from it exactly as
+    much as from noise ``2^40`` times the signal bound, without overflowing floats. Its local
+    derivative is zero (the output does not depend on the input)."""
+
+    name = "exhausted"
+
+    def __init__(self, iteration: int) -> None:
+        self.iteration = int(iteration)
+
+    def release(self, t, gen):
+        return Release(value=torch.zeros_like(t.detach()), encoding=self.encoding)
+
+    def local_grad(self, ctx, grad):
+        return grad * 0.0
+
+    def describe(self) -> dict:
+        return {"name": self.name, "iteration": self.iteration,
+                "reason": f"geometric schedule: epsilon/2^{self.iteration} is below epsilon*2^-40"}
+
+
+def iteration_epsilon(cfg: RunConfig, iteration: int) -> float:
+    """The per-release epsilon of training ``iteration`` (1-based) under the configured schedule."""
     if cfg.schedule == "geometric":
         from fl_split.privacy.mechanisms import geometric_epsilon
 
-        return geometric_epsilon(cfg.epsilon, epoch)
+        return geometric_epsilon(cfg.epsilon, iteration)
     return cfg.epsilon
 
 
-def _mechanism(cfg: RunConfig, width: int, direction: str, epoch: int) -> Mechanism:
+def _mechanism(cfg: RunConfig, width: int, direction: str, iteration: int) -> Mechanism:
     from fl_split.privacy import mechanisms as m
 
-    eps = epoch_epsilon(cfg, epoch)
+    eps = iteration_epsilon(cfg, iteration)
+    if cfg.schedule == "geometric" and cfg.defense in ("laplace", "r3elu", "rr") and eps < cfg.epsilon * EXHAUSTED_FRACTION:
+        return Exhausted(iteration)
     bound = cfg.clip_c if direction == "forward" or cfg.clip_c_backward == AUTO else float(cfg.clip_c_backward)
     if cfg.defense == "laplace":
         if cfg.laplace_b != AUTO:
@@ -80,24 +125,23 @@ def _mechanism(cfg: RunConfig, width: int, direction: str, epoch: int) -> Mechan
         return m.Gaussian(width, direction, cfg.sigma, bound=1.0 if direction == "forward" else bound)
     if cfg.defense == "r3elu":
         k = None if cfg.top_k == AUTO else int(cfg.top_k)
-        alloc = cfg.allocation if direction == "forward" else "uniform"
-        return m.R3eLU(width, direction, eps, bound, k=k, allocation=alloc)
+        return m.R3eLU(width, direction, eps, bound, k=k, allocation=cfg.allocation)
     if cfg.defense == "rr":
         return m.RandomizedResponse(width, eps, direction=direction)
     return NoDefense()
 
 
-def forward_mechanism(cfg: RunConfig, width: int, epoch: int = 1) -> Mechanism:
+def forward_mechanism(cfg: RunConfig, width: int, iteration: int = 1) -> Mechanism:
     """What a guest applies to its cut-layer output of ``width`` elements per record."""
     if cfg.defense in BOUNDARY and protects_guests(cfg):
-        return _mechanism(cfg, width, "forward", epoch)
+        return _mechanism(cfg, width, "forward", iteration)
     return NoDefense()
 
 
-def backward_mechanism(cfg: RunConfig, width: int, epoch: int = 1) -> Mechanism:
+def backward_mechanism(cfg: RunConfig, width: int, iteration: int = 1) -> Mechanism:
     """What the host applies to the partial loss it sends a guest."""
     if cfg.defense in BOUNDARY and protects_host(cfg):
-        return _mechanism(cfg, width, "backward", epoch)
+        return _mechanism(cfg, width, "backward", iteration)
     return NoDefense()
 
 
@@ -111,7 +155,21 @@ def postprocess(cfg: RunConfig, side: str) -> PostProcess:
 
 
 def uses_dpsgd(cfg: RunConfig, role: str) -> bool:
-    """Whether the party with ``role`` ("guest" / "host") trains with DP-SGD."""
+    """Whether the party with ``role`` ("guest" / "host") trains its own model with DP-SGD."""
+    if cfg.dp_sgd in (role, "both"):
+        return True
     if cfg.defense != "dpsgd":
         return False
     return protects_guests(cfg) if role == "guest" else protects_host(cfg)
+
+
+def dpsgd_sigma(cfg: RunConfig) -> float:
+    """The DP-SGD noise multiplier: ``--dp-sgd-sigma``, or ``--sigma`` (also ``--defense dpsgd``'s)."""
+    return float(cfg.sigma) if cfg.dp_sgd_sigma == AUTO else float(cfg.dp_sgd_sigma)
+
+
+def claims_dp(cfg: RunConfig, role: str) -> bool:
+    """Whether the party with ``role`` claims differential privacy for something it releases
+    (its boundary releases, or its model through DP-SGD): it then keeps a ledger."""
+    protected = protects_guests(cfg) if role == "guest" else protects_host(cfg)
+    return (protected and cfg.defense in BOUNDARY) or uses_dpsgd(cfg, role)

@@ -1,0 +1,168 @@
+"""How a party updates its own model: one policy object per party (plain, frozen, DP-SGD).
+
+The papers change how a party trains its own parameters in two ways, and nothing else in a party
+needs to know which one is in force:
+
+* :class:`OptimizerUpdate` — the party's optimizer (SGD or Adam) on its parameters (SPEC §2);
+* :class:`FrozenUpdate` — 002's one-shot mode: the guest's pretrained bottom is frozen, it never
+  receives a gradient;
+* :class:`DpSgdUpdate` — 001 §5's DP-SGD baseline (and ``--dp-sgd``): Opacus per-sample clipping
+  and Gaussian noise around the party's optimizer; each step is a privacy event charged to the
+  party's ledger (:meth:`LocalUpdate.cost`), the noise drawn from the party's private generator.
+
+A policy owns the (possibly wrapped) modules and the optimizer; the party calls
+:meth:`LocalUpdate.backward` and :meth:`LocalUpdate.step`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fl_split.privacy.base import PrivacyCost
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """The optimizer every party uses for its own parameters (same settings for all)."""
+
+    name: str = "adam"  # "sgd" | "adam"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def make(self, params) -> torch.optim.Optimizer:
+        params = [p for p in params if p.requires_grad]
+        if self.name == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+
+
+@contextlib.contextmanager
+def quiet_input_grad_warning() -> Iterator[None]:
+    """Silence PyTorch's warning that a module's full backward hook fires although no input
+    requires a gradient: Opacus' per-sample-gradient hooks (DP-SGD) raise it on every backward of
+    a bottom model, whose input (raw features) never requires one — true and intended."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+        yield
+
+
+class LocalUpdate:
+    """Base policy: the modules are trained by :attr:`optimizer` (see subclasses)."""
+
+    name = "optimizer"
+    #: the party trains these modules at all
+    trains = True
+    #: a guest may keep the autograd graph of its release forward and backpropagate through it
+    #: when the gradient arrives (Opacus needs one forward per backward: DP-SGD recomputes)
+    keeps_release_graph = True
+
+    def __init__(self, modules: list[nn.Module], optimizer: torch.optim.Optimizer | None) -> None:
+        self.modules = modules
+        self.optimizer = optimizer
+
+    def cost(self) -> PrivacyCost | None:
+        """The privacy cost of one step for one record of its batch (``None``: no claim)."""
+        return None
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
+        with quiet_input_grad_warning():
+            out.backward(grad)
+
+    def step(self, gen: torch.Generator | None = None) -> None:
+        self.optimizer.step()
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+    def state_dict(self) -> dict | None:
+        return self.optimizer.state_dict() if self.optimizer is not None else None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state)
+
+
+class OptimizerUpdate(LocalUpdate):
+    """The party's own SGD/Adam on all its parameters."""
+
+    def __init__(self, modules: list[nn.Module], settings: OptimizerSettings) -> None:
+        super().__init__(modules, settings.make(p for m in modules for p in m.parameters()))
+        self.settings = settings
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.settings.name
+
+
+class FrozenUpdate(LocalUpdate):
+    """002's one-shot guest: a pretrained, frozen bottom (no gradient ever flows back)."""
+
+    name = "frozen"
+    trains = False
+    keeps_release_graph = False
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        for m in modules:
+            m.requires_grad_(False)
+        super().__init__(modules, None)
+
+    def zero_grad(self) -> None:  # pragma: no cover - never called on a frozen party
+        raise RuntimeError("a frozen model is never updated")
+
+    backward = step = zero_grad  # type: ignore[assignment]
+
+
+class DpSgdUpdate(LocalUpdate):
+    """Opacus DP-SGD: per-sample gradients clipped to ``max_grad_norm``, Gaussian noise of
+    multiplier ``noise_multiplier`` added to their sum, around the party's optimizer (001 §5).
+
+    The modules are wrapped in ``GradSampleModule`` (use :attr:`modules`, not the originals). The
+    noise comes from the generator the party passes to :meth:`step` (drawn from its secret, per
+    batch), so it is reproducible with ``--private-seed`` and unpredictable otherwise. Each step
+    costs :func:`fl_split.privacy.dpsgd.dpsgd_cost` for the records of its batch. The caller must
+    have refused record-coupling modules (BatchNorm) before (``fl_split.privacy.validate``).
+    """
+
+    name = "dpsgd"
+    keeps_release_graph = False
+
+    def __init__(self, modules: list[nn.Module], settings: OptimizerSettings, noise_multiplier: float,
+                 max_grad_norm: float, expected_batch_size: int) -> None:
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+
+        wrapped = [GradSampleModule(m, loss_reduction="mean") for m in modules]
+        base = settings.make(p for m in wrapped for p in m.parameters())
+        super().__init__(wrapped, DPOptimizer(base, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+                                              expected_batch_size=expected_batch_size, loss_reduction="mean"))
+        self.settings = settings
+        self.noise_multiplier = float(noise_multiplier)
+        self.max_grad_norm = float(max_grad_norm)
+        self._cost = None
+
+    def cost(self) -> PrivacyCost:
+        if self._cost is None:
+            from fl_split.privacy.dpsgd import dpsgd_cost
+
+            self._cost = dpsgd_cost(self.noise_multiplier, self.max_grad_norm)
+        return self._cost
+
+    def step(self, gen: torch.Generator | None = None) -> None:
+        if gen is None:
+            raise ValueError("DP-SGD needs the party's private generator for its noise")
+        self.optimizer.generator = gen
+        self.optimizer.step()
+
+    def describe(self) -> dict:
+        return {"name": self.name, "optimizer": self.settings.name, "noise_multiplier": self.noise_multiplier,
+                "max_grad_norm": self.max_grad_norm, "library": "opacus"}

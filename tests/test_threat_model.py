@@ -1,0 +1,392 @@
+"""The privacy guarantees hold against a receiver that knows everything public (issue 8).
+
+* **Adversary tests**: the host (and the coordinator) know the public run seed, every party's
+  name, every message header and the results JSON. Before issue 8 every generator was seeded
+  from those, and the host could subtract the noise exactly. Here an attacker rebuilds each
+  party's generators every way those public facts allow and predicts the release *given the
+  true input* (an oracle no real attacker has, which only makes it stronger); its predicted noise
+  must be uncorrelated with the released noise. With ``n`` independent pairs the sample
+  correlation of independent noise is ≈ N(0, 1/n); we require ``|corr| < 5/√n`` (a false alarm
+  has probability < 6e-7), while the pre-fix derivation gives ``corr = 1`` exactly.
+* **Secrets**: two runs with the same ``--seed`` and no private seed release different values;
+  with ``--private-seed`` they are identical; neither the private seed nor any secret appears in
+  the results.
+* **Wire audit**: every field of every message between parties and of every reply to the
+  coordinator is on an allow-list, in both engines.
+* **Record coupling**: BatchNorm is refused, by name, in a party that claims DP.
+* **Aggregates only**: the host tells the coordinator per-epoch aggregates, or nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fl_split.builder import _architecture, make_parties
+from fl_split.cli import main
+from fl_split.config import RunConfig
+from fl_split.engine import AGGREGATES, LocalEngine, LocalTransport, coordinate
+from fl_split.errors import ConfigError
+from fl_split.models.registry import build_bottom
+from fl_split.protocol import decode
+from fl_split.schedule import BatchKey
+from fl_split.seeding import PartySecret, derive_seed
+
+BASE = dict(dataset="digits", guests=2, epochs=1, batch_size=32, lr=0.01, limit=300, progress=False, seed=11)
+
+
+def _corr(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().flatten(), b.double().flatten()
+    a, b = a - a.mean(), b - b.mean()
+    return float((a @ b) / (a.norm() * b.norm()))
+
+
+def _all_keys(o) -> set:
+    """Every dictionary key anywhere inside ``o``."""
+    if isinstance(o, dict):
+        return set(o).union(*(_all_keys(v) for v in o.values()))
+    if isinstance(o, list):
+        return set().union(*(_all_keys(v) for v in o))
+    return set()
+
+
+def _public_guesses(cfg: RunConfig, party: str, purpose: tuple, key: BatchKey) -> dict[str, torch.Generator]:
+    """Every generator an attacker can build from public facts for ``party``'s draw ``purpose``
+    on batch ``key``: the pre-issue-8 derivation (run seed, party, purpose, batch key), and a
+    private secret guessed to be derived from the public seed or from small integers in the
+    results (the seed, the round, the epoch)."""
+    guesses: dict[str, torch.Generator] = {}
+    old = torch.Generator()
+    old.manual_seed(derive_seed(cfg.seed, party, *purpose, *key.as_tuple()))
+    guesses["run seed (pre-issue-8 derivation)"] = old
+    for s in {cfg.seed, 0, 1, key.epoch}:
+        guesses[f"private seed guessed = {s}"] = PartySecret.from_private_seed(s, party).torch_generator(
+            *purpose, *key.as_tuple())
+    return guesses
+
+
+def _guest_release(cfg: RunConfig, key: BatchKey):
+    """One guest's real release of ``key`` and what the attacker needs (the true input)."""
+    host, guests, plan = make_parties(cfg)
+    g = guests["guest-1"]
+    with torch.no_grad():
+        v = g.bottom(g.rows(key))
+    blob = g.release([key], round_=1)[0]
+    return g, v, decode(blob).tensor
+
+
+@pytest.mark.parametrize("defense", ["laplace", "gaussian", "r3elu", "rr"])
+def test_adversary_cannot_rebuild_the_guests_noise(defense):
+    cfg = RunConfig(**BASE, defense=defense, epsilon=50.0, sigma=0.7)
+    key = BatchKey("train", 1, 0)
+    g, v, released = _guest_release(cfg, key)
+    mech = g.mechanisms(key)
+    n = released.numel()
+    bound = 5 / math.sqrt(n)
+    for name, gen in _public_guesses(cfg, "guest-1", ("release",), key).items():
+        predicted = mech.release(v, gen).value
+        if defense in ("laplace", "gaussian"):
+            signal = v.clamp(-mech.bound, mech.bound)
+            noise, guess = released - signal, predicted - signal
+        elif defense == "rr":  # the flips
+            bits = (v > 0).float()
+            noise, guess = (released != bits).float(), (predicted != bits).float()
+        else:  # R3eLU: which elements came out non-zero (activation draw and Laplace sign)
+            noise, guess = (released > 0).float(), (predicted > 0).float()
+        c = _corr(noise, guess)
+        assert abs(c) < bound, f"{defense}: attacker guess '{name}' correlates {c:.3f} with the noise (n={n})"
+    # the same attack with the party's real secret (which only the party has) does reproduce it,
+    # so the test would catch a derivation from public facts
+    real = mech.release(v, g.secret.torch_generator("release", *key.as_tuple())).value
+    torch.testing.assert_close(real, released)
+
+
+def test_adversary_cannot_rebuild_the_hosts_backward_noise():
+    cfg = RunConfig(**BASE, defense="laplace", protect="host", epsilon=50.0)
+    host, guests, plan = make_parties(cfg)
+    key = BatchKey("train", 1, 0)
+    acts = {gname: g.release([key], 1) for gname, g in guests.items()}
+    grads = host.train([key], acts, 1)
+    released = decode(grads["guest-1"][0]).tensor
+    mech = host.backward_mechanisms["guest-1"](key)
+    # the true partial loss has |δ| << C = 10 and b = 2Cd/ε: the release is noise up to a tiny
+    # term, so the attacker's noise (its release of zeros) is compared with the release itself
+    for name, gen in _public_guesses(cfg, "host", ("release", "guest-1"), key).items():
+        predicted = mech.release(torch.zeros_like(released), gen).value
+        assert abs(_corr(released, predicted)) < 5 / math.sqrt(released.numel()), name
+
+
+def test_adversary_cannot_rebuild_the_guests_initial_weights():
+    cfg = RunConfig(**BASE)
+    host, guests, plan = make_parties(cfg)
+    actual = torch.cat([p.detach().flatten() for p in guests["guest-1"].bottom.parameters()])
+    arch = _architecture(cfg)
+    shape = plan.input_shapes["guest-1"]
+    with torch.random.fork_rng(devices=[]):  # the pre-issue-8 initialisation from the run seed
+        torch.manual_seed(derive_seed(cfg.seed, "init", "guest-1"))
+        old = arch.bottom(shape, plan.cut, plan.guest_cut_activation)
+    attempts = {"run seed": old,
+                "private seed = run seed": build_bottom(arch, "guest-1", shape, plan.cut, plan.guest_cut_activation,
+                                                        PartySecret.from_private_seed(cfg.seed, "guest-1"))}
+    for name, module in attempts.items():
+        guess = torch.cat([p.detach().flatten() for p in module.parameters()])
+        assert abs(_corr(actual, guess)) < 5 / math.sqrt(actual.numel()), name
+
+
+def _releases(cfg, private_seed):
+    host, guests, plan = make_parties(cfg, private_seed)
+    key = BatchKey("train", 1, 0)
+    return decode(guests["guest-1"].release([key], 1)[0]).tensor
+
+
+@pytest.mark.parametrize("defense", ["laplace", "rr"])
+def test_same_public_seed_different_releases_unless_private_seed(defense):
+    cfg = RunConfig(**BASE, defense=defense, epsilon=50.0)
+    assert not torch.equal(_releases(cfg, None), _releases(cfg, None))
+    torch.testing.assert_close(_releases(cfg, 123), _releases(cfg, 123), rtol=0, atol=0)
+    assert not torch.equal(_releases(cfg, 123), _releases(cfg, 124))
+
+
+@pytest.mark.parametrize("private_seed", [None, 987654321987])
+def test_results_hold_no_secret(tmp_path, private_seed):
+    out = tmp_path / "r.json"
+    args = ["train", "--dataset", "digits", "--guests", "2", "--epochs", "1", "--limit", "200", "--no-progress",
+            "--defense", "laplace", "--epsilon", "50", "--out", str(out)]
+    if private_seed is not None:
+        args += ["--private-seed", str(private_seed)]
+    assert main(args) == 0
+    text = out.read_text()
+    res = json.loads(text)
+    source = "os-entropy" if private_seed is None else "private-seed"
+    assert {rep["private_randomness"] for rep in res["privacy"].values()} == {source}
+    assert not _all_keys(res) & {"private_seed", "private-seed", "secret", "key"}
+    if private_seed is not None:
+        assert str(private_seed) not in text
+        for party in ("host", "guest-1", "guest-2"):
+            secret = PartySecret.from_private_seed(private_seed, party)
+            key = secret.state_dict()["key"]
+            assert bytes(key).hex() not in text and str(secret.derive("release", "train", 1, 0)) not in text
+
+
+# -- record coupling --------------------------------------------------------------------------------
+def test_batchnorm_is_refused_by_name_under_a_defence():
+    cfg = RunConfig(**BASE, model="mnist-mlp-bn", defense="laplace", epsilon=50.0)
+    with pytest.raises(ConfigError) as exc:
+        make_parties(cfg)
+    text = str(exc.value)
+    assert "--norm" in text and "BatchNorm1d" in text and "guest-1" in text and "mixes the records" in text
+    # the host claims nothing under --protect guest: its BatchNorm is allowed; with --norm group all train
+    res = LocalEngine(cfg.replace(norm="group")).run()
+    assert math.isfinite(res["history"][-1]["train_loss"])
+    with pytest.raises(ConfigError, match="host's"):
+        make_parties(cfg.replace(protect="host"))
+    with pytest.raises(ConfigError, match="DP-SGD"):
+        make_parties(RunConfig(**BASE, model="mnist-mlp-bn", defense="dpsgd"))
+
+
+def test_batchnorm_couples_records_which_is_why():
+    """The measured reason: with BatchNorm in training mode, changing record 0 moves the other rows."""
+    cfg = RunConfig(**BASE, model="mnist-mlp-bn")
+    host, guests, plan = make_parties(cfg, private_seed=1)
+    bottom = guests["guest-1"].bottom.train()
+    x = guests["guest-1"].rows(BatchKey("train", 1, 0))
+    x2 = x.clone()
+    x2[0] += 1.0
+    with torch.no_grad():
+        moved = (bottom(x2)[1:] - bottom(x)[1:]).abs().max()
+    assert moved > 1e-3
+    cfg_group = cfg.replace(norm="group")
+    host, guests, plan = make_parties(cfg_group, private_seed=1)
+    bottom = guests["guest-1"].bottom.train()
+    with torch.no_grad():
+        assert torch.equal(bottom(x2)[1:], bottom(x)[1:])
+
+
+# -- aggregates only --------------------------------------------------------------------------------
+def test_host_tells_the_coordinator_epoch_aggregates_only(tmp_path):
+    cfg = RunConfig(**{**BASE, "epochs": 2})
+    res = LocalEngine(cfg, private_seed=3).run()
+    assert [set(h) for h in res["history"]] == [{"epoch", *AGGREGATES, "epoch_time_s"}] * 2
+    assert any("aggregate metrics released to the coordinator" in a for a in res["privacy"]["host"]["assumptions"])
+    metrics = tmp_path / "host.json"
+    kept = LocalEngine(cfg.replace(report_metrics="none", host_metrics=str(metrics)), private_seed=3).run()
+    assert [h["test_metric"] for h in kept["history"]] == [None, None]
+    assert kept["final"]["value"] is None and kept["final"]["kept_by_host"] == str(metrics)
+    own = json.loads(metrics.read_text())["history"]
+    assert [h["test_metric"] for h in own] == [h["test_metric"] for h in res["history"]]
+    assert not any("aggregate metrics released" in a for a in kept["privacy"]["host"]["assumptions"])
+    with pytest.raises(ConfigError, match="--host-metrics"):
+        make_parties(RunConfig(**BASE, report_metrics="none"))
+
+
+# -- wire audit -------------------------------------------------------------------------------------
+HEADER = {"kind", "sender", "receiver", "round", "phase", "epoch", "index", "shape", "encoding"}
+EVAL_KEYS = {"epoch", *AGGREGATES}
+REPORT_KEYS = {"role", "optimizer_steps", "mechanism", "mechanisms", "postprocess", "released", "privacy"}
+PRIVACY_KEYS = {"mechanism", "private_randomness", "release_diagnostics", "releases", "batches",
+                "releases_per_record", "delta", "epsilon", "accountant", "epsilons", "budget", "amplification",
+                "assumptions", "mechanisms", "by_direction", "pld_interval", "neighbouring_relation",
+                "training_steps"}
+#: public diagnostics: parameter-derived only (randomized response's exact SNR and keep probability are
+#: functions of epsilon and the width, so public too)
+DIAGNOSTIC_KEYS = {"noise_scale", "noise_sd", "snr_bound", "snr", "keep_probability"}
+#: keys that would carry values computed from private data
+PRIVATE_KEYS = {"release_stats", "mean_active_fraction", "importance", "importance_values", "noise_scale_min",
+                "noise_scale_max", "importance_active", "secret", "key", "private_seed"}
+
+
+def _audit_blob(blob: bytes, seen: dict) -> None:
+    raw = bytes(blob)
+    hlen = int.from_bytes(raw[4:8], "little")
+    header = json.loads(raw[8: 8 + hlen])
+    assert set(header) <= HEADER, set(header) - HEADER
+    m = decode(blob)
+    assert m.tensor.dtype == torch.float32
+    seen["blobs"] += 1
+
+
+def _audit_report(rep: dict) -> None:
+    assert set(rep) <= REPORT_KEYS, set(rep) - REPORT_KEYS
+    priv = rep["privacy"]
+    assert set(priv) <= PRIVACY_KEYS, set(priv) - PRIVACY_KEYS
+    diag = priv["release_diagnostics"]
+    assert set(diag) <= DIAGNOSTIC_KEYS, diag
+    assert diag.get("snr", diag.get("snr_bound")) == diag.get("snr_bound")  # only where it is exact (RR)
+    assert not _all_keys(rep) & PRIVATE_KEYS, _all_keys(rep) & PRIVATE_KEYS
+
+
+class AuditTransport(LocalTransport):
+    """Records every blob between parties and every reply to the coordinator."""
+
+    def __init__(self, host, guests):
+        super().__init__(host, guests)
+        self.seen = {"blobs": 0, "replies": 0}
+
+    def guest_step(self, owed, keys, round_):
+        out = super().guest_step(owed, keys, round_)
+        for blobs in out.values():
+            for b in blobs:
+                _audit_blob(b, self.seen)
+        self.seen["replies"] += 1
+        return out
+
+    def host_train(self, keys, acts, round_):
+        grads = super().host_train(keys, acts, round_)
+        assert set(grads) == set(self.guests)
+        for blobs in grads.values():
+            for b in blobs:
+                _audit_blob(b, self.seen)
+        self.seen["replies"] += 1
+        return grads
+
+    def host_evaluate(self, keys, acts, round_):
+        metrics = super().host_evaluate(keys, acts, round_)
+        assert set(metrics) <= EVAL_KEYS and all(isinstance(v, (int, float)) for v in metrics.values())
+        self.seen["replies"] += 1
+        return metrics
+
+    def reports(self):
+        reps = super().reports()
+        for rep in reps.values():
+            _audit_report(rep)
+        return reps
+
+
+@pytest.mark.parametrize("defense", ["r3elu", "rr", "dpsgd"])
+def test_wire_audit_local(defense):
+    cfg = RunConfig(**BASE, defense=defense, protect="guest" if defense == "rr" else "both", epsilon=50.0,
+                    allocation="importance" if defense == "r3elu" else "uniform")
+    host, guests, plan = make_parties(cfg)
+    t = AuditTransport(host, guests)
+    coordinate(cfg, plan, t, "audit")
+    assert t.seen["blobs"] > 0 and t.seen["replies"] > 0
+
+
+# -- the same audit through Flower (the real ServerApp strategy and ClientApp handler) ------------
+ROLE_KEYS = {"party", "role", "guest-index", "mode", "data-path"}
+FACT_KEYS = {"dataset", "task", "metric", "n_train", "n_test", "input_shapes", "data_config", "num_classes"}
+
+
+def _audit_flower_reply(mtype: str, rec) -> None:
+    from fl_split.flower import records as R
+
+    keys = set(rec.keys()) - {"worker"}
+    if mtype == R.MSG_ROLE:
+        assert keys == {"role"} and set(json.loads(rec["role"])) <= ROLE_KEYS
+    elif mtype == R.MSG_SETUP:
+        assert keys == {"facts"} and set(json.loads(rec["facts"])) <= FACT_KEYS
+    elif mtype == R.MSG_STEP:
+        assert keys == {"blobs"}
+    elif mtype == R.MSG_HOST_TRAIN:
+        assert all(k.startswith("grads.guest-") for k in keys)
+    elif mtype == R.MSG_HOST_EVAL:
+        assert keys == {"metrics"} and set(json.loads(rec["metrics"])) <= EVAL_KEYS
+    elif mtype == R.MSG_REPORT:
+        assert keys == {"report"}
+        _audit_report(json.loads(rec["report"]))
+    else:  # pragma: no cover
+        raise AssertionError(f"unexpected message type {mtype}")
+    seen = {"blobs": 0}
+    for k in keys:
+        if k == "blobs" or k.startswith("grads."):
+            for b in R.blob_list(rec, k):
+                _audit_blob(b, seen)
+
+
+@pytest.fixture
+def flower_identity():
+    from tests.test_flower import _task_identity
+
+    yield from _task_identity.__wrapped__()
+
+
+@pytest.mark.parametrize("defense", ["laplace", "r3elu"])
+def test_wire_audit_flower(defense, flower_identity):
+    from fl_split.flower import records as R
+    from strategies.server_app import VerticalSplitStrategy
+    from tests.test_flower import InlineGrid, _simulation_nodes
+
+    audited = []
+
+    class AuditGrid(InlineGrid):
+        def push_messages(self, messages):
+            messages = list(messages)
+            types = [m.metadata.message_type for m in messages]
+            ids = super().push_messages(messages)
+            for mid, mtype in zip(ids, types):
+                reply = self.replies[mid]
+                assert not reply.has_error()
+                assert set(reply.content.config_records) == {R.REPLY}
+                assert not reply.content.array_records  # no tensors outside the audited blobs
+                _audit_flower_reply(mtype, reply.content.config_records[R.REPLY])
+                audited.append(mtype)
+            return ids
+
+    cfg = RunConfig(**BASE, defense=defense, protect="both", epsilon=50.0, batches_per_round=3)
+    VerticalSplitStrategy(cfg).run(AuditGrid(_simulation_nodes(3), fresh_process=True))
+    assert {R.MSG_ROLE, R.MSG_SETUP, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_REPORT} <= set(audited)
+
+
+def test_deployment_refuses_a_private_seed_in_the_run_config():
+    from flwr.app import Context, RecordDict
+
+    from fl_split.flower import FederationError
+    from fl_split.flower.node import NodeRole, private_seed_of
+
+    role = NodeRole("guest-1", "guest", 1, "deployment", "g.npz")
+    ctx = Context(run_id=1, node_id=2, node_config={"private-seed": 4}, state=RecordDict(),
+                  run_config={"private-seed": "4"})
+    with pytest.raises(FederationError, match="every party and the coordinator can read"):
+        private_seed_of(role, ctx)
+    ctx.run_config = {"private-seed": ""}
+    assert private_seed_of(role, ctx) == 4
+    sim = NodeRole("guest-1", "guest", 1, "simulation")
+    assert private_seed_of(sim, Context(run_id=1, node_id=2, node_config={}, state=RecordDict(),
+                                        run_config={"private-seed": "9"})) == 9
+    assert private_seed_of(sim, ctx, given=3) == 3
+    assert private_seed_of(sim, Context(run_id=1, node_id=2, node_config={}, state=RecordDict(),
+                                        run_config={"private-seed": ""})) is None
