@@ -38,11 +38,12 @@ from pathlib import Path
 import torch
 
 import fl_split.engine as engine_mod
-import fl_split.parties as parties_mod
+from fl_split.parties import Importance
 from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine
 from fl_split.privacy import denoise, mechanisms
 from fl_split.privacy.ledger import Ledger
+from fl_split.seeding import PartySecret
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -63,10 +64,10 @@ DEFENSES = {
 DEFENCE_CODE = [
     *[(cls, name) for cls in (mechanisms.Laplace, mechanisms.Gaussian, mechanisms.R3eLU,
                               mechanisms.RandomizedResponse) for name in ("release", "local_grad")],
-    (mechanisms.R3eLU, "set_importance"), (mechanisms.ImportanceTracker, "update"),
+    (mechanisms.R3eLU, "set_importance"), (mechanisms.ImportanceTracker, "update"), (Importance, "apply"),
     (denoise.Scale, "__call__"), (denoise.Mask, "__call__"),
     (Ledger, "charge"),
-    (parties_mod, "torch_generator"),
+    (PartySecret, "torch_generator"),
 ]
 
 

@@ -85,8 +85,8 @@ def bench_dataset(name: str, setup: dict, seeds: int, ks, quick: bool) -> dict:
     print(f"[{name}] accuracy: {len(ks)} K x {seeds} seeds x {setup['epochs']} epochs (local engine)", flush=True)
     acc: dict[str, list[float]] = {}
     for k in ks:
-        acc[str(k)] = [LocalEngine(base.replace(engine="local", batches_per_round=k, seed=s)).run()["final"]["value"]
-                       for s in range(seeds)]
+        acc[str(k)] = [LocalEngine(base.replace(engine="local", batches_per_round=k, seed=s),
+                                   private_seed=s).run()["final"]["value"] for s in range(seeds)]
     exact = statistics.fmean(acc["1"])
 
     rows = []

@@ -28,6 +28,7 @@ import torch
 
 from fl_split.privacy.denoise import Mask, Scale
 from fl_split.privacy.mechanisms import Gaussian, Laplace, R3eLU, RandomizedResponse
+from fl_split.privacy.sampling import DiscreteLaplace, unit_laplace_float
 
 ROWS, COLS = 1000, 10000
 PAPER_002 = {"rr": 0.3958, "laplace": 0.6911}  # seconds, 002 Table 2 (their machine)
@@ -65,6 +66,10 @@ def mechanism_tensor_costs(repeats: int = 7, device: str = "cpu", seed: int = 0)
     d = COLS
     cases = {
         "relu (reference)": lambda: torch.relu(x),
+        # the sampler alone: the float32 inverse CDF fl_split used before issue 8, and the exact
+        # discrete Laplace that replaced it (docs/accounting.md, "Sampling Laplace noise on floats")
+        "laplace sampler (old float)": lambda: unit_laplace_float(x.shape, gen, dev),
+        "laplace sampler (discrete)": lambda: DiscreteLaplace(1500.0).sample(x.shape, gen, dev),
         "laplace": lambda: Laplace(d, "forward", 1.0, epsilon=1.0).release(x, gen),
         "gaussian": lambda: Gaussian(d, "forward", 0.7).release(tanh_x, gen),
         "gaussian backward": lambda: Gaussian(d, "backward", 0.7, bound=1.0).release(x, gen),

@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     for opt, lr in OPTIMIZERS.items():
         for k in args.ks:
             accs = [LocalEngine(RunConfig(dataset="digits", guests=2, epochs=5, progress=False, seed=s,
-                                          batches_per_round=k, optimizer=opt, lr=lr)).run()["final"]["value"]
+                                          batches_per_round=k, optimizer=opt, lr=lr),
+                                private_seed=s).run()["final"]["value"]
                     for s in args.seeds]
             rows.append({"optimizer": opt, "lr": lr, "k": k, "accuracy": accs, "mean": statistics.fmean(accs),
                          "sd": statistics.stdev(accs) if len(accs) > 1 else 0.0})

@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             split, mono = [], []
             metric = ""
             for seed in args.seeds:
-                base = ["--dataset", ds, *DATASETS[ds], "--merge", merge, "--seed", str(seed), *COMMON]
+                base = ["--dataset", ds, *DATASETS[ds], "--merge", merge, "--seed", str(seed),
+                        "--private-seed", str(seed), *COMMON]
                 rs, rm = run_cli(base), run_cli([*base, "--monolithic"])
                 metric = rs["final"]["metric"]
                 split.append(rs["final"]["value"])

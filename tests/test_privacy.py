@@ -13,6 +13,7 @@ import json
 import math
 
 import dp_accounting
+import torch
 import numpy as np
 import pytest
 
@@ -317,3 +318,41 @@ def test_huge_epsilons_are_accounted_not_crashed(defense, epsilon):
     assert rep["epsilon"] == rep["epsilons"]["basic"] == pytest.approx(2 * epsilon)
     assert rep["epsilons"]["rdp"] is None
     assert any("rdp accountant not applicable" in a for a in rep["assumptions"])
+
+
+def test_dpsgd_combines_with_a_cut_layer_mechanism_in_one_ledger():
+    """--dp-sgd guest on top of --defense laplace: the guest's one ledger holds its forward releases
+    and its DP-SGD steps, and basic composition is their sum (each training record: one Laplace
+    release and one DP-SGD step per epoch)."""
+    cfg = RunConfig(**BASE, defense="laplace", protect="guest", epsilon=50.0, dp_sgd="guest", dp_sgd_sigma=1.0,
+                    accountant="basic")
+    rep = LocalEngine(cfg, private_seed=1).run()["privacy"]["guest-1"]
+    assert set(rep["by_direction"]) == {"forward", "update"}
+    assert rep["mechanism"]["local_update"]["name"] == "dpsgd"
+    from fl_split.privacy.dpsgd import dpsgd_cost
+
+    step = dp_accounting.get_epsilon_gaussian(dpsgd_cost(1.0, cfg.max_grad_norm).dp_event.noise_multiplier,
+                                              cfg.delta / cfg.epochs)
+    assert rep["epsilon"] == pytest.approx(cfg.epochs * (50.0 + step), rel=1e-3)
+    host = LocalEngine(cfg.replace(dp_sgd="host", protect="guest"), private_seed=1).run()["privacy"]["host"]
+    assert set(host["by_direction"]) == {"update"} and host["epsilon"] > 0
+    with pytest.raises(ConfigError, match="--dp-sgd"):
+        make_parties(RunConfig(**BASE, defense="dpsgd", dp_sgd="guest"))
+
+
+def test_backward_importance_allocation_scores_the_hosts_top_inputs():
+    """001 Eq. 10 applies to R3eLU-backward too: the host scores the cut-layer features it receives
+    with the parameters of its top's first layer connected to them (input side), and each guest's
+    backward mechanism gets its own slice (concat) of those importances."""
+    cfg = RunConfig(**BASE, defense="r3elu", protect="host", epsilon=8.0, allocation="importance")
+    engine = LocalEngine(cfg, private_seed=2)
+    engine.run()
+    host = engine.host
+    u = host.importance.tracker.values
+    width = 64
+    assert u.numel() == engine.plan.merged_shape[0] and bool((u >= 0).all()) and bool((u > 0).any())
+    for i, g in enumerate(engine.plan.guests):
+        mech = host.backward_mechanisms[g]()
+        assert mech.local_diagnostics()["importance_active"]
+        lo = engine.plan.cut_shapes["host"][0] + i * width
+        torch.testing.assert_close(host.importance_parts[g](u), u[lo: lo + width])
