@@ -49,7 +49,7 @@ from fl_split.merge import Merge
 from fl_split.privacy.base import Mechanism, NoDefense, PostProcess
 from fl_split.privacy.diagnostics import LocalDiagnostics
 from fl_split.privacy.disclosure import party_privacy_report
-from fl_split.protocol import Message, decode, encode
+from fl_split.protocol import Message, batch_digest, decode, encode
 from fl_split.results import write_json_atomic
 from fl_split.schedule import BatchKey, BatchSchedule
 from fl_split.seeding import PartySecret
@@ -198,10 +198,25 @@ class _Party:
         self.device = torch.device(device)
         self.steps = 0
         self.released = {"batches": 0, "records": 0}
+        self._digests: dict[BatchKey, int] = {}
 
     def ids(self, key: BatchKey) -> np.ndarray:
         pos = self.schedule.positions(key)
         return (self.data.train_ids if key.phase == "train" else self.data.test_ids)[pos]
+
+    def digest(self, key: BatchKey) -> int:
+        """The batch reference of ``key`` that messages carry (:func:`~fl_split.protocol.batch_digest`)."""
+        d = self._digests.get(key)
+        if d is None:
+            if len(self._digests) > 4096:
+                self._digests.clear()
+            d = self._digests[key] = batch_digest(self.ids(key))
+        return d
+
+    def _check(self, blob: bytes, kind: str, sender: str, key: BatchKey, sample_shape) -> Message:
+        """Decode ``blob`` and check it is exactly the expected message (before any state changes)."""
+        return decode(blob).check(kind=kind, sender=sender, receiver=self.name, key=key, ids=self.ids(key),
+                                  sample_shape=sample_shape, digest=self.digest(key))
 
     def rows(self, key: BatchKey) -> torch.Tensor:
         pos = torch.from_numpy(self.schedule.positions(key))
@@ -304,7 +319,7 @@ class GuestParty(_Party):
                     v = self.bottom(x)
             rel = mech.release(v.detach(), self._gen("release", *key.as_tuple()) if mech.random else None)
             self.diagnostics.add(key.epoch, rel.stats)
-            blobs.append(encode(Message("activations", self.name, "host", round_, key, self.ids(key),
+            blobs.append(encode(Message("activations", self.name, "host", round_, key, self.digest(key),
                                         rel.value, rel.encoding)))
             self.released["batches"] += 1
             self.released["records"] += len(v)
@@ -328,7 +343,7 @@ class GuestParty(_Party):
                                 f"but owed for {[str(k) for k in owed]}")
         for m in msgs:
             m.check(kind="gradients", sender="host", receiver=self.name, key=m.key, ids=self.ids(m.key),
-                    sample_shape=self.cut_shape)
+                    sample_shape=self.cut_shape, digest=self.digest(m.key))
         cost = self.update.cost()
         if cost is not None and msgs:
             self._charge([self._entry(-1 if round_ is None else round_, m.key, "update", cost) for m in msgs])
@@ -468,8 +483,7 @@ class HostParty(_Party):
                 continue
             if len(blobs) != len(keys):
                 raise ProtocolError(f"host: {len(blobs)} activation messages from {g}, expected {len(keys)}")
-            out[g] = [decode(b).check(kind="activations", sender=g, receiver="host", key=k, ids=self.ids(k),
-                                      sample_shape=self.guest_shapes[g]).tensor for b, k in zip(blobs, keys)]
+            out[g] = [self._check(b, "activations", g, k, self.guest_shapes[g]).tensor for b, k in zip(blobs, keys)]
         if self.one_shot:
             for g in self.guests:
                 if blobs_by_guest[g]:
@@ -547,14 +561,15 @@ class HostParty(_Party):
             if self.importance is not None:
                 self.importance.update()
             if not self.one_shot:
-                ids = self.ids(key)
+                digest = self.digest(key)
                 for g in self.guests:
                     mech = mechs[g]
                     rel = mech.release(leaves[g].grad, self._gen("release", g, *key.as_tuple()) if mech.random else None)
                     self.diagnostics.add(key.epoch, rel.stats)
-                    grads[g].append(encode(Message("gradients", "host", g, round_, key, ids, rel.value, rel.encoding)))
+                    grads[g].append(encode(Message("gradients", "host", g, round_, key, digest, rel.value,
+                                                   rel.encoding)))
                     self.released["batches"] += 1
-                    self.released["records"] += len(ids)
+                    self.released["records"] += len(y)
             self.update.step(self._gen("dpsgd", *key.as_tuple()) if dpsgd else None)
             self.steps += 1
             self._train_loss[0] += loss.item() * len(y)

@@ -34,7 +34,7 @@ from fl_split.privacy.denoise import Mask, Scale
 from fl_split.privacy.mechanisms import (Gaussian, ImportanceTracker, Laplace, R3eLU, RandomizedResponse,
                                          activation_probability, clip_k, geometric_epsilon)
 from fl_split.privacy.sampling import DiscreteLaplace
-from fl_split.protocol import Message, decode, encode
+from fl_split.protocol import Message, batch_digest, decode, encode
 from fl_split.schedule import BatchKey
 
 Z = 5.0
@@ -498,16 +498,15 @@ def test_rr_bit_packing_round_trip(width):
     m = RandomizedResponse(width, 3.0)
     torch.manual_seed(3)
     rel = m.release(torch.randn(37, width), gen(13))
-    ids = np.arange(100, 137)
     key = BatchKey("train", 1, 0)
-    blob = encode(Message("activations", "guest1", "host", 0, key, ids, rel.value, rel.encoding))
+    blob = encode(Message("activations", "guest-1", "host", 0, key, batch_digest(np.arange(100, 137)), rel.value,
+                          rel.encoding))
     back = decode(blob)
     assert back.encoding == "bits" and torch.equal(back.tensor, rel.value)
-    hlen = int.from_bytes(blob[4:8], "little")
-    payload = len(blob) - 8 - hlen - 8 * len(ids)  # magic+length, JSON header, int64 IDs
-    assert payload == 37 * math.ceil(width / 8)
-    as_float = encode(Message("activations", "guest1", "host", 0, key, ids, rel.value, "float32"))
-    assert len(as_float) - len(blob) == 37 * (4 * width - math.ceil(width / 8)) + (len(b'"float32"') - len(b'"bits"'))
+    as_float = encode(Message("activations", "guest-1", "host", 0, key, back.digest, rel.value, "float32"))
+    # same header, payload ceil(width/8) vs 4·width bytes per sample
+    assert len(as_float) - len(blob) == 37 * (4 * width - math.ceil(width / 8))
+    assert len(blob) - 37 * math.ceil(width / 8) <= 18
 
 
 # -- R3eLU --------------------------------------------------------------------------------------

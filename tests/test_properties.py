@@ -9,7 +9,6 @@ principle 4); state flattening is an exact inverse for nested containers of tens
 from __future__ import annotations
 
 import math
-import struct
 
 import numpy as np
 import torch
@@ -19,7 +18,7 @@ from hypothesis.extra.numpy import arrays
 
 from fl_split.errors import ProtocolError
 from fl_split.privacy.base import ReleaseStats
-from fl_split.protocol import Message, decode, encode
+from fl_split.protocol import Message, batch_digest, decode, encode
 from fl_split.schedule import BatchKey
 from fl_split.state import flatten, unflatten
 
@@ -41,7 +40,7 @@ def messages(draw) -> Message:
         values = draw(arrays(np.float32, shape, elements=st.floats(width=32, allow_nan=False, allow_infinity=False)))
     ids = draw(arrays(np.int64, (n,), elements=st.integers(-(2 ** 62), 2 ** 62)))
     return Message(draw(st.sampled_from(["activations", "gradients"])), draw(names), draw(names),
-                   draw(st.integers(0, 2 ** 31)), draw(keys), ids, torch.from_numpy(values), encoding)
+                   draw(st.integers(0, 2 ** 31)), draw(keys), batch_digest(ids), torch.from_numpy(values), encoding)
 
 
 @SETTINGS
@@ -51,13 +50,13 @@ def test_codec_round_trip_is_exact_for_any_batch(m):
     got = decode(blob)
     assert (got.kind, got.sender, got.receiver, got.round, got.key, got.encoding) == \
         (m.kind, m.sender, m.receiver, m.round, m.key, m.encoding)
-    np.testing.assert_array_equal(got.ids, m.ids)
+    assert got.digest == m.digest
     assert got.tensor.dtype == torch.float32 and torch.equal(got.tensor, m.tensor)
-    # after the 8-byte preamble and the JSON header: 8 bytes of ID per sample, then the payload,
-    # 1 bit per element packed per sample (ceil(d/8) bytes) or 4 bytes per element
+    # a header of at most 3 + 7·5 + 5·ndim + 4 bytes (varints), then the payload: 1 bit per element
+    # packed per sample (ceil(d/8) bytes) or 4 bytes per element; no per-sample IDs
     n, d = m.tensor.shape[0], math.prod(m.tensor.shape[1:])
-    body = len(blob) - 8 - struct.unpack_from("<I", blob, 4)[0]
-    assert body == n * (8 + ((d + 7) // 8 if m.encoding == "bits" else 4 * d))
+    payload = n * ((d + 7) // 8 if m.encoding == "bits" else 4 * d)
+    assert 0 < len(blob) - payload <= 3 + 7 * 5 + 5 * (m.tensor.dim() - 1) + 4
 
 
 @SETTINGS
@@ -78,7 +77,7 @@ def test_corrupted_blobs_raise_protocol_error_or_decode(m, data):
         got = decode(bytes(blob))
     except ProtocolError:
         return
-    assert isinstance(got, Message) and got.tensor.shape[0] == len(got.ids)
+    assert isinstance(got, Message) and got.tensor.shape[0] == got.rows
 
 
 @SETTINGS
