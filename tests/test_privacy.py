@@ -41,7 +41,7 @@ class CountingTransport(LocalTransport):
     def _count(self, name, blobs):
         for b in blobs:
             self.sent[name]["messages"] += 1
-            self.sent[name]["records"] += len(decode(b).ids)
+            self.sent[name]["records"] += decode(b).rows
 
     def guest_step(self, owed, keys, round_):
         out = super().guest_step(owed, keys, round_)
