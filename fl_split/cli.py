@@ -44,7 +44,9 @@ def _add_train_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = 
         flag = "--" + (meta["flag"] or key_of(f.name))
         if isinstance(f.default, bool):
             action = "store_false" if meta["flag"] and meta["flag"].startswith("no-") else "store_true"
-            g.add_argument(flag, dest=f.name, action=action, default=argparse.SUPPRESS, help=meta["help"])
+            # a "--no-x" flag sets the option to false: its help says what the flag does
+            g.add_argument(flag, dest=f.name, action=action, default=argparse.SUPPRESS,
+                           help=meta["flag_help"] if action == "store_false" else meta["help"])
         else:
             g.add_argument(flag, dest=f.name, metavar=key_of(f.name).upper().replace("-", "_"),
                            default=argparse.SUPPRESS,
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prepare the dataset as a run would (shared-ID split, column partition, each party's own "
                     "alignment and encoding) and write each party's slice to its own file, for the SuperNode "
                     "of that party (node-config data-path). A guest's file holds no labels.")
-    from fl_split.party_files import DATA_KEYS
+    from fl_split.config import DATA_KEYS
 
     _add_train_flags(export, only=(*DATA_KEYS, "data_root"))
     export.add_argument("--out", dest="out_dir", metavar="DIR", required=True,
@@ -248,14 +250,13 @@ def cmd_datasets() -> int:
 def cmd_models() -> int:
     from rich.table import Table
 
-    from fl_split.models.registry import get_architecture, model_names
+    from fl_split.models.catalog import CATALOG
 
     table = Table(title="model architectures", title_justify="left")
     for col in ("name", "inputs", "cuts", "default cut", "description"):
         table.add_column(col)
-    for name in model_names():
-        arch = get_architecture(name)
-        table.add_row(name, arch.inputs, f"1..{arch.num_layers()}", str(arch.default_cut), arch.description)
+    for m in CATALOG:
+        table.add_row(m.name, m.inputs, f"1..{m.num_layers}", str(m.default_cut), m.description)
     _console().print(table)
     return 0
 

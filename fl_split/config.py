@@ -26,15 +26,19 @@ from fl_split.errors import ConfigError
 AUTO = "auto"
 
 MERGE_OPS = ("concat", "sum", "avg", "max", "min", "mul")
+#: options that decide what a party's data file contains (``fl-split export-parties``); a run must
+#: use the same values as the export
+DATA_KEYS = ("dataset", "guests", "host_features", "columns", "padding", "test_fraction", "limit", "seed")
 DEFENSES = ("none", "laplace", "gaussian", "r3elu", "rr", "dpsgd")
 
 
 def _opt(default: Any, help: str, *, choices: tuple | Callable[[], tuple] | None = None,
          check: Callable[[Any], bool] | None = None, allowed: str | None = None,
-         kind: str | None = None, group: str = "core", flag: str | None = None) -> Any:
+         kind: str | None = None, group: str = "core", flag: str | None = None,
+         flag_help: str | None = None) -> Any:
     """Declare one option: default, help, and its rule (``choices`` or ``check`` + ``allowed``)."""
     meta = {"help": help, "choices": choices, "check": check, "allowed": allowed,
-            "kind": kind, "group": group, "flag": flag}
+            "kind": kind, "group": group, "flag": flag, "flag_help": flag_help}
     return field(default=default, metadata=meta)
 
 
@@ -71,7 +75,7 @@ def _accountant_names() -> tuple:
 
 
 def _model_names() -> tuple:
-    from fl_split.models.registry import model_names
+    from fl_split.models.catalog import model_names
 
     return (AUTO, *model_names())
 
@@ -85,7 +89,9 @@ class RunConfig:
     guests: int = _opt(1, "number of guest parties G (features only)", check=_positive_int,
                        allowed="an integer >= 1 (and at most the dataset's feature columns)")
     host_features: bool = _opt(True, "the host holds feature columns too (off: host = labels + top model only)",
-                               flag="no-host-features")
+                               flag="no-host-features",
+                               flag_help="the host holds no feature columns (labels and top model only, as the "
+                                         "server of papers 000/003)")
     columns: str = _opt("", "explicit column ownership, e.g. 'host=Income,Debt;guest-1=Age,Job' "
                             "(tables) or 'host=0:4;guest-1=4:8' (image pixel-column ranges); "
                             "empty = the dataset's documented default")
@@ -140,7 +146,7 @@ class RunConfig:
                                check=_positive_float, allowed="a number > 0", group="flower")
     ray_address: str = _opt("", "address of an existing Ray cluster to run the simulation on "
                                 "(e.g. 127.0.0.1:6379); empty = a local Ray instance", group="flower")
-    progress: bool = _opt(True, "show progress bars", flag="no-progress")
+    progress: bool = _opt(True, "show progress bars", flag="no-progress", flag_help="do not show progress bars")
     out: str = _opt("", "write the results JSON here (written once, at the end)")
 
     # --- privacy (SPEC §3, §5) ------------------------------------------------------------

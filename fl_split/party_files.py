@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fl_split.config import RunConfig, key_of
+from fl_split.config import DATA_KEYS, RunConfig, key_of
 from fl_split.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # heavy imports stay lazy: the CLI imports this module to build its parser
@@ -37,7 +37,6 @@ if TYPE_CHECKING:  # heavy imports stay lazy: the CLI imports this module to bui
 FORMAT = "fl_split.party/1"
 
 #: options that decide what a party's data file contains; a run must use the same values
-DATA_KEYS = ("dataset", "guests", "host_features", "columns", "padding", "test_fraction", "limit", "seed")
 
 
 @dataclass

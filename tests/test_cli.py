@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,40 @@ def test_console_script_end_to_end(tmp_path):
                          text=True, env=env, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip() == (
         "fl-split: error: --guests: got 0; allowed: an integer >= 1 (and at most the dataset's feature columns)")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["datasets"], ["models"], ["train", "--help"]])
+def test_listing_commands_do_not_import_torch(argv):
+    """Issue 10: the command line answers at once. --help, datasets and models read the light
+    catalogs; PyTorch (and pandas, numpy) are imported only by commands that train. (Speed itself is
+    measured, not asserted: machines are noisy.)"""
+    code = ("import sys\nfrom fl_split.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('torch', 'pandas', 'numpy', 'torchvision', 'flwr') if m in sys.modules)\n"
+            "print('HEAVY', heavy)\n" % (argv,))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert "HEAVY []" in out, out[-500:]
+
+
+def test_catalogs_match_what_the_registries_build():
+    from fl_split.data.catalog import CATALOG as DATASETS
+    from fl_split.data.vision import SPECS, expected_files
+    from fl_split.models.catalog import CATALOG as MODELS
+    from fl_split.models.registry import get_architecture
+
+    for m in MODELS:
+        arch = get_architecture(m.name)
+        assert (arch.inputs, arch.num_layers(), arch.default_cut, arch.description) == \
+            (m.inputs, m.num_layers, m.default_cut, m.description), m.name
+    root = Path("/r")
+    for d in DATASETS:
+        if d.name in SPECS:  # the files torchvision itself checks
+            assert d.files == (tuple(str(p.relative_to(root)) for p in expected_files(SPECS[d.name], root)),)
+            assert d.description == SPECS[d.name].description and d.default_model == SPECS[d.name].default_model
+
+
+def test_negative_flags_say_what_they_do(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--no-progress do not show progress bars" in text
+    assert "--no-host-features the host holds no feature columns" in text

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 
 from fl_split.data.base import VerticalDataset
-from fl_split.data.registry import DatasetInfo, register
 from fl_split.errors import DataError
 
 #: the bank's columns (loan terms and the applicant's finances, incl. its own default records)
@@ -83,7 +82,3 @@ def load_credit(root: Path | None = None, download: bool = False) -> VerticalDat
         metric="accuracy",
         description="credit scoring (modeldata/credit_data, 4,039 complete rows), bank | partner columns",
     )
-
-
-register(DatasetInfo("credit", load_credit.__doc__.splitlines()[0], offline=True, default_model="mlp",
-                     loader=load_credit))

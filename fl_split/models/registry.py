@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from fl_split.errors import ConfigError
+from fl_split.models import catalog
 from fl_split.merge import ELEMENTWISE, Merge, merged_shape
 from fl_split.seeding import PartySecret
 
@@ -55,7 +56,6 @@ def norm_layer(kind: str, channels: int, image: bool = True) -> nn.Module:
         return nn.Identity()
     raise ValueError(f"normalisation {kind!r} not in {NORMS[1:]}")
 
-_MODEL_MODULES = ("fl_split.models.mlp", "fl_split.models.vision")
 
 
 class Architecture(ABC):
@@ -97,7 +97,6 @@ class Architecture(ABC):
 
 
 _REGISTRY: dict[str, Architecture] = {}
-_loaded = False
 
 
 def register(arch: Architecture) -> Architecture:
@@ -105,27 +104,16 @@ def register(arch: Architecture) -> Architecture:
     return arch
 
 
-def _ensure_loaded() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for mod in _MODEL_MODULES:
-            try:
-                importlib.import_module(mod)
-            except ModuleNotFoundError as exc:
-                if exc.name != mod:
-                    raise
-
-
 def model_names() -> list[str]:
-    _ensure_loaded()
-    return list(_REGISTRY)
+    """Every architecture's name (from the light catalog, :mod:`fl_split.models.catalog`)."""
+    return catalog.model_names()
 
 
 def get_architecture(name: str) -> Architecture:
-    _ensure_loaded()
+    """The registered architecture ``name`` (its module is imported on first use)."""
+    entry = catalog.model_entry(name)
     if name not in _REGISTRY:
-        raise ConfigError("model", name, "one of " + ", ".join(_REGISTRY))
+        importlib.import_module(entry.module)
     return _REGISTRY[name]
 
 
