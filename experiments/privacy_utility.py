@@ -1,4 +1,4 @@
-"""Accuracy vs the guests' accounted epsilon, every forward defence on one task (SPEC §3, §5, §7).
+"""Accuracy vs the guests' accounted epsilon, every forward defence on one task (spec §3, §5, §7).
 
 Compare defences under the same budget: each defence protects the guests' forward releases
 (``--protect guest``) on the same split task, and its noise parameter is swept; for each run the
@@ -10,7 +10,7 @@ accountant, δ = 1e-5, no amplification) and the y-coordinate is the final test 
 * ``dpsgd`` — Opacus noise multiplier ∈ {0.3, 0.7, 1.5, 4} on the guests' own parameters
   (its epsilon covers the trained parameters, not the released activations: plotted apart).
 
-Also VFLAIR's DCS (SPEC §7) per run, with β = 0.5, AP* = the no-defence accuracy and MP* = 0:
+Also VFLAIR's DCS (spec §7) per run, with β = 0.5, AP* = the no-defence accuracy and MP* = 0:
 ``DCS = 1/(1 + √((1−β)(AP−AP*)² + β(MP−MP*)²))`` where the privacy term MP is taken as
 ``min(1, ε/100)`` (an ε of 100 or more counts as no protection) — a convention of ours, stated
 because VFLAIR measures MP with an attack, which this script does not run. DP-SGD's runs count as

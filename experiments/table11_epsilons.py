@@ -1,4 +1,4 @@
-"""Paper 003, Table 11: per-forward-pass epsilon of the noisy cut layer, recomputed (SPEC §5).
+"""Paper 003, Table 11: per-forward-pass epsilon of the noisy cut layer, recomputed (spec §5).
 
 003 puts a ``tanh`` cut layer (values in ``[-1, 1]^d``) under Gaussian noise ``N(0, σ²)`` or Laplace
 noise ``Lap(0, b)`` per element, and lists "privacy bounds for one single forward pass" for

@@ -1,4 +1,4 @@
-"""Exceptions meant for people (DESIGN principle 4).
+"""Exceptions meant for people (design principle 4).
 
 Each names what was wrong, the value, and what is allowed. The CLI prints ``str(error)`` on
 one line and exits with code 2; Flower parties turn them into error replies.

@@ -3,7 +3,7 @@
 The papers change how a party trains its own parameters in two ways, and nothing else in a party
 needs to know which one is in force:
 
-* :class:`OptimizerUpdate` — the party's optimizer (SGD or Adam) on its parameters (SPEC §2);
+* :class:`OptimizerUpdate` — the party's optimizer (SGD or Adam) on its parameters (spec §2);
 * :class:`FrozenUpdate` — 002's one-shot mode: the guest's pretrained bottom is frozen, it never
   receives a gradient;
 * :class:`DpSgdUpdate` — 001 §5's DP-SGD baseline (and ``--dp-sgd``): Opacus per-sample clipping

@@ -5,7 +5,7 @@ compute which IDs form batch ``(epoch, index)`` on its own; messages carry the I
 receiver can check them (:mod:`fl_split.protocol`). The training order of epoch ``e`` is a
 permutation drawn from ``(seed, "order", e)``; the last batch may be smaller (no drop).
 
-A *round* is what one coordinator exchange covers (DESIGN: a Flower message costs ~0.1 s, so a
+A *round* is what one coordinator exchange covers (docs/flower.md: a Flower message costs ~0.1 s, so a
 round carries ``batches_per_round`` batches). Rounds never cross an epoch boundary: the test
 split is evaluated after each epoch's last round.
 """

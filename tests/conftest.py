@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-# nothing may download during tests (SPEC §6); loaders raise DataError instead
+# nothing may download during tests (spec §6); loaders raise DataError instead
 os.environ.setdefault("FL_SPLIT_NO_DOWNLOAD", "1")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 

@@ -1,4 +1,4 @@
-"""Per-party ledger and accountants (SPEC §5; docs/accounting.md).
+"""Per-party ledger and accountants (spec §5; docs/accounting.md).
 
 Every accountant is checked against an independent computation done here: dp_accounting called
 directly on the same composed events (PLD, RDP), Opacus' accountant stepped by hand, closed
@@ -45,7 +45,7 @@ COARSE = 1e-3  # PLD interval used by most tests (see module docstring)
 # (Gaussian: at delta) <= 1, e.g. noise multiplier 5 (epsilon 0.73 at 1e-5).
 
 
-# -- costs as the mechanisms describe them (brief / SPEC §3) -----------------------------------
+# -- costs as the mechanisms describe them (brief / spec §3) -----------------------------------
 def laplace(b: float, l1: float) -> PrivacyCost:
     return PrivacyCost("laplace", dpa.LaplaceDpEvent(noise_multiplier=b / l1), epsilon=l1 / b,
                        sensitivity_l1=l1, params=(("b", b),))

@@ -1,4 +1,4 @@
-"""Dataset loaders (SPEC §6): credit, movielens-small / -1m (next item, hit@10), torchvision sets.
+"""Dataset loaders (spec §6): credit, movielens-small / -1m (next item, hit@10), torchvision sets.
 
 Offline only: the downloadable sets are loaded from small files this module writes in the real
 on-disk formats (ML-1M ``::``/latin-1 dat files and zip, MNIST idx files, CIFAR pickles).

@@ -1,4 +1,4 @@
-"""Split training with no defence is the monolithic model's training (SPEC §2).
+"""Split training with no defence is the monolithic model's training (spec §2).
 
 Same modules, same initial weights, same batch order, same optimizer settings: the per-epoch
 training losses must agree (we ask 1e-6 relative; on CPU they are in fact bit-identical) and so
@@ -78,7 +78,7 @@ def test_batches_per_round_runs_and_differs_only_slightly():
 
 
 def test_only_releases_cross():
-    """DESIGN principle 1: guests send activations of the cut shape, the host sends gradients of the
+    """design principle 1: guests send activations of the cut shape, the host sends gradients of the
     cut shape; no raw feature rows and no labels cross."""
     cfg = RunConfig(**{**BASE, "epochs": 1, "limit": 200}, guests=2)
     host, guests, plan = make_parties(cfg)

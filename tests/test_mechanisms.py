@@ -1,4 +1,4 @@
-"""Boundary mechanisms, their samplers, denoising and budget allocation (SPEC §3; papers 001 §3–4,
+"""Boundary mechanisms, their samplers, denoising and budget allocation (spec §3; papers 001 §3–4,
 002 §3, 003 §3).
 
 Statistical tests use fixed seeds and tolerances of **5 standard errors** (``Z = 5``) of the
@@ -274,7 +274,7 @@ def test_laplace_noise_has_scale_b_and_lies_on_the_grid(device):
 
 
 def test_laplace_calibration_per_record_includes_the_grid():
-    m = Laplace(64, "forward", 10.0, epsilon=1.0)  # SPEC's example: b = 2·10·64/1 = 1280
+    m = Laplace(64, "forward", 10.0, epsilon=1.0)  # the spec's example (spec §3): b = 2·10·64/1 = 1280
     assert m.gamma == 0.5 and m.units == 20 and m.sensitivity_units == 2 * 20 * 64
     assert m.b == pytest.approx(1280.0, rel=1e-8)  # C/γ is an integer here: no rounding inflation
     assert m.epsilon == 1.0  # what was asked, …
@@ -605,7 +605,7 @@ def test_r3elu_backward_noise_on_every_element_and_signs(device):
 
 def test_r3elu_cost_is_pure_epsilon():
     m = R3eLU(64, "forward", 1.0, 10.0)
-    assert m.k == 32 and m.scale == pytest.approx(2 * 32 * 10 / 0.5, rel=1e-8)  # SPEC's 1280 example
+    assert m.k == 32 and m.scale == pytest.approx(2 * 32 * 10 / 0.5, rel=1e-8)  # the spec's 1280 example (spec §3)
     assert m.gamma == 0.5 and m.sensitivity_units == 2 * 32 * 20
     cost = m.cost()
     assert cost.epsilon == 1.0 and cost.sensitivity_l1 == 640.0

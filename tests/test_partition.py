@@ -1,4 +1,4 @@
-"""Vertical partitioning, ID alignment, per-party encoding and padding (SPEC §1, §2, §6)."""
+"""Vertical partitioning, ID alignment, per-party encoding and padding (spec §1, §2, §6)."""
 
 from __future__ import annotations
 

@@ -283,7 +283,7 @@ def test_importance_tight_allocation_from_the_cli_config():
 
 
 def test_release_diagnostics_public_in_reports_measured_ones_local(caplog):
-    """SPEC §3, issue 8: the report holds only parameter-derived diagnostics (noise scale and SD, the
+    """spec §3, issue 8: the report holds only parameter-derived diagnostics (noise scale and SD, the
     largest per-element SNR the parameters allow: C·√(K/d) over the noise SD for R3eLU); the SNR
     measured on private values stays with the party, which warns in its own log when its releases
     are mostly noise (R3eLU at ε = 1 on digits)."""

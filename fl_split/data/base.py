@@ -1,7 +1,7 @@
 """Vertical datasets: the raw table or image set, its partition across parties, ID alignment,
 and each party's own encoding.
 
-The pipeline (SPEC §1, §2, §6):
+The pipeline (spec §1, §2, §6):
 
 1. a loader returns a :class:`VerticalDataset`: sample IDs, labels and the raw feature
    columns (a DataFrame for tables, an ``(n, C, H, W)`` array for images);

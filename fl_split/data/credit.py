@@ -2,7 +2,7 @@
 
 4,454 loan applications (Scoring data of Universitat Politècnica de Catalunya, as shipped by
 the R package *modeldata*), 13 feature columns and the loan ``Status`` (good / bad). The
-vertical story (SPEC §6): a **bank** (the host, it knows whether its loans went bad) holds the
+vertical story (spec §6): a **bank** (the host, it knows whether its loans went bad) holds the
 loan and financial columns; an **e-commerce / partner** company holds the customer's
 demographic columns. The partner's demographics are the property-inference targets.
 """

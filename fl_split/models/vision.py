@@ -7,7 +7,7 @@ head, which needs the number of classes and therefore always sits in the host's 
 ``k ∈ 1 … n`` puts layers ``1 … k`` in every party's bottom, each built for that party's own
 stripe shape; the host's top holds layers ``k+1 … n`` and the head, built for the merged shape.
 ``concat`` merges along the width axis, so the parties' feature maps re-assemble side by side
-and the top sees one feature map of the whole image (SPEC §2, ``fl_split.merge``).
+and the top sees one feature map of the whole image (spec §2, ``fl_split.merge``).
 
 **Narrow stripes.** Pooling layers pool an axis only when it is at least 2 wide (kernel 1
 otherwise) and use ``ceil_mode`` so odd widths keep their last column; strided convolutions use

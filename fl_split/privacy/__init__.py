@@ -1,4 +1,4 @@
-"""Boundary mechanisms, denoising, budget allocation, ledgers and accountants (SPEC §3, §5).
+"""Boundary mechanisms, denoising, budget allocation, ledgers and accountants (spec §3, §5).
 
 The package imports nothing heavy by itself: ``fl_split.privacy.accountants`` (read by the
 configuration, hence by ``fl-split --help``) must not pull in torch.

@@ -1,12 +1,12 @@
-"""The mechanism interface every boundary crossing goes through (SPEC §3).
+"""The mechanism interface every boundary crossing goes through (spec §3).
 
 A mechanism (a) transforms a tensor with the generator it is given (the releasing party's secret
-stream: DESIGN "Privacy principles"), (b) knows its local derivative, so a guest can
+stream: privacy principles, docs/references.md), (b) knows its local derivative, so a guest can
 backpropagate the received gradient through its own release, and (c) describes its privacy
 cost. Forward mechanisms run on a guest's cut-layer output; backward mechanisms run on the
 host's partial loss ``δ_g`` before it is sent to guest ``g``.
 
-**Diagnostics that do not leak** (DESIGN privacy principle 2). Two kinds, never mixed:
+**Diagnostics that do not leak** (privacy principle 2). Two kinds, never mixed:
 
 * ``Release.stats`` — computed from the *private* input of one release (its signal-to-noise
   ratio, the fraction of activated elements…). They belong to the releasing party's local log
@@ -112,7 +112,7 @@ class PostProcess:
 
 @dataclass(frozen=True)
 class PrivacyCost:
-    """Privacy cost of releasing **one record's** cut-layer tensor **once** (SPEC §5 per-record view).
+    """Privacy cost of releasing **one record's** cut-layer tensor **once** (spec §5 per-record view).
 
     ``dp_event`` is a ``dp_accounting.DpEvent`` describing that single release (input to the
     tight PLD/RDP accountants); ``epsilon`` is its pure-DP epsilon when the mechanism is
@@ -132,7 +132,7 @@ class PrivacyCost:
 class ReleaseStats:
     """Per-epoch aggregates of the diagnostics (``Release.stats``) of a party's releases.
 
-    SPEC §3 asks that users see what a budget costs: every release reports its signal-to-noise
+    spec §3 asks that users see what a budget costs: every release reports its signal-to-noise
     ratio (``snr``: RMS of the signal over the noise's standard deviation, per element, see
     :class:`Release`) and its noise scale. These are private (computed from the party's values):
     a ``ReleaseStats`` belongs in the party's own state and log, not in a report. Keeping every value would grow with the run, so each epoch keeps

@@ -1,4 +1,4 @@
-"""Denoising of released tensors by their receiver (000/003 §3, SPEC §3 "Denoising").
+"""Denoising of released tensors by their receiver (000/003 §3, spec §3 "Denoising").
 
 Both operate only on *released* (already noisy) data, so they are post-processing and change no
 privacy guarantee (003 Thm. 3.6). They are plain tensor operations, so autograd flows through

@@ -1,6 +1,6 @@
 """A party's own view of what its releases carry, and the warning when they carry only noise.
 
-Two kinds of release diagnostics exist (DESIGN privacy principle 2):
+Two kinds of release diagnostics exist (privacy principle 2):
 
 * **local** — computed from the party's *private* values (the signal-to-noise ratio of each
   release: RMS of the clipped signal over the noise's standard deviation, see

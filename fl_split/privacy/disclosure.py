@@ -1,4 +1,4 @@
-"""What a party discloses at the end of a run: its ``privacy`` entry of the results (SPEC §5).
+"""What a party discloses at the end of a run: its ``privacy`` entry of the results (spec §5).
 
 Everything here is public or computed from public facts and the party's ledger: the mechanism's
 parameters (:meth:`Mechanism.describe`), its public diagnostics (noise scale, the largest SNR it

@@ -3,7 +3,7 @@
 DP-SGD (Abadi et al. 2016; Opacus' ``DPOptimizer``) clips every per-sample gradient to L2 norm
 ``C`` (``max_grad_norm``), sums them and adds ``N(0, (σC)²)`` per coordinate (``σ`` =
 ``noise_multiplier``). Neighbouring datasets here differ in one record's *value* (replace-one,
-DESIGN "Privacy principles" 3): replacing one record moves the clipped sum by up to ``2C`` (its old
+privacy principle 3): replacing one record moves the clipped sum by up to ``2C`` (its old
 clipped gradient out, a new one in, each of norm ≤ ``C``). The step is therefore the Gaussian
 mechanism of L2 sensitivity ``2C`` and noise ``σC``: a ``GaussianDpEvent`` of noise multiplier
 ``σC / 2C = σ/2``.

@@ -1,4 +1,4 @@
-"""From the run configuration to the mechanisms on each crossing (SPEC §3 "protect").
+"""From the run configuration to the mechanisms on each crossing (spec §3 "protect").
 
 ``--defense`` names the mechanism, ``--protect`` the direction(s) it covers: ``guest`` = the
 guests' forward releases (their features), ``host`` = the host's backward releases (its labels

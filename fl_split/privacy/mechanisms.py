@@ -1,8 +1,8 @@
-"""Boundary mechanisms: Laplace, Gaussian, R3eLU and randomized response (SPEC §3).
+"""Boundary mechanisms: Laplace, Gaussian, R3eLU and randomized response (spec §3).
 
 Every mechanism works on a batch ``t`` of shape ``(B, *sample_shape)``; one *record's tensor* is
 one sample's slice, of ``d = prod(sample_shape)`` elements (the mechanism's ``width``). All draws
-come from the generator the caller passes (the party's secret stream, DESIGN "Privacy
+come from the generator the caller passes (the party's secret stream, docs/references.md, "Privacy
 principles"), on the device of the input, with no Python loop over samples or elements.
 
 **What epsilon means here.** ``epsilon`` is the privacy cost of releasing **one record's whole
@@ -55,7 +55,7 @@ class Laplace(Mechanism):
     """Laplace mechanism on a bounded tensor (001 baseline, 002 §3.2 Eq. 1, 003 App. B.1).
 
     Each element is **clipped** to ``[-bound, bound]`` (002 zeroes out-of-range elements instead;
-    clipping keeps more signal and has the same sensitivity — SPEC §3 allows either), snapped to a
+    clipping keeps more signal and has the same sensitivity — spec §3 allows either), snapped to a
     power-of-two grid ``γ`` (``n = round(v/γ) ∈ [−M, M]``, ``M = round(bound/γ)``) and released
     as ``γ·(n + Z)``, ``Z ~ DLap(t)`` per element: the discrete Laplace mechanism, whose scale
     ``b = γ·t`` plays the continuous ``Lap(0, b)``'s part. Forward and backward releases are the

@@ -1,4 +1,4 @@
-"""R3eLU, the randomized-response ReLU of paper 001 (§3, Alg. 1/2, Eq. 4–10, Cor. 1–6; SPEC §3), and
+"""R3eLU, the randomized-response ReLU of paper 001 (§3, Alg. 1/2, Eq. 4–10, Cor. 1–6; spec §3), and
 the importance tracker its dynamic budget allocation reads (§3.4, Eq. 8–9).
 
 The mechanism observes nothing by itself: the party that owns it keeps an
@@ -32,7 +32,7 @@ SIDES = ("output", "input")
 
 # -- building blocks (001 §3.2) --------------------------------------------------------------------
 def clip_k(v: torch.Tensor, c: float, k: int) -> torch.Tensor:
-    """``ClipK(v, C, K)`` (001 §3.2, SPEC §3) on a batch ``(B, d)``: per sample keep the ``k``
+    """``ClipK(v, C, K)`` (001 §3.2, spec §3) on a batch ``(B, d)``: per sample keep the ``k``
     largest entries, zero the rest, clip the kept ones to ``[0, C]``.
 
     So ``0 ≤ v̂_i ≤ C`` with at most ``K`` non-zeros (Cor. 1). Ties at the K-th value are broken
@@ -117,7 +117,7 @@ class _Grid:
 
 # -- the mechanism ------------------------------------------------------------------------------
 class R3eLU(Mechanism):
-    """Randomized-response ReLU (001 §3, Alg. 1/2, Eq. 4–6, 10, Cor. 1–6; SPEC §3).
+    """Randomized-response ReLU (001 §3, Alg. 1/2, Eq. 4–6, 10, Cor. 1–6; spec §3).
 
     ``ε = ε_p + ε_l`` with ``ε_p = eps_p_fraction·ε`` (randomized response of the activation
     state) and ``ε_l`` (Laplace). ``K`` defaults to ``width // 2`` (at least 1).
@@ -125,7 +125,7 @@ class R3eLU(Mechanism):
     * **Forward** (Alg. 1, guest, on the cut layer's pre-activation ``v``): ``v̂ = ClipK(v, C, K)``;
       ``p_i`` by Eq. 4; with probability ``p_i`` output ``max(v̂_i + Lap(2KC/ε_l), 0)``, else 0.
       The paper draws ``r ~ N(0,1)`` and tests ``r < p_i``, which does not activate with
-      probability ``p_i``; we draw a uniform (SPEC fix). ``ctx["mask"]`` marks elements that were
+      probability ``p_i``; we draw a uniform (spec fix). ``ctx["mask"]`` marks elements that were
       activated, in the top-K, unclipped (``0 < v < C``) and positive after noise: the only ones
       through which the output depends on ``v``; ``local_grad`` multiplies by it.
     * **Backward** (Alg. 2, host, on ``δ``): ``|δ̂| = ClipK(|δ|, C, K)``; ``p_i`` by Eq. 6 from

@@ -15,7 +15,7 @@ from typing import Any
 from fl_split.privacy import accountants as A
 from fl_split.privacy.events import MAX_RR_EPSILON, contains, event_to_json, is_epsilon_delta, json_value
 
-#: the one neighbouring relation of every mechanism and accountant (DESIGN "Privacy principles" 3)
+#: the one neighbouring relation of every mechanism and accountant (privacy principle 3)
 NEIGHBOURING_RELATION = "replace-one"
 
 _NOTES = {

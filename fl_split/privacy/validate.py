@@ -1,4 +1,4 @@
-"""Refuse models whose releases couple the records of a batch (DESIGN privacy principle 4).
+"""Refuse models whose releases couple the records of a batch (privacy principle 4).
 
 A per-record guarantee charges each record for the releases that contain *its* row. That is only
 right if each released row depends on its own record alone (given the weights). BatchNorm in
