@@ -1,64 +1,67 @@
-"""Benchmark of the Flower engine: batches per round K vs epoch time, accuracy and bytes (issue #3).
+"""Benchmark of the Flower engine with the direct data plane (issue 10).
 
-For each dataset and each K in {1, 4, 16, 64, epoch}:
+* **latency** — one per-batch exchange on the data plane: the host sends every guest a STEP frame
+  (owed gradients) and waits for every RELEASE (activations), payloads of the real runs' size
+  (digits: 32 × 64 float32; movielens-small: 32 × 128), each guest in its own process, over loopback
+  gRPC (plaintext and TLS). ``--compare-gloo`` adds ``torch.distributed`` (gloo) send/recv of the
+  same tensors, the alternative transport considered (``docs/flower.md``).
+* **ratio** — exact training (K = 1) on the Flower simulation ÷ the local engine, per epoch (median of
+  the epochs after the first), digits (2 guests) and movielens-small (1 guest); one control message
+  per epoch (the default) and one for all epochs. Goal ≤ 1.5×. Every Flower run is checked to equal
+  the local engine bit for bit.
+* **startup** — where ``fl-split train --engine flower`` spends its wall time before the first batch
+  (:meth:`FlowerEngine.startup`).
+* **scaling** — time per epoch and peak memory (resident memory of this process and every descendant:
+  Ray's daemons and the ClientApp actors, sampled every 0.2 s) vs the number of guests G ∈ {1, 2, 4,
+  8, 16} on breast-cancer (30 feature columns, so 16 guests fit), each party reserving
+  ``--num-cpus 2/(G+1)`` (rounded down) so that all ClientApps run at once on the machine's cores.
+  JSON and a PNG plot.
 
-* **epoch time** of the Flower engine (one in-process Flower simulation on Ray, all K run one
-  after the other in it, so Ray starts once) and of the local engine on the same configuration;
-* **accuracy** after the full training (``--epochs``) at each K, mean ± sd over ``--seeds`` seeds,
-  against exact training (K = 1). The Flower engine computes exactly what the local engine computes
-  for the same configuration (``tests/test_flower.py``; this script re-checks it on the timing runs),
-  so the seed-averaged accuracies come from the local engine;
-* **payload bytes per round** (protocol blobs, both directions; the ``wire`` block of the results).
+    python experiments/bench_flower.py                  # everything (~15 min on the 2-core machine)
+    python experiments/bench_flower.py --quick          # latency + an in-process direct run (< 1 min)
+    python experiments/bench_flower.py --only ratio startup
+    python experiments/bench_flower.py --relay-sweep    # the relay's batches-per-round sweep (issue 3)
 
-The recommended default K is the smallest K whose accuracy is within 0.5 point of exact training
-and whose Flower epoch time is at most 2x the local engine's; if no K meets both, the script says
-so and names the K meeting the accuracy goal with the best time ratio.
-
-    python experiments/bench_flower.py                  # digits + movielens-small, 3 seeds (~10 min)
-    python experiments/bench_flower.py --quick          # digits only, 1 seed, short (smoke test)
-    python experiments/bench_flower.py --poll-comparison  # reply polling: 5 ms pull vs 0.1 s (send_and_receive's)
-
-Writes ``experiments/results/bench_flower.json`` and prints a Markdown table (docs/flower.md).
+Writes ``experiments/results/bench_flower.json`` (``--quick``: ``bench_flower_quick.json``), the plot
+``experiments/results/bench_flower_scaling.png``, and prints Markdown tables (``docs/flower.md``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import multiprocessing as mp
 import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from fl_split.config import RunConfig
-from fl_split.data.registry import dataset_info, dataset_names
-from fl_split.engine import LocalEngine
-from fl_split.flower import FlowerEngine
+# heavy imports (torch, the engines) happen inside the functions: the latency guests are spawned
+# processes, which import this module again and must stay light
 
-KS = (1, 4, 16, 64, "epoch")
-#: per dataset: guests, training epochs for accuracy, epochs timed under Flower
-SETUPS = {
-    "digits": {"guests": 2, "epochs": 5, "timing_epochs": 3},
-    "movielens-small": {"guests": 1, "epochs": 5, "timing_epochs": 2},
-}
-ACC_TOLERANCE = 0.005   # 0.5 point
-TIME_RATIO = 2.0
+RESULTS = Path(__file__).parent / "results"
+PS = 0  # private seed of every compared run (the Flower and local runs must draw the same noise)
+RATIO_GOAL = 1.5
+CRED = "b3" * 32
 
 
 def _versions() -> dict:
     import flwr
+    import grpc
     import ray
+    import torch
 
     return {"python": platform.python_version(), "torch": torch.__version__, "flwr": flwr.__version__,
-            "ray": ray.__version__, "cpus": os.cpu_count(), "machine": platform.machine()}
-
-
-def _epoch_times(results: dict) -> list[float]:
-    return [h["epoch_time_s"] for h in results["history"]]
+            "ray": ray.__version__, "grpcio": grpc.__version__, "cpus": os.cpu_count(), "machine": platform.machine(),
+            "loadavg_start": os.getloadavg()}
 
 
 def _same_training(a: dict, b: dict) -> bool:
@@ -68,155 +71,400 @@ def _same_training(a: dict, b: dict) -> bool:
     return ha == hb and a["wire"] == b["wire"]
 
 
-def bench_dataset(name: str, setup: dict, seeds: int, ks, quick: bool) -> dict:
-    base = RunConfig(dataset=name, guests=setup["guests"], epochs=setup["epochs"], progress=False, seed=0,
-                     engine="flower", limit=600 if quick else 0)
-    timing = [base.replace(batches_per_round=k, epochs=setup["timing_epochs"]) for k in ks]
-    print(f"[{name}] Flower simulation: K = {list(ks)}, {setup['timing_epochs']} epochs each", flush=True)
-    load_before = os.getloadavg()
-    t0 = time.perf_counter()
-    engine = FlowerEngine(timing[0])
-    flower = engine.run_series(timing)
-    sim_wall = time.perf_counter() - t0
-    load_after = os.getloadavg()
-    print(f"[{name}] local engine on the same configurations", flush=True)
-    local = [LocalEngine(c.replace(engine="local")).run() for c in timing]
+def _steady(times: list[float]) -> float:
+    return statistics.median(times[1:] if len(times) > 1 else times)
 
-    print(f"[{name}] accuracy: {len(ks)} K x {seeds} seeds x {setup['epochs']} epochs (local engine)", flush=True)
-    acc: dict[str, list[float]] = {}
-    for k in ks:
-        acc[str(k)] = [LocalEngine(base.replace(engine="local", batches_per_round=k, seed=s),
-                                   private_seed=s).run()["final"]["value"] for s in range(seeds)]
-    exact = statistics.fmean(acc["1"])
+
+def _cpus_each(parties: int) -> float:
+    from fl_split.flower.resources import local_cpus
+
+    return max(0.01, math.floor(100 * min(1.0, local_cpus() / parties)) / 100)
+
+
+# -- latency ------------------------------------------------------------------------------------------
+def _latency_guest(name: str, address: str, nbytes: int, tls_ca: str | None) -> None:
+    from fl_split.dataplane.guest import serve
+    from fl_split.dataplane.tls import ClientTLS
+
+    payload = os.urandom(nbytes)
+    serve(name, lambda owed, keys, r: [payload], address, CRED, "00ff00ff00ff00ff",
+          ClientTLS.from_files(tls_ca) if tls_ca else None, timeout=60)
+
+
+def dataplane_latency(guests: int, nbytes: int, rounds: int = 400, tls: dict | None = None) -> dict:
+    """Median round trip of one exchange (STEP to every guest, every RELEASE back), milliseconds."""
+    from fl_split.dataplane import frames as F
+    from fl_split.dataplane.host import HostEndpoint
+    from fl_split.dataplane.tls import ServerTLS
+
+    names = [f"guest-{i + 1}" for i in range(guests)]
+    server = ServerTLS.from_files(str(tls["host_cert"]), str(tls["host_key"])) if tls else None
+    ep = HostEndpoint(names, CRED, "00ff00ff00ff00ff", "127.0.0.1:0", tls=server, timeout=60)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_latency_guest, args=(g, ep.address, nbytes, str(tls["ca"]) if tls else None))
+             for g in names]
+    for p in procs:
+        p.start()
+    try:
+        ep.wait_for_guests()
+        payload = os.urandom(nbytes)
+        times = []
+        for r in range(1, rounds + 1):
+            t = time.perf_counter()
+            for g in names:
+                ep.send(g, F.STEP, {"round": r, "keys": [["train", 1, 0]]}, [payload])
+            out, failed, _ = ep.collect(r, names)
+            assert not failed and len(out) == guests
+            times.append(time.perf_counter() - t)
+    finally:
+        ep.close()
+        for p in procs:
+            p.join(30)
+    steady = sorted(times[rounds // 10:])
+    return {"guests": guests, "bytes_each_way": nbytes, "tls": bool(tls), "median_ms": 1e3 * statistics.median(steady),
+            "p90_ms": 1e3 * steady[int(0.9 * len(steady))]}
+
+
+def _gloo_peer(rank: int, world: int, port: int, numel: int, rounds: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    t = torch.zeros(numel)
+    for _ in range(rounds):
+        dist.recv(t, src=0)
+        dist.send(t, dst=0)
+    dist.destroy_process_group()
+
+
+def gloo_latency(guests: int, nbytes: int, rounds: int = 400) -> dict:
+    """The same exchange with torch.distributed point-to-point (gloo), for comparison."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    numel = nbytes // 4
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_gloo_peer, args=(i + 1, guests + 1, port, numel, rounds)) for i in range(guests)]
+    for p in procs:
+        p.start()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=guests + 1)
+    t, bufs, times = torch.zeros(numel), [torch.zeros(numel) for _ in range(guests)], []
+    for _ in range(rounds):
+        a = time.perf_counter()
+        for i in range(guests):
+            dist.send(t, dst=i + 1)
+        for i in range(guests):
+            dist.recv(bufs[i], src=i + 1)
+        times.append(time.perf_counter() - a)
+    dist.destroy_process_group()
+    for p in procs:
+        p.join(30)
+    steady = sorted(times[rounds // 10:])
+    return {"guests": guests, "bytes_each_way": nbytes, "median_ms": 1e3 * statistics.median(steady),
+            "p90_ms": 1e3 * steady[int(0.9 * len(steady))]}
+
+
+def bench_latency(compare_gloo: bool, rounds: int, quick: bool = False) -> dict:
+    import tempfile
+
+    sizes = {"digits (32 x 64)": 32 * 64 * 4, "movielens-small (32 x 128)": 32 * 128 * 4}
+    if quick:
+        sizes = {"digits (32 x 64)": 32 * 64 * 4}
+    rows = []
+    tls = None
+    try:
+        if quick:
+            raise RuntimeError("--quick")
+        from tests.tlsutil import make_certificates
+
+        tls = make_certificates(Path(tempfile.mkdtemp(prefix="fl_split_bench_tls")))
+    except Exception as exc:  # noqa: BLE001 - cryptography missing: plaintext only
+        print(f"note: no TLS latency ({exc})", flush=True)
+    for label, nbytes in sizes.items():
+        for g in (1, 2):
+            row = {"payload": label, **dataplane_latency(g, nbytes, rounds)}
+            if tls:
+                row["tls_median_ms"] = dataplane_latency(g, nbytes, rounds, tls)["median_ms"]
+            if compare_gloo:
+                row["gloo_median_ms"] = gloo_latency(g, nbytes, rounds)["median_ms"]
+            rows.append(row)
+            print(f"[latency] {label}, {g} guest(s): {row['median_ms']:.3f} ms"
+                  + (f", TLS {row['tls_median_ms']:.3f} ms" if "tls_median_ms" in row else "")
+                  + (f", gloo {row['gloo_median_ms']:.3f} ms" if "gloo_median_ms" in row else ""), flush=True)
+    return {"rounds": rounds, "rows": rows}
+
+
+# -- epoch time ratio -----------------------------------------------------------------------------------
+SETUPS = {"digits": {"guests": 2, "epochs": 5}, "movielens-small": {"guests": 1, "epochs": 3}}
+
+
+def bench_ratio(name: str, setup: dict, limit: int = 0) -> dict:
+    from fl_split.config import RunConfig
+    from fl_split.engine import LocalEngine
+    from fl_split.flower import FlowerEngine
+
+    parties = setup["guests"] + 1
+    base = RunConfig(dataset=name, guests=setup["guests"], epochs=setup["epochs"], progress=False, seed=0,
+                     engine="flower", device="cpu", limit=limit, num_cpus=_cpus_each(parties))
+    cfgs = [base, base.replace(epochs_per_message=setup["epochs"])]
+    print(f"[ratio] {name}: Flower simulation, direct data plane, K = 1, {setup['epochs']} epochs, "
+          f"1 and {setup['epochs']} epochs per control message", flush=True)
+    engine = FlowerEngine(base, private_seed=PS)
+    flower = engine.run_series(cfgs)
+    startup = engine.startup()
+    local = LocalEngine(base.replace(engine="local"), PS).run()
+    l_ep = _steady([h["epoch_time_s"] for h in local["history"]])
+    rows = []
+    for cfg, f in zip(cfgs, flower):
+        f_ep = _steady([h["epoch_time_s"] for h in f["history"]])
+        rows.append({"epochs_per_message": cfg.epochs_per_message, "flower_epoch_s": f_ep, "local_epoch_s": l_ep,
+                     "ratio": f_ep / l_ep, "flower_epoch_times": [h["epoch_time_s"] for h in f["history"]],
+                     "flower_time_s": f["time_s"], "local_time_s": local["time_s"],
+                     "flower_equals_local": _same_training(f, local)})
+        print(f"[ratio] {name}, {cfg.epochs_per_message} epoch(s)/message: Flower {f_ep:.3f} s, local {l_ep:.3f} s "
+              f"per epoch = {f_ep / l_ep:.2f}x; equal: {rows[-1]['flower_equals_local']}", flush=True)
+    return {"dataset": name, "guests": setup["guests"], "epochs": setup["epochs"],
+            "n_train": local["plan"]["n_train"], "batches_per_epoch": local["plan"]["batches_per_epoch"],
+            "num_cpus": base.num_cpus, "local_epoch_times": [h["epoch_time_s"] for h in local["history"]],
+            "rows": rows, "startup": startup, "loadavg": os.getloadavg()}
+
+
+# -- scaling with G ----------------------------------------------------------------------------------------
+class PeakMemory:
+    """Samples the resident memory of this process and all its descendants (Ray's daemons and
+    actors, which a local Ray instance starts under it)."""
+
+    def __init__(self, period: float = 0.2) -> None:
+        self.period = period
+        self.peak = 0
+        self.peak_processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _rss(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/statm") as fh:
+                return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def _run(self) -> None:
+        from fl_split.flower.processes import descendants
+
+        while not self._stop.is_set():
+            pids = [os.getpid(), *descendants(os.getpid())]
+            total = sum(self._rss(p) for p in pids)
+            if total > self.peak:
+                self.peak, self.peak_processes = total, len(pids)
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def bench_scaling(guests_list: list[int], epochs: int = 3) -> dict:
+    from fl_split.config import RunConfig
+    from fl_split.engine import LocalEngine
+    from fl_split.flower import FlowerEngine
 
     rows = []
-    for k, f, loc, tr in zip(ks, flower, local, engine.transports):
-        f_times, l_times = _epoch_times(f), _epoch_times(loc)
-        # steady state: skip the first epoch when several were timed (actors warm up in it)
-        f_ep = statistics.median(f_times[1:] if len(f_times) > 1 else f_times)
-        l_ep = statistics.median(l_times[1:] if len(l_times) > 1 else l_times)
-        a = acc[str(k)]
-        wire = f["wire"]
-        rows.append({
-            "K": k, "rounds_per_epoch": wire["rounds"] // setup["timing_epochs"],
-            "flower_epoch_s": f_ep, "local_epoch_s": l_ep, "time_ratio": f_ep / l_ep,
-            "flower_epoch_times": f_times, "local_epoch_times": l_times,
-            "bytes_per_round": (wire["bytes_to_host"] + wire["bytes_to_guests"]) / wire["rounds"],
-            "flower_wait_s": tr.stats.seconds if tr else None, "exchanges": tr.stats.exchanges if tr else None,
-            "accuracy_mean": statistics.fmean(a), "accuracy_sd": statistics.stdev(a) if len(a) > 1 else 0.0,
-            "accuracies": a, "delta_vs_exact": statistics.fmean(a) - exact,
-            "flower_equals_local": _same_training(f, loc),
-        })
-    return {"dataset": name, "metric": flower[0]["final"]["metric"], "guests": setup["guests"],
-            "epochs": setup["epochs"], "timing_epochs": setup["timing_epochs"], "seeds": seeds,
-            "n_train": flower[0]["plan"]["n_train"], "batches_per_epoch": flower[0]["plan"]["batches_per_epoch"],
-            "exact_accuracy": exact, "simulation_wall_s": sim_wall, "loadavg_before": load_before,
-            "loadavg_after": load_after, "rows": rows}
+    for g in guests_list:
+        cfg = RunConfig(dataset="breast-cancer", guests=g, epochs=epochs, progress=False, seed=0, engine="flower",
+                        device="cpu", num_cpus=_cpus_each(g + 1))
+        print(f"[scaling] breast-cancer, G = {g}: {g + 1} ClientApps, --num-cpus {cfg.num_cpus}", flush=True)
+        engine = FlowerEngine(cfg, private_seed=PS)
+        t0 = time.perf_counter()
+        with PeakMemory() as mem:
+            res = engine.run()
+        wall = time.perf_counter() - t0
+        local = LocalEngine(cfg.replace(engine="local"), PS).run()
+        row = {"guests": g, "num_cpus": cfg.num_cpus, "flower_epoch_s": _steady([h["epoch_time_s"] for h in res["history"]]),
+               "local_epoch_s": _steady([h["epoch_time_s"] for h in local["history"]]),
+               "peak_rss_mb": mem.peak / 2 ** 20, "peak_processes": mem.peak_processes, "wall_s": wall,
+               "startup": engine.startup(), "flower_equals_local": _same_training(res, local),
+               "bytes_per_epoch": (res["wire"]["bytes_to_host"] + res["wire"]["bytes_to_guests"]) / epochs}
+        rows.append(row)
+        print(f"[scaling] G = {g}: {row['flower_epoch_s']:.3f} s/epoch (local {row['local_epoch_s']:.3f} s), peak "
+              f"{row['peak_rss_mb']:.0f} MB over {row['peak_processes']} processes, wall {wall:.0f} s", flush=True)
+    return {"dataset": "breast-cancer", "epochs": epochs, "rows": rows}
 
 
-def recommend(datasets: list[dict]) -> dict:
-    """Smallest K meeting both goals on every dataset, else the best compromise."""
-    def ok_acc(r):
-        return r["delta_vs_exact"] >= -ACC_TOLERANCE
+def plot_scaling(scaling: dict, path: Path) -> None:
+    import matplotlib
 
-    def ok_time(r):
-        return r["time_ratio"] <= TIME_RATIO
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-    ks = [r["K"] for r in datasets[0]["rows"]]
-    by_k = {str(k): [next(r for r in d["rows"] if r["K"] == k) for d in datasets] for k in ks}
-    both = [k for k in ks if all(ok_acc(r) and ok_time(r) for r in by_k[str(k)])]
-    if both:
-        return {"K": both[0], "meets_both_goals": True,
-                "why": f"smallest K within {ACC_TOLERANCE * 100:.1f} point of exact accuracy with a Flower "
-                       f"epoch time <= {TIME_RATIO:g}x the local engine's on every dataset"}
-    acc_ok = [k for k in ks if all(ok_acc(r) for r in by_k[str(k)])]
-    pool = acc_ok or ks
-    best = min(pool, key=lambda k: max(r["time_ratio"] for r in by_k[str(k)]))
-    return {"K": best, "meets_both_goals": False,
-            "why": (f"no K meets both goals; K={best} is the fastest K " +
-                    ("within the accuracy tolerance" if acc_ok else "(none is within the accuracy tolerance)") +
-                    f" (worst time ratio {max(r['time_ratio'] for r in by_k[str(best)]):.1f}x)")}
+    rows = scaling["rows"]
+    g = [r["guests"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(g, [r["flower_epoch_s"] for r in rows], "o-", label="Flower, direct data plane")
+    a.plot(g, [r["local_epoch_s"] for r in rows], "s--", label="local engine")
+    a.set_xscale("log", base=2)
+    a.set_xticks(g, [str(x) for x in g])
+    a.set_xlabel("guests G")
+    a.set_ylabel("seconds per epoch")
+    a.set_title(f"{scaling['dataset']}: time per epoch")
+    a.legend()
+    b.plot(g, [r["peak_rss_mb"] / 1024 for r in rows], "o-")
+    b.set_xscale("log", base=2)
+    b.set_xticks(g, [str(x) for x in g])
+    b.set_xlabel("guests G")
+    b.set_ylabel("peak resident memory (GiB)")
+    b.set_title("driver + Ray + G+1 ClientApps")
+    fig.suptitle(f"{os.cpu_count()} CPU cores; every party reserves 2/(G+1) of them")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
+# -- quick: in-process direct run (threads, loopback gRPC, no Ray) ----------------------------------------
+def bench_inline(epochs: int = 3) -> dict:
+    """Host and guests as threads of this process over the real data plane (the inline grid of the
+    tests): the data plane's cost without Ray or the simulation runtime."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fl_split.config import RunConfig
+    from fl_split.engine import LocalEngine
+    from fl_split.flower.strategy import VerticalSplitStrategy
+    from tests.test_flower import InlineGrid, _simulation_nodes
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1
+    cfg = RunConfig(dataset="digits", guests=2, epochs=epochs, progress=False, seed=0, device="cpu")
+    got = VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(3)))
+    local = LocalEngine(cfg, PS).run()
+    f_ep, l_ep = _steady([h["epoch_time_s"] for h in got["history"]]), _steady([h["epoch_time_s"] for h in local["history"]])
+    print(f"[inline] digits, 2 guests, threads of one process: {f_ep:.3f} s vs local {l_ep:.3f} s per epoch "
+          f"({f_ep / l_ep:.2f}x)", flush=True)
+    return {"dataset": "digits", "guests": 2, "flower_epoch_s": f_ep, "local_epoch_s": l_ep, "ratio": f_ep / l_ep}
+
+
+# -- the relay's K sweep (issue 3; numbers in docs/flower.md, "Relay mode") ---------------------------------
+def relay_sweep(out: Path, ks=(1, 4, 16, 64, "epoch")) -> dict:
+    from fl_split.config import RunConfig
+    from fl_split.engine import LocalEngine
+    from fl_split.flower import FlowerEngine
+
+    report = {"versions": _versions(), "datasets": []}
+    for name, setup in SETUPS.items():
+        base = RunConfig(dataset=name, guests=setup["guests"], epochs=2, progress=False, seed=0, engine="flower",
+                         device="cpu", data_plane="flower", num_cpus=_cpus_each(setup["guests"] + 1))
+        cfgs = [base.replace(batches_per_round=k) for k in ks]
+        flower = FlowerEngine(base, private_seed=PS).run_series(cfgs)
+        rows = []
+        for k, c, f in zip(ks, cfgs, flower):
+            loc = LocalEngine(c.replace(engine="local"), PS).run()
+            f_ep, l_ep = _steady([h["epoch_time_s"] for h in f["history"]]), _steady([h["epoch_time_s"] for h in loc["history"]])
+            rows.append({"K": k, "flower_epoch_s": f_ep, "local_epoch_s": l_ep, "ratio": f_ep / l_ep,
+                         "flower_equals_local": _same_training(f, loc)})
+            print(f"[relay] {name} K = {k}: {f_ep:.2f} s vs {l_ep:.2f} s ({f_ep / l_ep:.1f}x)", flush=True)
+        report["datasets"].append({"dataset": name, "rows": rows})
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+# -- report -----------------------------------------------------------------------------------------------
 def markdown(report: dict) -> str:
     lines = []
-    for d in report["datasets"]:
-        lines.append(f"**{d['dataset']}** — {d['guests']} guest(s), {d['n_train']} training records, "
-                     f"{d['batches_per_epoch']} batches/epoch; {d['metric']} after {d['epochs']} epochs, "
-                     f"mean ± sd over {d['seeds']} seed(s); exact (K = 1): {d['exact_accuracy']:.4f}")
+    if "latency" in report:
+        lines += ["**Data-plane latency** (one exchange: STEP to every guest, every RELEASE back; median over "
+                  f"{report['latency']['rounds']} rounds, guests in their own processes, loopback)", "",
+                  "| payload each way | guests | gRPC (ms) | gRPC + TLS (ms) | gloo (ms) |", "|---|---:|---:|---:|---:|"]
+        for r in report["latency"]["rows"]:
+            lines.append(f"| {r['payload']} | {r['guests']} | {r['median_ms']:.2f} | "
+                         f"{r.get('tls_median_ms', float('nan')):.2f} | {r.get('gloo_median_ms', float('nan')):.2f} |")
         lines.append("")
-        lines.append("| K | rounds/epoch | Flower epoch (s) | local epoch (s) | ratio | payload bytes/round "
-                     f"| {d['metric']} | Δ vs exact (points) | Flower ≡ local |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|:---:|")
-        for r in d["rows"]:
-            lines.append(f"| {r['K']} | {r['rounds_per_epoch']} | {r['flower_epoch_s']:.2f} | {r['local_epoch_s']:.2f} "
-                         f"| {r['time_ratio']:.1f}× | {r['bytes_per_round'] / 1e3:,.1f} kB "
-                         f"| {r['accuracy_mean']:.4f} ± {r['accuracy_sd']:.4f} | {100 * r['delta_vs_exact']:+.2f} "
+    if report.get("ratio"):
+        lines += ["**Exact training (K = 1): Flower (direct data plane) ÷ local engine, per epoch**", "",
+                  "| dataset | guests | batches/epoch | epochs/message | Flower (s) | local (s) | ratio | Flower ≡ local |",
+                  "|---|---:|---:|---:|---:|---:|---:|:---:|"]
+        for d in report["ratio"]:
+            for r in d["rows"]:
+                lines.append(f"| {d['dataset']} | {d['guests']} | {d['batches_per_epoch']} | {r['epochs_per_message']} "
+                             f"| {r['flower_epoch_s']:.3f} | {r['local_epoch_s']:.3f} | {r['ratio']:.2f}× "
+                             f"| {'yes' if r['flower_equals_local'] else 'NO'} |")
+        lines.append("")
+    if report.get("ratio"):
+        lines += ["**Start-up** (`fl-split train --engine flower`, seconds)", "",
+                  "| dataset | imports + checks | Ray start | simulation start | node registration | actors ready "
+                  "(role query) | setup | before first batch | training | reports | shutdown |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for d in report["ratio"]:
+            s = d["startup"]
+            lines.append(f"| {d['dataset']} | " + " | ".join(f"{s.get(k, float('nan')):.1f}" for k in (
+                "imports", "ray_start", "simulation_start", "node_registration", "actors_ready", "setup",
+                "before_first_batch", "training", "reports", "shutdown")) + " |")
+        lines.append("")
+    if "scaling" in report:
+        lines += [f"**Scaling with the number of guests** ({report['scaling']['dataset']}, "
+                  f"{report['scaling']['epochs']} epochs)", "",
+                  "| G | --num-cpus | Flower s/epoch | local s/epoch | peak RSS (MiB) | processes | wall (s) | Flower ≡ local |",
+                  "|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+        for r in report["scaling"]["rows"]:
+            lines.append(f"| {r['guests']} | {r['num_cpus']:g} | {r['flower_epoch_s']:.3f} | {r['local_epoch_s']:.3f} "
+                         f"| {r['peak_rss_mb']:.0f} | {r['peak_processes']} | {r['wall_s']:.0f} "
                          f"| {'yes' if r['flower_equals_local'] else 'NO'} |")
         lines.append("")
-    rec = report["recommendation"]
-    lines.append(f"Recommended default `batches-per-round`: **{rec['K']}** — {rec['why']}.")
+    if "inline" in report:
+        r = report["inline"]
+        lines.append(f"In-process direct run (threads, loopback gRPC, no Ray): digits, 2 guests, {r['flower_epoch_s']:.3f} s "
+                     f"vs {r['local_epoch_s']:.3f} s per epoch ({r['ratio']:.2f}×).")
     return "\n".join(lines)
-
-
-def poll_comparison(out: Path, polls=(0.005, 0.1), epochs: int = 3) -> dict:
-    """Digits, K = 1 (the most exchanges): epoch time when the coordinator polls for replies every
-    5 ms (push_messages + pull_messages) vs every 0.1 s (Grid.send_and_receive's fixed sleep)."""
-    cfg = RunConfig(dataset="digits", guests=2, epochs=epochs, progress=False, batches_per_round=1, engine="flower")
-    report = {"versions": _versions(), "dataset": "digits", "guests": 2, "K": 1, "runs": []}
-    for poll in polls:
-        print(f"[poll {poll} s] Flower simulation, digits, K = 1, {epochs} epochs", flush=True)
-        engine = FlowerEngine(cfg, poll_interval=poll)
-        res = engine.run()
-        times = _epoch_times(res)
-        report["runs"].append({"poll_s": poll, "epoch_times": times, "median_epoch_s": statistics.median(times[1:]),
-                               "rounds_per_epoch": res["wire"]["rounds"] // epochs})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    for r in report["runs"]:
-        print(f"poll {r['poll_s']:g} s: median epoch {r['median_epoch_s']:.2f} s "
-              f"({r['median_epoch_s'] / r['rounds_per_epoch']:.3f} s per round)")
-    print(f"written to {out}")
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--datasets", nargs="+", default=list(SETUPS))
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="digits only, 600 records, 1 seed, K in {1, epoch}")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_flower.json"))
-    p.add_argument("--poll-comparison", action="store_true",
-                   help="only compare reply polling intervals (writes results/bench_flower_poll.json)")
+    p.add_argument("--quick", action="store_true", help="latency + an in-process direct run, under a minute")
+    p.add_argument("--only", nargs="+", choices=("latency", "ratio", "startup", "scaling"),
+                   help="run only these parts (startup comes with ratio)")
+    p.add_argument("--guests", nargs="+", type=int, default=[1, 2, 4, 8, 16], help="G values of the scaling part")
+    p.add_argument("--compare-gloo", action="store_true", help="also time torch.distributed gloo send/recv")
+    p.add_argument("--relay-sweep", action="store_true", help="the relay's batches-per-round sweep instead")
+    p.add_argument("--out", default=None)
     ns = p.parse_args(argv)
-    torch.set_num_threads(1)  # the Ray actors run with one thread each; compare like with like
-    if ns.poll_comparison:
-        poll_comparison(Path(__file__).parent / "results" / "bench_flower_poll.json")
+    import torch
+
+    torch.set_num_threads(1)  # Ray gives each ClientApp actor one thread: compare like with like
+    os.environ.setdefault("FL_SPLIT_NO_DOWNLOAD", "1")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if ns.relay_sweep:
+        relay_sweep(Path(ns.out or RESULTS / "bench_flower_relay_sweep.json"))
         return 0
-    ks = (1, "epoch") if ns.quick else KS
-    names = ["digits"] if ns.quick else ns.datasets
-    seeds = 1 if ns.quick else ns.seeds
-    report = {"versions": _versions(), "Ks": list(ks), "accuracy_tolerance": ACC_TOLERANCE,
-              "time_ratio_goal": TIME_RATIO, "datasets": [], "skipped": {}}
-    for name in names:
-        if name not in dataset_names() or not dataset_info(name).available():
-            note = "not registered" if name not in dataset_names() else "not available offline"
-            print(f"note: skipping {name}: {note} (see `fl-split datasets`)", flush=True)
-            report["skipped"][name] = note
-            continue
-        setup = dict(SETUPS.get(name, {"guests": 1, "epochs": 5, "timing_epochs": 2}))
-        if ns.quick:
-            setup.update(epochs=2, timing_epochs=2)
-        report["datasets"].append(bench_dataset(name, setup, seeds, ks, ns.quick))
-    if not report["datasets"]:
-        print("nothing to benchmark", file=sys.stderr)
-        return 1
-    report["recommendation"] = recommend(report["datasets"])
-    out = Path(ns.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    parts = set(ns.only or ("latency", "ratio", "scaling"))
+    if "startup" in parts:
+        parts.add("ratio")
+    report: dict = {"versions": _versions(), "ratio_goal": RATIO_GOAL}
+    t0 = time.perf_counter()
+    if ns.quick:
+        report["latency"] = bench_latency(ns.compare_gloo, rounds=200, quick=True)
+        report["inline"] = bench_inline()
+        out = Path(ns.out or RESULTS / "bench_flower_quick.json")
+    else:
+        if "latency" in parts:
+            report["latency"] = bench_latency(ns.compare_gloo, rounds=400)
+        if "ratio" in parts:
+            report["ratio"] = [bench_ratio(name, setup) for name, setup in SETUPS.items()]
+        if "scaling" in parts:
+            report["scaling"] = bench_scaling(ns.guests)
+            plot_scaling(report["scaling"], RESULTS / "bench_flower_scaling.png")
+        out = Path(ns.out or RESULTS / "bench_flower.json")
+    report["versions"]["loadavg_end"] = os.getloadavg()
+    report["wall_s"] = time.perf_counter() - t0
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(markdown(report))
-    print(f"\nwritten to {out}")
+    print(f"\nwritten to {out} ({report['wall_s']:.0f} s)")
     return 0
 
 

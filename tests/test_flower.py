@@ -8,10 +8,17 @@ Two kinds of tests:
   (as a deployment ClientApp process does). Fast; covers deployment node configs and failures.
 * **simulation** (``slow``) — Flower's simulation runtime on Ray, as ``fl-split train --engine
   flower`` runs it, including a loopback Ray cluster of two nodes started and stopped here.
+
+Both data planes are covered: ``direct`` (the default: one ``train.epoch`` control message per
+party per epoch, tensors over gRPC streams between the parties — the inline grid runs those
+messages concurrently, as a simulation or deployment does) and ``flower`` (relay). Every
+equivalence pins ``device="cpu"`` (tests are device-independent; ``--device auto`` resolves to the
+GPU on a GPU machine) and ``--private-seed``.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -30,13 +37,13 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_split.config import RunConfig, key_of, option_fields
 from fl_split.engine import LocalEngine
-from fl_split.errors import BudgetExceeded, PartyError
+from fl_split.errors import BudgetExceeded, ConfigError, PartyError
 from fl_split.flower import FederationError, FlowerEngine, validate_federation
 from fl_split.flower import node as node_mod
 from fl_split.flower import records as R
 from fl_split.flower.node import handle, node_role
+from fl_split.flower.strategy import VerticalSplitStrategy
 from fl_split.party_files import export_parties
-from strategies.server_app import VerticalSplitStrategy
 
 ROOT = Path(__file__).resolve().parents[1]
 #: every equivalence below runs both sides with this private seed (the parties' secrets derive from it)
@@ -44,13 +51,28 @@ PS = 5
 
 
 def _cfg(**kw) -> RunConfig:
-    base = dict(dataset="digits", guests=2, epochs=2, limit=300, batch_size=32, seed=1, progress=False)
+    base = dict(dataset="digits", guests=2, epochs=2, limit=300, batch_size=32, seed=1, progress=False, device="cpu")
     base.update(kw)
     return RunConfig(**base)
 
 
+def _sim_cpus(parties: int) -> float:
+    """``--num-cpus`` with which ``parties`` ClientApps fit at once on this machine's Ray."""
+    from fl_split.flower.resources import local_cpus
+
+    return max(0.01, int(100 * min(1.0, local_cpus() / parties)) / 100)
+
+
 # ------------------------------------------------------------------------------------------------
 # an in-process Grid
+
+
+@pytest.fixture(scope="module")
+def tls_material(tmp_path_factory):
+    """A CA, a host certificate for 127.0.0.1 signed by it, a guest client certificate."""
+    from tests.tlsutil import make_certificates
+
+    return make_certificates(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(autouse=True)
@@ -64,11 +86,14 @@ def _task_identity():
 
 
 class InlineGrid(Grid):
-    """Nodes in this process, answering at once through ``app`` (the ClientApp's handler).
+    """Nodes in this process, answering through ``app`` (the ClientApp's handler).
 
     ``node_configs`` gives each node's ``node_config``; ``silent`` node IDs never reply to
-    ``silent_types``; ``fresh_process`` forgets every live party before each message, so the node
+    ``silent_types``; ``fresh_process`` forgets the node's live party before each message, so it
     continues from ``context.state`` alone (serialised through protobuf, as a SuperNode stores it).
+    ``train.epoch`` messages (direct data plane) run concurrently in threads — every party works for
+    the whole epoch and the host waits for its guests over the data plane — the others one by one
+    when pushed (party construction draws from torch's process-wide RNG, which threads would share).
     """
 
     def __init__(self, node_configs, app=None, fresh_process=False, silent=(), silent_types=(R.MSG_STEP,)):
@@ -77,8 +102,10 @@ class InlineGrid(Grid):
         self.contexts = {n: Context(run_id=7, node_id=n, node_config=dict(c), state=RecordDict(), run_config={})
                          for n, c in zip(self.ids, node_configs)}
         self.app, self.fresh, self.silent, self.silent_types = app, fresh_process, set(silent), set(silent_types)
-        self.replies: dict[str, Message] = {}
+        self.replies: dict[str, concurrent.futures.Future] = {}
         self.pushed = 0
+        self.types: list[str] = []
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="inline-node")
 
     def set_run(self, run):  # noqa: D102
         pass
@@ -93,27 +120,41 @@ class InlineGrid(Grid):
     def get_node_ids(self):  # noqa: D102
         return list(self.ids)
 
+    def _answer(self, m):
+        node = m.metadata.dst_node_id
+        ctx = self.contexts[node]
+        if self.fresh:
+            node_mod._PARTIES.pop((ctx.run_id, node), None)
+            ctx.state = recorddict_from_proto(recorddict_to_proto(ctx.state))
+        wire_in = message_from_proto(message_to_proto(m))
+        reply = self.app(wire_in, ctx)
+        reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        return message_from_proto(message_to_proto(reply))
+
     def push_messages(self, messages):  # noqa: D102
         ids = []
         for m in messages:
             m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             ids.append(m.metadata.message_id)
             self.pushed += 1
-            node = m.metadata.dst_node_id
-            if node in self.silent and m.metadata.message_type in self.silent_types:
+            self.types.append(m.metadata.message_type)
+            if m.metadata.dst_node_id in self.silent and m.metadata.message_type in self.silent_types:
                 continue
-            ctx = self.contexts[node]
-            if self.fresh:
-                node_mod._PARTIES.clear()
-                ctx.state = recorddict_from_proto(recorddict_to_proto(ctx.state))
-            wire_in = message_from_proto(message_to_proto(m))
-            reply = self.app(wire_in, ctx)
-            reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-            self.replies[m.metadata.message_id] = message_from_proto(message_to_proto(reply))
+            if m.metadata.message_type == R.MSG_EPOCH:
+                self.replies[m.metadata.message_id] = self._pool.submit(self._answer, m)
+            else:
+                done = concurrent.futures.Future()
+                done.set_result(self._answer(m))
+                self.replies[m.metadata.message_id] = done
         return ids
 
     def pull_messages(self, message_ids):  # noqa: D102
-        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+        out = []
+        for i in list(message_ids):
+            f = self.replies.get(i)
+            if f is not None and f.done():
+                out.append(self.replies.pop(i).result())
+        return out
 
     def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
         return self.pull_messages(self.push_messages(messages))
@@ -262,11 +303,44 @@ def test_flower_error_reasons_become_one_line(reason, line):
 # inline: the strategy and the ClientApp handler without a runtime
 
 
+@pytest.mark.parametrize("guests", [1, 3])
+@pytest.mark.parametrize("defense", ["none", "gaussian"])
+def test_inline_direct_data_plane_equals_local_engine(guests, defense):
+    """The default path (direct data plane): the real strategy and ClientApp handlers, the host's
+    coordinator loop reaching its guests over gRPC streams — bit-identical to the local engine, with
+    and without a defence, 1 and 3 guests; Flower carries role, setup, one ``train.epoch`` per party
+    per epoch and the reports, nothing per batch."""
+    extra = {"protect": "both", "denoise": "scale"} if defense != "none" else {}
+    cfg = _cfg(guests=guests, defense=defense, **extra)
+    assert cfg.data_plane == "direct"
+    grid = InlineGrid(_simulation_nodes(guests + 1), fresh_process=True)
+    got = VerticalSplitStrategy(cfg).run(grid)
+    assert _strip(got) == _strip(_local(cfg))
+    parties = guests + 1
+    assert grid.types.count(R.MSG_EPOCH) == parties * cfg.epochs
+    assert grid.pushed == parties * (3 + cfg.epochs)  # role, setup, report + one per epoch
+    assert not {R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL} & set(grid.types)
+    assert all(p["device"] == "cpu" for p in got["parties"].values())
+
+
+@pytest.mark.parametrize("k,fresh,epochs_per_message", [(1, False, 1), (3, True, 2), ("epoch", False, 1)])
+def test_inline_direct_batches_and_epochs_per_message(k, fresh, epochs_per_message):
+    """K batches per round and several epochs per control message change nothing but the number
+    of control messages."""
+    cfg = _cfg(batches_per_round=k, epochs=3, epochs_per_message=epochs_per_message)
+    grid = InlineGrid(_simulation_nodes(3), fresh_process=fresh)
+    got = VerticalSplitStrategy(cfg).run(grid)
+    assert _strip(got) == _strip(_local(cfg))
+    assert grid.types.count(R.MSG_EPOCH) == 3 * -(-cfg.epochs // epochs_per_message)
+    assert [h["epoch"] for h in got["history"]] == [1, 2, 3]
+
+
 @pytest.mark.parametrize("k,fresh", [(1, False), (1, True), (3, True), ("epoch", False)])
-def test_inline_strategy_equals_local_engine(k, fresh):
-    """Same parties, same coordinator loop: the Flower transport changes nothing, also when every
-    message restores the party from context.state (deployment: a fresh process per message)."""
-    cfg = _cfg(batches_per_round=k)
+def test_inline_relay_equals_local_engine(k, fresh):
+    """Relay mode (``--data-plane flower``): every tensor in a Flower message; same parties, same
+    coordinator loop, also when every message restores the party from context.state (deployment:
+    a fresh process per message)."""
+    cfg = _cfg(batches_per_round=k, data_plane="flower")
     grid = InlineGrid(_simulation_nodes(3), fresh_process=fresh)
     got = VerticalSplitStrategy(cfg).run(grid)
     assert _strip(got) == _strip(_local(cfg))
@@ -275,6 +349,7 @@ def test_inline_strategy_equals_local_engine(k, fresh):
     assert grid.pushed == 3 * 3 + rounds * (cfg.guests + 1)
 
 
+@pytest.mark.parametrize("plane", ["direct", "flower"])
 @pytest.mark.parametrize("kw", [
     {"defense": "laplace", "budget": 40.0},
     {"defense": "gaussian", "protect": "both", "denoise": "mask"},
@@ -282,20 +357,22 @@ def test_inline_strategy_equals_local_engine(k, fresh):
     {"defense": "dpsgd"},
     {"defense": "laplace", "one_shot": True},
 ])
-def test_inline_private_runs_survive_state_restore(kw):
+def test_inline_private_runs_survive_state_restore(kw, plane):
     """Ledgers, DP-SGD optimizers, one-shot caches and mechanism state all travel through
     context.state: a node restored before every message trains, accounts and reports exactly
-    like the in-process parties."""
-    cfg = _cfg(batches_per_round=3, **kw)
+    like the in-process parties (on both data planes)."""
+    cfg = _cfg(batches_per_round=3, data_plane=plane, **kw)
     got = VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(3), fresh_process=True))
     assert _strip(got) == _strip(_local(cfg))
     assert got["privacy"]
 
 
-def test_inline_budget_refusal_by_a_real_ledger():
-    """A party's own ledger refuses a release: BudgetExceeded crosses Flower with its fields and
-    the run stops exactly where the local engine stops."""
-    cfg = _cfg(defense="laplace", epsilon=1.0, budget=1.5, accountant="basic", batches_per_round=4)
+@pytest.mark.parametrize("plane", ["direct", "flower"])
+def test_inline_budget_refusal_by_a_real_ledger(plane):
+    """A party's own ledger refuses a release: BudgetExceeded crosses Flower (relay: an error
+    record; direct: an ERROR frame to the host, then the host's epoch reply) with its fields and the
+    run stops exactly where the local engine stops."""
+    cfg = _cfg(defense="laplace", epsilon=1.0, budget=1.5, accountant="basic", batches_per_round=4, data_plane=plane)
     want = _local(cfg)
     assert want["stopped_reason"] == "budget"
     got = VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(3), fresh_process=True))
@@ -303,23 +380,55 @@ def test_inline_budget_refusal_by_a_real_ledger():
     assert got["stopped_detail"] == want["stopped_detail"] and "release refused" in got["stopped_detail"]
 
 
-def test_inline_deployment_from_party_files(tmp_path):
-    """Deployment node configs (role, guest-index, data-path): each node reads only its own file,
-    the coordinator rebuilds the plan from public facts; results equal the local engine's."""
+def test_inline_deployment_from_party_files(tmp_path, tls_material):
+    """Deployment node configs (role, guest-index, data-path, and the data plane over TLS): each node
+    reads only its own file, the coordinator rebuilds the plan from public facts, the host listens
+    at its configured address with its certificate and the guests trust the CA; results equal the
+    local engine's."""
+    from tests.services import free_port
+
     cfg = _cfg(guests=3, epochs=1, batches_per_round=4)
     files = export_parties(cfg, tmp_path)
+    address = f"127.0.0.1:{free_port()}"
+    tls = {"dataplane-ca": str(tls_material["ca"])}
     # in a deployment each SuperNode sets its own private seed (here all the same one)
-    configs = [{"role": "guest", "guest-index": 2, "data-path": str(files["guest-2"]), "private-seed": PS},
-               {"role": "host", "data-path": str(files["host"]), "private-seed": PS},
-               {"role": "guest", "guest-index": 3, "data-path": str(files["guest-3"]), "private-seed": PS},
-               {"role": "guest", "guest-index": 1, "data-path": str(files["guest-1"]), "private-seed": PS}]
+    configs = [{"role": "guest", "guest-index": 2, "data-path": str(files["guest-2"]), "private-seed": PS, **tls},
+               {"role": "host", "data-path": str(files["host"]), "private-seed": PS, "dataplane-address": address,
+                "dataplane-certfile": str(tls_material["host_cert"]),
+                "dataplane-keyfile": str(tls_material["host_key"])},
+               {"role": "guest", "guest-index": 3, "data-path": str(files["guest-3"]), "private-seed": PS, **tls},
+               {"role": "guest", "guest-index": 1, "data-path": str(files["guest-1"]), "private-seed": PS, **tls}]
     got = VerticalSplitStrategy(cfg).run(InlineGrid(configs, fresh_process=True))
     assert _strip(got) == _strip(_local(cfg))
+    relay = VerticalSplitStrategy(cfg.replace(data_plane="flower")).run(InlineGrid(configs, fresh_process=True))
+    assert _strip(relay) == _strip(_local(cfg.replace(data_plane="flower")))
+
+
+@pytest.mark.parametrize("change,match", [
+    ({}, r"^host failed in round 0: DataPlaneError: host node-config: dataplane-address is ''"),
+    ({"host": {"dataplane-address": "127.0.0.1:1"}},
+     r"^host failed in round 0: DataPlaneError: host node-config: no dataplane-certfile / dataplane-keyfile; "
+     r"a deployment's data plane uses TLS"),
+    ({"host": {"dataplane-address": "127.0.0.1:1", "dataplane-certfile": "missing.crt",
+               "dataplane-keyfile": "missing.key"}},
+     r"^host failed in round 0: DataPlaneError: dataplane-certfile: cannot read '.*missing.crt'"),
+    ({"host": {"dataplane-address": "127.0.0.1:1", "dataplane-insecure": True}},
+     r"^guest-1 failed in round 0: DataPlaneError: guest-1 node-config: no dataplane-ca"),
+])
+def test_inline_deployment_dataplane_setup_errors(tmp_path, change, match):
+    """A deployment's data-plane settings are checked at setup, before any training, with an error
+    naming the node-config key."""
+    cfg = _cfg(guests=1, epochs=1)
+    files = export_parties(cfg, tmp_path)
+    configs = [{"role": "host", "data-path": str(files["host"]), **change.get("host", {})},
+               {"role": "guest", "guest-index": 1, "data-path": str(files["guest-1"])}]
+    with pytest.raises(PartyError, match=match):
+        VerticalSplitStrategy(cfg).run(InlineGrid(configs))
 
 
 @pytest.mark.parametrize("change,match", [
     ({"seed": 2}, r"^host failed in round 0: ConfigError: --seed: got 2 \(party file .*host.npz' was exported with seed=1"),
-    ({"missing": "guest-1"}, r"^guest-1 failed in round 0: DataError: party data file .*does not exist"),
+    ({"missing": "guest-1"}, r"^guest-1 failed in round 0: DataError: (guest-1: )?party data file .*does not exist"),
     ({"swap": True}, r"failed in round 0: FederationError: node-config says this node is guest-1, but .*guest-2"),
 ])
 def test_inline_deployment_setup_errors(tmp_path, change, match):
@@ -328,9 +437,10 @@ def test_inline_deployment_setup_errors(tmp_path, change, match):
     if "missing" in change:
         files[change["missing"]].unlink()
     g1, g2 = (files["guest-2"], files["guest-1"]) if change.get("swap") else (files["guest-1"], files["guest-2"])
-    configs = [{"role": "host", "data-path": str(files["host"])},
-               {"role": "guest", "guest-index": 1, "data-path": str(g1)},
-               {"role": "guest", "guest-index": 2, "data-path": str(g2)}]
+    plain = {"dataplane-insecure": True}  # the data-plane settings are fine: the data are not
+    configs = [{"role": "host", "data-path": str(files["host"]), "dataplane-address": "127.0.0.1:1", **plain},
+               {"role": "guest", "guest-index": 1, "data-path": str(g1), **plain},
+               {"role": "guest", "guest-index": 2, "data-path": str(g2), **plain}]
     run_cfg = cfg.replace(**{k: v for k, v in change.items() if k == "seed"})
     with pytest.raises(PartyError, match=match):
         VerticalSplitStrategy(run_cfg).run(InlineGrid(configs))
@@ -363,8 +473,19 @@ def test_inline_silent_node_times_out():
     grid = InlineGrid(_simulation_nodes(3), silent={1034})  # node of partition 2 = guest-2
     t0 = time.monotonic()
     with pytest.raises(FederationError, match=r"no reply from guest-2 \(node 1034\) within 0.5 s in round 1 \(train.step\)"):
-        VerticalSplitStrategy(_cfg(node_timeout=0.5)).run(grid)
+        VerticalSplitStrategy(_cfg(node_timeout=0.5, data_plane="flower")).run(grid)
     assert time.monotonic() - t0 < 10
+
+
+def test_inline_direct_guest_that_never_starts_is_named():
+    """Direct data plane: guest-2's ClientApp never runs its epoch message; the host waits
+    --dataplane-timeout for it to connect and the run stops naming it."""
+    grid = InlineGrid(_simulation_nodes(3), silent={1034}, silent_types=(R.MSG_EPOCH,))
+    t0 = time.monotonic()
+    with pytest.raises(PartyError, match=r"^guest-2 failed in round 1: data plane: guest-2 did not connect to the host's data "
+                                         r"plane at 127.0.0.1:\d+ within 1 s \(--dataplane-timeout\)"):
+        VerticalSplitStrategy(_cfg(dataplane_timeout=1.0)).run(grid)
+    assert time.monotonic() - t0 < 15
 
 
 def _corrupt_owed(party: str, round_: int):
@@ -382,8 +503,28 @@ def _corrupt_owed(party: str, round_: int):
 
 
 def test_inline_party_error_propagates():
+    cfg = _cfg(data_plane="flower")
     with pytest.raises(PartyError, match=r"^guest-1 failed in round 3: ProtocolError: malformed message") as err:
-        VerticalSplitStrategy(_cfg()).run(InlineGrid(_simulation_nodes(3), app=_corrupt_owed("guest-1", 3)))
+        VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(3), app=_corrupt_owed("guest-1", 3)))
+    assert (err.value.party, err.value.round) == ("guest-1", 3)
+
+
+def test_inline_direct_party_error_is_named(monkeypatch):
+    """Direct data plane: the host puts a mangled gradient into guest-1's STEP frame of round 3 (a
+    valid frame, a malformed message inside): guest-1 refuses it (its party unchanged) with an ERROR
+    frame and the run stops naming guest-1 and the round."""
+    from fl_split.dataplane import host as host_mod
+
+    send = host_mod.HostEndpoint.send
+
+    def corrupting(self, party, type_, header, blobs=()):
+        if party == "guest-1" and header.get("round") == 3:
+            blobs = [b"FLS1" + b"\x00" * 12 for _ in blobs]
+        return send(self, party, type_, header, blobs)
+
+    monkeypatch.setattr(host_mod.HostEndpoint, "send", corrupting)
+    with pytest.raises(PartyError, match=r"^guest-1 failed in round 3: ProtocolError: malformed message") as err:
+        VerticalSplitStrategy(_cfg()).run(InlineGrid(_simulation_nodes(3)))
     assert (err.value.party, err.value.round) == ("guest-1", 3)
 
 
@@ -401,7 +542,7 @@ def _refuse(party: str, round_: int):
 
 
 def test_inline_budget_exceeded_stops_cleanly():
-    cfg = _cfg(epochs=2)
+    cfg = _cfg(epochs=2, data_plane="flower")
     got = VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(3), app=_refuse("host", 4)))
     assert got["stopped_reason"] == "budget" and got["stopped_round"] == 4
     assert got["stopped_detail"].startswith("host: release refused, privacy budget exhausted: epsilon would reach 1.2")
@@ -409,25 +550,61 @@ def test_inline_budget_exceeded_stops_cleanly():
     assert sorted(got["parties"]) == ["guest-1", "guest-2", "host"]
 
 
+def test_inline_direct_capacity_check(monkeypatch):
+    """Direct data plane in a simulation: the host's setup reply says what its Ray actor reserved
+    and what the cluster has; too little to run every ClientApp at once stops the run before the
+    first epoch, saying what was asked, what Ray has and which flag to change."""
+    from fl_split.flower import resources
+
+    monkeypatch.setattr(resources, "capacity_here",
+                        lambda: {"num_cpus": 1.0, "num_gpus": 0.0, "nodes": [{"CPU": 2.0, "GPU": 0.0}]})
+    grid = InlineGrid(_simulation_nodes(3))
+    with pytest.raises(ConfigError, match=r"^--num-cpus: got 1.0 \(the direct data plane runs all 3 ClientApps "
+                                          r"\(1 host \+ 2 guests\) at once, but only 2 fit: each reserves --num-cpus 1, "
+                                          r"and Ray has 2 CPU\(s\) on 1 node \(measured by the host's ClientApp\)\); "
+                                          r"allowed: --num-cpus 0.66 or less"):
+        VerticalSplitStrategy(_cfg()).run(grid)
+    assert R.MSG_EPOCH not in grid.types
+
+
 # ------------------------------------------------------------------------------------------------
 # Flower simulation runtime (Ray)
 
 
 def _fault_app(kind: str, party: str, round_: int, seconds: float = 0.0) -> ClientApp:
-    """The fl_split ClientApp with one injected fault: ``raise`` (the ClientApp crashes, Flower
-    replies with its own error) or ``hang`` (the party never answers)."""
+    """The fl_split ClientApp with one injected fault in ``round_``: ``raise`` (the ClientApp
+    crashes, Flower replies with its own error), ``hang`` (the party never answers) — relay
+    messages — or ``kill`` (direct data plane: the party's process is SIGKILLed mid-epoch, while it
+    serves that round)."""
 
     def h(message, context):
         req = message.content.config_records.get(R.REQUEST, {})
-        if node_role(context.node_config).party == party and int(req.get("round", -1)) == round_:
+        me = node_role(context.node_config).party
+        if kind == "kill" and me == party and message.metadata.message_type == R.MSG_EPOCH:
+            import signal
+
+            import fl_split.dataplane.guest as guest_mod
+
+            serve = guest_mod.serve
+
+            def dying(name, step, *args, **kw):
+                def s(owed, keys, r):
+                    if r == round_:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return step(owed, keys, r)
+
+                return serve(name, s, *args, **kw)
+
+            guest_mod.serve = dying
+        elif me == party and int(req.get("round", -1)) == round_:
             if kind == "raise":
                 raise RuntimeError("injected failure")
             time.sleep(seconds)
-        return handle(message, context)
+        return handle(message, context, PS)
 
     app = ClientApp()
     for register in (app.query("role"), app.query("setup"), app.query("report"), app.train("step"),
-                     app.train("host"), app.evaluate("host")):
+                     app.train("host"), app.evaluate("host"), app.train("epoch")):
         register(h)
     return app
 
@@ -446,21 +623,24 @@ def _no_leftovers(timeout: float = 20.0) -> list[str]:
 
 
 @pytest.mark.slow
-def test_simulation_equals_local_engine_k1():
-    """Issue #3 exactness: with one batch per round the Flower simulation gives the local
-    engine's per-epoch losses and final metric (bit-identical on CPU; asserted to 1e-6)."""
-    cfg = _cfg(batches_per_round=1, engine="flower")
-    engine = FlowerEngine(cfg, private_seed=PS)
-    got = engine.run()
-    want = _local(cfg)
-    assert len(got["history"]) == len(want["history"]) == cfg.epochs
-    for g, w in zip(got["history"], want["history"]):
-        for key in ("train_loss", "test_loss", "test_metric"):
-            assert g[key] == pytest.approx(w[key], rel=1e-6, abs=0)
-    assert got["final"]["value"] == pytest.approx(want["final"]["value"], rel=1e-6)
-    assert got["wire"] == want["wire"] and got["plan"]["engine"] == "flower"
-    assert _strip(got) == _strip(want)  # in fact identical
-    assert engine.transport.stats.workers  # the parties answered from Ray actors
+def test_simulation_direct_and_relay_equal_local_engine():
+    """The Flower simulation on Ray (one ClientApp per party, each its own process): the direct data
+    plane with and without a defence, and the relay with one batch per round, give the local
+    engine's per-epoch losses, metrics and wire bytes bit for bit (3 guests; one simulation runs the
+    three configurations, so Ray starts once); each party records its device."""
+    base = _cfg(guests=3, engine="flower", num_cpus=_sim_cpus(4))
+    cfgs = [base, base.replace(defense="gaussian", protect="both", denoise="scale"),
+            base.replace(data_plane="flower")]
+    engine = FlowerEngine(base, private_seed=PS)
+    results = engine.run_series(cfgs)
+    for cfg, got in zip(cfgs, results):
+        want = _local(cfg)
+        assert len(got["history"]) == cfg.epochs
+        assert got["wire"] == want["wire"] and got["plan"]["engine"] == "flower"
+        assert _strip(got) == _strip(want), cfg.data_plane  # bit-identical
+        assert {p: r["device"] for p, r in got["parties"].items()} == {p: "cpu" for p in cfg.parties}
+    assert all(t.stats.workers for t in engine.transports)  # the parties answered from Ray actors
+    assert engine.startup()["before_first_batch"] > 0
     import ray
 
     assert not ray.is_initialized()
@@ -468,18 +648,21 @@ def test_simulation_equals_local_engine_k1():
 
 @pytest.mark.slow
 def test_cli_flower_engine_one_host_four_guests(tmp_path, capsys):
-    """`fl-split train --engine flower` end to end with 1 host + 4 guests and 4 batches per round;
-    the results JSON equals the local engine's with the same K, and nothing is left running."""
+    """`fl-split train --engine flower` end to end with 1 host + 4 guests on the direct data plane
+    and 4 batches per round; the results JSON equals the local engine's with the same K, and nothing
+    is left running."""
     out = tmp_path / "r.json"
+    cpus = _sim_cpus(5)
     argv = ["train", "--engine", "flower", "--guests", "4", "--batches-per-round", "4", "--epochs", "2",
-            "--limit", "300", "--seed", "1", "--no-progress", "--out", str(out), "--private-seed", str(PS)]
+            "--limit", "300", "--seed", "1", "--no-progress", "--out", str(out), "--private-seed", str(PS),
+            "--num-cpus", str(cpus), "--device", "cpu"]
     from fl_split.cli import main
 
     assert main(argv) == 0
     got = json.loads(out.read_text())
     assert got["plan"]["engine"] == "flower" and got["config"]["guests"] == 4
     assert sorted(got["parties"]) == ["guest-1", "guest-2", "guest-3", "guest-4", "host"]
-    want = _local(_cfg(guests=4, batches_per_round=4, out=str(out)))
+    want = _local(_cfg(guests=4, batches_per_round=4, out=str(out), num_cpus=cpus))
     assert _strip(got) == _strip(want)
     assert "final test accuracy" in capsys.readouterr().out
     assert _no_leftovers() == []
@@ -487,28 +670,50 @@ def test_cli_flower_engine_one_host_four_guests(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_cli_flower_party_failure_is_one_line(tmp_path, capsys, monkeypatch):
-    """A ClientApp that crashes in round 3: the run stops, the CLI prints one line naming the
+    """Relay: a ClientApp that crashes in round 3: the run stops, the CLI prints one line naming the
     party and the round, exits 1, writes no results, and leaves nothing running."""
     monkeypatch.setattr(node_mod, "make_client_app", lambda private_seed=None: _fault_app("raise", "guest-2", 3))
     from fl_split.cli import main
 
     out = tmp_path / "r.json"
     code = main(["train", "--engine", "flower", "--guests", "2", "--epochs", "1", "--limit", "300",
-                 "--no-progress", "--out", str(out)])
+                 "--no-progress", "--out", str(out), "--data-plane", "flower", "--num-cpus", str(_sim_cpus(3))])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
     assert len(err) == 1, err
-    assert err[0] == ("fl-split: failed: guest-2 failed in round 3: the ClientApp crashed (Flower error 2): "
-                      "injected failure")
+    assert err[0].startswith("fl-split: failed: guest-2 failed in round 3: the ClientApp crashed (Flower error 2): "
+                             "injected failure"), err
     assert not out.exists()
     assert _no_leftovers() == []
 
 
 @pytest.mark.slow
+def test_cli_flower_guest_killed_mid_epoch(tmp_path, capsys, monkeypatch):
+    """Direct data plane: guest-2's process is killed (SIGKILL) while it serves round 3 of the
+    first epoch. The host notices the broken stream at once, names the guest, ends the epoch for
+    the others; the CLI prints one line, exits 1, writes no results and leaves nothing running."""
+    monkeypatch.setattr(node_mod, "make_client_app", lambda private_seed=None: _fault_app("kill", "guest-2", 3))
+    from fl_split.cli import main
+
+    out = tmp_path / "r.json"
+    t0 = time.monotonic()
+    code = main(["train", "--engine", "flower", "--guests", "2", "--epochs", "2", "--limit", "300",
+                 "--no-progress", "--out", str(out), "--num-cpus", str(_sim_cpus(3)), "--dataplane-timeout", "60"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert len(err) == 1, err
+    assert err[0].startswith("fl-split: failed: guest-2 failed"), err
+    assert "round 3" in err[0] and ("lost the connection to guest-2" in err[0] or "crashed" in err[0]), err
+    assert not out.exists()
+    assert _no_leftovers() == []
+    assert time.monotonic() - t0 < 200
+
+
+@pytest.mark.slow
 def test_simulation_node_that_never_answers_times_out():
-    """guest-1 hangs in round 2: the coordinator gives up after --node-timeout with a message
+    """Relay: guest-1 hangs in round 2: the coordinator gives up after --node-timeout with a message
     naming it, and the engine returns (the stuck ClientApp actor is ended) instead of hanging."""
-    cfg = _cfg(guests=1, epochs=1, node_timeout=25.0, engine="flower")
+    cfg = _cfg(guests=1, epochs=1, node_timeout=25.0, engine="flower", data_plane="flower")
     engine = FlowerEngine(cfg, client_app=_fault_app("hang", "guest-1", 2, seconds=600), stop_grace=3.0)
     t0 = time.monotonic()
     with pytest.raises(FederationError, match=r"no reply from guest-1 \(node \d+\) within 25 s in round 2 \(train.step\)"):
@@ -520,15 +725,17 @@ def test_simulation_node_that_never_answers_times_out():
 @pytest.mark.slow
 def test_simulation_on_a_two_node_ray_cluster():
     """Multi-node Ray: a head and one worker on loopback (own temp dir, ports, sessions); the
-    simulation joins it via --ray-address and its ClientApps run on both nodes; stopping the
-    cluster ends exactly the processes of its two sessions."""
-    from fl_split.flower.processes import LoopbackRayCluster, session_pids
+    simulation joins it via --ray-address, its ClientApps run on both nodes and find each other's
+    data plane through the cluster's key-value store; stopping the cluster ends exactly the
+    processes of its two sessions."""
+    from tests.services import LoopbackRayCluster, session_pids
 
     cluster = LoopbackRayCluster(workers=1, cpus_per_node=1)
     try:
         sessions = list(cluster.sessions)
         assert len(sessions) == 2 and all(session_pids(s) for s in sessions)
-        cfg = _cfg(batches_per_round="epoch", ray_address=cluster.address, engine="flower")
+        # the direct data plane: 3 ClientApps at once on two 1-CPU nodes (0.5 CPU each)
+        cfg = _cfg(ray_address=cluster.address, engine="flower", num_cpus=0.5)
         engine = FlowerEngine(cfg, private_seed=PS)
         got = engine.run()
         assert _strip(got) == _strip(_local(cfg))
@@ -555,14 +762,16 @@ def test_flwr_run_cli_against_our_own_superlink(tmp_path):
     """`flwr run .` from the repository: the app metadata works offline against a SuperLink this
     test starts (private FLWR_HOME and ports), pyproject.toml is left untouched, results are
     written to --run-config out, and the SuperLink (and its SuperExec) are stopped."""
-    from fl_split.flower.processes import LocalSuperLink, session_pids
+    from tests.services import LocalSuperLink, session_pids
 
     before = (ROOT / "pyproject.toml").read_bytes()
     out = tmp_path / "flwr-run.json"
     link = LocalSuperLink()
     try:
         cmd = [str(Path(sys.executable).parent / "flwr"), "run", ".", "--stream",
-               "--federation-config", "num-supernodes=3 client-resources-num-cpus=1",
+               # flwr run reserves whole CPUs: let Ray count 3, so the 3 ClientApps run at once (the
+               # direct data plane needs them together; they share this machine's cores)
+               "--federation-config", "num-supernodes=3 client-resources-num-cpus=1 init-args-num-cpus=3",
                "--run-config", f"guests=2 epochs=1 limit=200 batches-per-round='epoch' out='{out}' "
                                f"private-seed='{PS}'"]
         proc = subprocess.run(cmd, cwd=ROOT, env=link.env, capture_output=True, text=True, timeout=400)
@@ -579,5 +788,10 @@ def test_flwr_run_cli_against_our_own_superlink(tmp_path):
     assert got["plan"]["engine"] == "flower" and len(got["history"]) == 1
     from fl_split.flower.appconfig import MAIN_JOB
 
+    # the ServerApp cannot see the parties' machines: each resolved --device auto itself (the CPU
+    # here: a simulation actor without --num-gpus sees no GPU), and says so in its report
+    assert {p: r["device"] for p, r in got["parties"].items()} == {"host": "cpu", "guest-1": "cpu", "guest-2": "cpu"}
     want = _local(_cfg(epochs=1, limit=200, seed=0, batches_per_round="epoch", out=str(out), **MAIN_JOB))
+    assert got["config"]["device"] == "auto"  # flwr run's config; the parties resolved it (above)
+    got["config"]["device"] = "cpu"
     assert _strip(got) == _strip(want)

@@ -225,7 +225,10 @@ def test_host_tells_the_coordinator_epoch_aggregates_only(tmp_path):
 
 # -- wire audit -------------------------------------------------------------------------------------
 EVAL_KEYS = {"epoch", *AGGREGATES}
-REPORT_KEYS = {"role", "optimizer_steps", "mechanism", "mechanisms", "postprocess", "released", "privacy"}
+#: ``device`` / ``accelerator``: where the party's tensors live (``cpu``, ``cuda:0``; the GPU's name and the
+#: GPU IDs Ray assigned) — facts about its machine, nothing derived from data (issue 10)
+REPORT_KEYS = {"role", "optimizer_steps", "mechanism", "mechanisms", "postprocess", "released", "privacy",
+               "device", "accelerator"}
 PRIVACY_KEYS = {"mechanism", "private_randomness", "release_diagnostics", "releases", "batches",
                 "releases_per_record", "delta", "epsilon", "accountant", "epsilons", "budget", "amplification",
                 "assumptions", "mechanisms", "by_direction", "pld_interval", "neighbouring_relation",
@@ -310,6 +313,24 @@ def test_wire_audit_local(defense):
 # -- the same audit through Flower (the real ServerApp strategy and ClientApp handler) ------------
 ROLE_KEYS = {"party", "role", "guest-index", "mode", "data-path"}
 FACT_KEYS = {"dataset", "task", "metric", "n_train", "n_test", "input_shapes", "data_config", "num_classes"}
+#: direct data plane (issue 10). The host's setup reply adds ``dataplane`` — the address its guests
+#: reach it at (deployment: its configured ``dataplane-address``; simulation: empty, published per
+#: epoch) and whether it uses TLS — and, in a simulation, ``capacity``: the CPUs/GPUs its Ray actor
+#: reserved and each Ray node's totals. Network and machine facts every party must know anyway,
+#: nothing derived from data.
+DATAPLANE_KEYS = {"address", "tls"}
+CAPACITY_KEYS = {"num_cpus", "num_gpus", "nodes"}
+#: the host's ``train.epoch`` reply: the epochs' history rows (the same per-epoch aggregates as
+#: ``evaluate.host``, plus its own epoch times), the wire counts (bytes and messages of the protocol
+#: blobs, as the coordinator counts them in relay mode), a guest failure (who, which round, the
+#: error's text) and whether it stopped (budget: the refusing party's BudgetExceeded text and round)
+OUTCOME_KEYS = {"history", "wire", "guest_failures", "stopped"}
+WIRE_KEYS = {"bytes_to_host", "bytes_to_guests", "messages_to_host", "messages_to_guests", "rounds"}
+#: a guest's ``train.epoch`` reply: how many steps it served and how many it refused (counts)
+SERVED_KEYS = {"steps", "errors"}
+#: the headers of data-plane frames: round and batch keys (public schedule); ERROR: the error's
+#: type, text, party, round (and a BudgetExceeded's fields); END: why the session ended
+FRAME_HEADER_KEYS = {"round", "keys", "type", "message", "party", "fields", "reason"}
 
 
 def _audit_flower_reply(mtype: str, rec) -> None:
@@ -319,13 +340,27 @@ def _audit_flower_reply(mtype: str, rec) -> None:
     if mtype == R.MSG_ROLE:
         assert keys == {"role"} and set(json.loads(rec["role"])) <= ROLE_KEYS
     elif mtype == R.MSG_SETUP:
-        assert keys == {"facts"} and set(json.loads(rec["facts"])) <= FACT_KEYS
+        assert {"facts"} <= keys <= {"facts", "dataplane", "capacity"} and set(json.loads(rec["facts"])) <= FACT_KEYS
+        if "dataplane" in keys:
+            assert set(json.loads(rec["dataplane"])) <= DATAPLANE_KEYS
+        if "capacity" in keys:
+            assert set(json.loads(rec["capacity"])) <= CAPACITY_KEYS
     elif mtype == R.MSG_STEP:
         assert keys == {"blobs"}
     elif mtype == R.MSG_HOST_TRAIN:
         assert all(k.startswith("grads.guest-") for k in keys)
     elif mtype == R.MSG_HOST_EVAL:
         assert keys == {"metrics"} and set(json.loads(rec["metrics"])) <= EVAL_KEYS
+    elif mtype == R.MSG_EPOCH:
+        assert keys in ({"outcome"}, {"served"}), keys
+        if keys == {"outcome"}:
+            outcome = json.loads(rec["outcome"])
+            assert set(outcome) <= OUTCOME_KEYS and set(outcome["wire"]) <= WIRE_KEYS
+            for row in outcome["history"]:
+                assert set(row) <= EVAL_KEYS | {"epoch_time_s"}
+                assert all(v is None or isinstance(v, (int, float)) for v in row.values())
+        else:
+            assert set(json.loads(rec["served"])) <= SERVED_KEYS
     elif mtype == R.MSG_REPORT:
         assert keys == {"report"}
         _audit_report(json.loads(rec["report"]))
@@ -345,31 +380,55 @@ def flower_identity():
     yield from _task_identity.__wrapped__()
 
 
+@pytest.mark.parametrize("plane", ["direct", "flower"])
 @pytest.mark.parametrize("defense", ["laplace", "r3elu"])
-def test_wire_audit_flower(defense, flower_identity):
+def test_wire_audit_flower(defense, plane, flower_identity, monkeypatch):
+    """Every reply to the coordinator, and — on the direct data plane — every frame between the
+    parties (headers and blobs), is on the allow-list."""
+    from fl_split.dataplane import frames as F
     from fl_split.flower import records as R
-    from strategies.server_app import VerticalSplitStrategy
+    from fl_split.flower.strategy import VerticalSplitStrategy
     from tests.test_flower import InlineGrid, _simulation_nodes
 
-    audited = []
+    audited, frames = [], {"blobs": 0}
+    opened = F.Opener.open
+
+    def audit_frame(self, data, allowed=None):
+        frame = opened(self, data, allowed)
+        assert set(frame.header) <= FRAME_HEADER_KEYS, frame.header
+        for b in frame.blobs:
+            _audit_blob(b, frames)
+        return frame
+
+    monkeypatch.setattr(F.Opener, "open", audit_frame)
 
     class AuditGrid(InlineGrid):
+        mtypes: dict = {}
+
         def push_messages(self, messages):
             messages = list(messages)
-            types = [m.metadata.message_type for m in messages]
             ids = super().push_messages(messages)
-            for mid, mtype in zip(ids, types):
-                reply = self.replies[mid]
+            self.mtypes.update({mid: m.metadata.message_type for mid, m in zip(ids, messages)})
+            return ids
+
+        def pull_messages(self, message_ids):
+            replies = super().pull_messages(message_ids)
+            for reply in replies:
+                mtype = self.mtypes[reply.metadata.reply_to_message_id]
                 assert not reply.has_error()
                 assert set(reply.content.config_records) == {R.REPLY}
                 assert not reply.content.array_records  # no tensors outside the audited blobs
                 _audit_flower_reply(mtype, reply.content.config_records[R.REPLY])
                 audited.append(mtype)
-            return ids
+            return replies
 
-    cfg = RunConfig(**BASE, defense=defense, protect="both", epsilon=50.0, batches_per_round=3)
+    cfg = RunConfig(**BASE, defense=defense, protect="both", epsilon=50.0, batches_per_round=3, data_plane=plane)
     VerticalSplitStrategy(cfg).run(AuditGrid(_simulation_nodes(3), fresh_process=True))
-    assert {R.MSG_ROLE, R.MSG_SETUP, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_REPORT} <= set(audited)
+    if plane == "direct":
+        assert {R.MSG_ROLE, R.MSG_SETUP, R.MSG_EPOCH, R.MSG_REPORT} == set(audited)
+        assert frames["blobs"] > 0
+    else:
+        assert {R.MSG_ROLE, R.MSG_SETUP, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_REPORT} <= set(audited)
 
 
 def test_deployment_refuses_a_private_seed_in_the_run_config():

@@ -1,24 +1,35 @@
 """``FlowerEngine``: the same experiment as the local engine, through a Flower simulation.
 
 ``fl-split train --engine flower`` (and :func:`fl_split.engine.run_experiment` with
-``engine="flower"``) runs the ServerApp of ``strategies/`` and the ClientApp of ``clients/`` in a
-Flower simulation **in this process** (``flwr.simulation.run_simulation``): ``G + 1`` virtual
-SuperNodes on a Ray backend, whose actors run the ClientApps. No SuperLink is started, so none is
-left running; Ray is shut down when the run ends (or only disconnected from, for a cluster given
-by ``--ray-address``). The run configuration is handed to the ServerApp directly (an in-process
-simulation's run-config is empty) and the ServerApp sends it to the parties with ``setup``.
+``engine="flower"``) runs the coordinator strategy (:mod:`fl_split.flower.strategy`) and the
+ClientApp handler (:mod:`fl_split.flower.node`) in a Flower simulation **in this process**
+(``flwr.simulation.run_simulation``): ``G + 1`` virtual SuperNodes on a Ray backend, whose actors
+run the ClientApps. No SuperLink is started, so none is left running; Ray is shut down when the run
+ends (or only disconnected from, for a cluster given by ``--ray-address``). The run configuration
+is handed to the ServerApp directly (an in-process simulation's run-config is empty) and the
+ServerApp sends it to the parties with ``setup``.
 
-Resources: each ClientApp (Ray actor) reserves ``--num-cpus`` / ``--num-gpus``; parties put their
-tensors where ``--device`` says (``auto``: the GPU Ray gave the actor, if any).
+Start-up (``docs/flower.md``, "Start-up"): the engine starts Ray itself, before the simulation —
+with no per-job runtime environment (the workers inherit ``PYTHONPATH`` from this process; Flower's
+own start passes it as a runtime environment, which costs seconds per actor) and, for a local
+instance, with only the CPUs the ``G + 1`` ClientApps reserve, so the actor pool holds ``G + 1``
+actors instead of one per core. :attr:`FlowerEngine.timeline` records where the time went.
+
+Resources: each ClientApp (Ray actor) reserves ``--num-cpus`` / ``--num-gpus``; the direct data
+plane needs all ``G + 1`` at once (checked before Ray starts, :mod:`fl_split.flower.resources`).
+``--device auto`` is resolved here by the rule of every engine (:mod:`fl_split.devices`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
+import sys
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -98,25 +109,62 @@ class FlowerEngine:
         self.verbose = verbose
         self.transport = None
         self.transports: list = []
+        self.timeline: dict[str, float] = {}
+        self.timelines: list[dict[str, float]] = []
 
     def backend_config(self) -> dict[str, Any]:
         """The Ray backend configuration: client resources, and the cluster to join."""
         init_args: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": self.verbose}
         if self.cfg.ray_address:
             init_args["address"] = self.cfg.ray_address
+        # (Ray is started by _start_ray before the simulation; these apply only if it was not)
         return {"client_resources": {"num_cpus": float(self.cfg.num_cpus), "num_gpus": float(self.cfg.num_gpus)},
                 "init_args": init_args}
 
     @staticmethod
     def check(cfg: RunConfig) -> None:
         """Fail fast, before Ray starts, on what the parties would reject anyway: the data and
-        model options (the simulation prepares the same data) and a device Ray cannot provide."""
+        model options (the simulation prepares the same data), a device Ray cannot provide, and —
+        for the direct data plane on a local Ray instance — too few resources to run every
+        ClientApp at once."""
         from fl_split.builder import plan_run
+        from fl_split.devices import for_simulation
 
-        if cfg.device == "cuda" and cfg.num_gpus <= 0:
-            raise ConfigError("device", cfg.device, "auto or cpu, or cuda with --num-gpus > 0",
-                              reason="Ray gives a ClientApp a GPU only when --num-gpus reserves one")
+        for_simulation(cfg)
+        if cfg.data_plane == "direct":
+            if cfg.on_guest_failure == "pad":
+                from fl_split.flower.direct import check_direct
+
+                check_direct(cfg, None, cfg.guests)
+            if not cfg.ray_address:
+                from fl_split.flower.resources import check_capacity, local_capacity
+
+                check_capacity(cfg.guests, local_capacity(cfg.num_cpus, cfg.num_gpus), " (this machine)")
         plan_run(cfg)
+
+    def _start_ray(self) -> bool:
+        """Start (or join, with ``--ray-address``) Ray for the simulation; ``False`` if this process
+        was already connected to Ray (then Flower uses that instance as it is)."""
+        import ray
+
+        if ray.is_initialized():
+            return False
+        cfg = self.cfg
+        args: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": self.verbose, "include_dashboard": False}
+        # the ClientApps unpickle the app by reference: they import what this process imports
+        os.environ["PYTHONPATH"] = os.pathsep.join([*sys.path, *([os.environ["PYTHONPATH"]]
+                                                                  if os.environ.get("PYTHONPATH") else [])])
+        if cfg.ray_address:
+            # other machines do not inherit this process's environment: ship PYTHONPATH to them
+            args.update(address=cfg.ray_address, runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})
+        else:
+            from fl_split.flower.resources import local_cpus
+
+            # only the CPUs the G + 1 ClientApps reserve: the pool then holds G + 1 actors, not one per core
+            need = math.ceil(self.num_supernodes * float(cfg.num_cpus) - 1e-9)
+            args["num_cpus"] = max(1, min(local_cpus(), need))
+        ray.init(**args)
+        return True
 
     def run(self) -> dict[str, Any]:
         """Run :attr:`cfg`; returns its results dictionary."""
@@ -126,16 +174,9 @@ class FlowerEngine:
         """Run several configurations one after the other in **one** simulation (one Ray start;
         each run sets the parties up afresh). They must share the federation: ``guests``, and the
         Ray options ``num-cpus``, ``num-gpus``, ``ray-address`` of :attr:`cfg`."""
-        from flwr.simulation import run_simulation
+        from fl_split.devices import for_simulation
 
-        from strategies.server_app import make_server_app
-
-        if self.client_app is None:
-            from fl_split.flower.node import make_client_app
-
-            client_app = make_client_app(self.private_seed)
-        else:
-            client_app = self.client_app
+        t_start = time.perf_counter()
         fed = ("guests", "num_cpus", "num_gpus", "ray_address")
         for c in cfgs:
             bad = [k for k in fed if getattr(c, k) != getattr(self.cfg, k)]
@@ -143,6 +184,20 @@ class FlowerEngine:
                 raise ConfigError(bad[0].replace("_", "-"), getattr(c, bad[0]), repr(getattr(self.cfg, bad[0])),
                                   reason="every run of a series shares the simulation's federation")
             self.check(c)
+        # --device auto: resolved once, here, by the rule of every engine; the parties get the result
+        cfgs = [for_simulation(c) for c in cfgs]
+        from flwr.simulation import run_simulation
+
+        from fl_split.flower.strategy import make_server_app
+
+        if self.client_app is None:
+            from fl_split.flower.node import make_client_app
+
+            client_app = make_client_app(self.private_seed)
+        else:
+            client_app = self.client_app
+        timeline: dict[str, float] = {"engine_start": t_start, "imports_done": time.perf_counter()}
+        self.timeline = timeline
         sink: dict[str, Any] = {}
         server_done, finished = threading.Event(), threading.Event()
         watchdog = threading.Thread(target=_end_stuck_actors, args=(server_done, finished, self.stop_grace),
@@ -158,25 +213,44 @@ class FlowerEngine:
                 h.setLevel(logging.CRITICAL + 1)
             flwr_logger.setLevel(logging.ERROR)
             flwr_logger.addHandler(quiet)
+        saved_path = os.environ.get("PYTHONPATH")
+        started = False
         try:
-            watchdog.start()
             with offline_env(), warnings.catch_warnings():
                 # Ray's notice about a future default of accelerator env vars (we rely on the
                 # current one: an actor without --num-gpus sees no GPU)
                 warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
-                run_simulation(server_app=make_server_app(list(cfgs), sink, self.poll_interval, done=server_done), client_app=client_app,
-                               num_supernodes=self.num_supernodes, backend_config=self.backend_config(),
-                               verbose_logging=self.verbose)
+                started = self._start_ray()
+                timeline["ray_started"] = time.perf_counter()
+                watchdog.start()
+                run_simulation(server_app=make_server_app(list(cfgs), sink, self.poll_interval, done=server_done),
+                               client_app=client_app, num_supernodes=self.num_supernodes,
+                               backend_config=self.backend_config(), verbose_logging=self.verbose)
+                timeline["simulation_returned"] = time.perf_counter()
         finally:
             finished.set()
             server_done.set()
-            watchdog.join()
+            if watchdog.is_alive():
+                watchdog.join()
+            if started:
+                import ray
+
+                if ray.is_initialized():  # Flower shuts Ray down itself unless the simulation broke early
+                    ray.shutdown()
+            timeline["ray_stopped"] = time.perf_counter()
+            if saved_path is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = saved_path
             flwr_logger.setLevel(level)
             flwr_logger.removeHandler(quiet)
             for h, lvl in handler_levels.items():
                 h.setLevel(lvl)
             self.transport = sink.get("transport")
             self.transports = sink.get("transports", [])
+            self.timelines = sink.get("timelines", [])
+            if self.timelines:
+                timeline.update({k: v for k, v in self.timelines[0].items() if k not in timeline})
         if "error" in sink:
             raise sink["error"]
         if len(sink.get("results", ())) != len(cfgs):
@@ -184,6 +258,27 @@ class FlowerEngine:
             raise FlSplitError("the Flower simulation ended without results"
                                + (f": {last}" if last else " (run with verbose=True for Flower's log)"))
         return sink["results"]
+
+    def startup(self) -> dict[str, float]:
+        """Where the wall time of the last :meth:`run` / :meth:`run_series` went (seconds), from
+        :attr:`timeline`: ``imports`` (the simulation driver and the apps), ``ray_start``,
+        ``simulation_start`` (Flower's runtime and actor pool, until the ServerApp runs),
+        ``node_registration``, ``actors_ready`` (each ClientApp's first message: actor start and its
+        imports), ``setup`` (every party builds itself: data, models), then ``training`` (the first
+        run's), ``reports`` and ``shutdown``."""
+        t = self.timeline
+        order = [("imports", "engine_start", "imports_done"), ("ray_start", "imports_done", "ray_started"),
+                 ("simulation_start", "ray_started", "server_start"),
+                 ("node_registration", "server_start", "nodes_registered"),
+                 ("actors_ready", "nodes_registered", "roles_answered"), ("setup", "roles_answered", "setup_done"),
+                 ("checks", "setup_done", "training_start"), ("training", "training_start", "training_end"),
+                 ("reports", "training_end", "reports_done"), ("shutdown", "reports_done", "ray_stopped")]
+        out = {name: t[b] - t[a] for name, a, b in order if a in t and b in t}
+        if "engine_start" in t and "training_start" in t:
+            out["before_first_batch"] = t["training_start"] - t["engine_start"]
+        if "engine_start" in t and "ray_stopped" in t:
+            out["total"] = t["ray_stopped"] - t["engine_start"]
+        return out
 
 
 class _Collect(logging.Handler):

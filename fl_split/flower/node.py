@@ -19,8 +19,12 @@ in simulation a node's messages go to whichever Ray actor is free. A per-process
 token stored beside the state skips the restore when this process handled the node's previous
 message (the restored and the live party train bit-identically; the cache only saves time).
 
+Direct data plane (``train.epoch``, :mod:`fl_split.flower.direct`): the host plays the message's
+epochs and its guests serve it over gRPC streams; releases leave the party during the message, so
+its state is saved whatever ends it (what it released is recorded, once).
+
 Anything a party raises is answered with an error record (:func:`fl_split.flower.records.error_record`);
-the node's state is left as it was before the message.
+for the relay's per-round messages the node's state is left as it was before the message.
 """
 
 from __future__ import annotations
@@ -160,6 +164,14 @@ def private_seed_of(role: NodeRole, context: Context, given: int | None = None) 
     return seed
 
 
+def plan_of(cfg: RunConfig, role: NodeRole):
+    """The run plan this node's party was built from (cached per process)."""
+    if role.mode == "simulation":
+        return _simulation_plan(cfg)
+    path = os.path.abspath(os.path.expanduser(role.data_path))
+    return _deployment_plan(cfg, path, os.path.getmtime(path) if os.path.exists(path) else 0.0)
+
+
 def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None, secret=None):
     """``(party, public facts)`` of this node for ``cfg``, with its own secret (``secret``: the
     one restored from the node's state; else fresh or from ``private_seed``)."""
@@ -231,9 +243,10 @@ def handle(message: Message, context: Context, private_seed: int | None = None) 
     mtype = message.metadata.message_type
     key = (context.run_id, context.node_id)
     req = R.request_of(message.content) if R.REQUEST in message.content.config_records else ConfigRecord()
-    round_ = int(req.get("round", -1))
+    round_ = -1
     who = "node"
     try:
+        round_ = R.int_field(req, "round", -1)
         role = node_role(dict(context.node_config))
         who = role.party
         if mtype == R.MSG_ROLE:
@@ -245,11 +258,14 @@ def handle(message: Message, context: Context, private_seed: int | None = None) 
             config_json = str(req["config"])
             cfg = RunConfig.from_mapping(R.loads(config_json))
             party, facts = build_party(cfg, role, private_seed_of(role, context, private_seed))
+            extra = _dataplane_setup(cfg, role, dict(context.node_config))
             _save(context, party, config_json)
             facts_json = facts.to_json() if role.role == "host" else facts.without_labels().to_json()
-            return _reply(message, facts=R.dumps(facts_json))
+            return _reply(message, facts=R.dumps(facts_json), **extra)
         party, config_json = _restore(context, role)
-        keys = R.keys_from_json(str(req.get("keys", "[]")))
+        if mtype == R.MSG_EPOCH:
+            return _epoch(message, context, role, party, config_json, req)
+        keys = R.keys_from_json(req.get("keys", "[]"))
         if mtype == R.MSG_STEP:
             _expect(role, "guest", mtype)
             blobs = party.step(R.blob_list(req, "owed"), keys, round_)
@@ -264,16 +280,57 @@ def handle(message: Message, context: Context, private_seed: int | None = None) 
         if mtype == R.MSG_HOST_EVAL:
             _expect(role, "host", mtype)
             acts = {g: R.blob_list(req, f"acts.{g}") for g in party.guests}
-            metrics = party.evaluate(keys, acts)
+            metrics = party.evaluate(keys, acts, round_)
             _save(context, party, config_json)
             return _reply(message, metrics=R.dumps(metrics))
         if mtype == R.MSG_REPORT:
-            return _reply(message, report=R.dumps(party.report()))
+            from fl_split.devices import report_with_device
+
+            return _reply(message, report=R.dumps(report_with_device(party)))
         raise ProtocolError(f"{role.party}: unknown message type {mtype!r}")
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the coordinator
         # the live object may be half-updated: forget it; context.state still holds the last good state
         _PARTIES.pop(key, None)
         return Message(R.error_record(exc, who, None if round_ < 0 else round_), reply_to=message)
+
+
+def _dataplane_setup(cfg: RunConfig, role: NodeRole, node_config: dict) -> dict[str, str]:
+    """Direct data plane: the host's public facts for the coordinator (where guests reach it; in a
+    simulation, how many ClientApps its Ray cluster runs at once); a deployment node's TLS
+    settings are checked here, before any training."""
+    if cfg.data_plane != "direct":
+        return {}
+    from fl_split.flower import direct
+
+    if role.role != "host":
+        direct.check_guest_node(role, node_config)
+        return {}
+    from fl_split.flower.resources import capacity_here
+
+    extra = {"dataplane": R.dumps(direct.host_dataplane_info(role, node_config))}
+    cap = capacity_here() if role.mode == "simulation" else None
+    if cap is not None:
+        extra["capacity"] = R.dumps(cap)
+    return extra
+
+
+def _epoch(message: Message, context: Context, role: NodeRole, party, config_json: str, req) -> Message:
+    """``train.epoch``: play (host) or serve (guest) the request's epochs over the direct data plane.
+
+    Releases leave the party during the message, so its state — ledger included — is saved whatever
+    happens (a lost peer, a refusal, an error): what it released is recorded, once."""
+    from fl_split.flower import direct
+
+    cfg = RunConfig.from_mapping(R.loads(config_json))
+    try:
+        if role.role == "host":
+            outcome = direct.host_epochs(party, cfg, plan_of(cfg, role), req, role, dict(context.node_config))
+            reply = {"outcome": R.dumps(outcome)}
+        else:
+            reply = {"served": R.dumps(direct.guest_epochs(party, cfg, req, role, dict(context.node_config)))}
+    finally:
+        _save(context, party, config_json)
+    return _reply(message, **reply)
 
 
 def _expect(role: NodeRole, want: str, mtype: str) -> None:
@@ -297,7 +354,7 @@ def make_client_app(private_seed: int | None = None):
     def _handle(message: Message, context: Context) -> Message:
         return handle(message, context, private_seed)
 
-    for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL):
+    for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_EPOCH):
         category, action = mtype.split(".")
         getattr(app, category)(action)(_handle)
     return app

@@ -40,6 +40,7 @@ MSG_REPORT = "query.report"
 MSG_STEP = "train.step"          # a guest applies owed gradients, releases the round's batches
 MSG_HOST_TRAIN = "train.host"    # the host trains on the released activations
 MSG_HOST_EVAL = "evaluate.host"  # the host evaluates the test split
+MSG_EPOCH = "train.epoch"        # direct data plane: every party plays / serves whole epochs
 
 
 class FederationError(FlSplitError):
@@ -52,8 +53,11 @@ def keys_to_json(keys) -> str:
     return json.dumps([list(k.as_tuple()) for k in keys], separators=(",", ":"))
 
 
-def keys_from_json(text: str) -> tuple[BatchKey, ...]:
-    return tuple(BatchKey(str(p), int(e), int(i)) for p, e, i in json.loads(text))
+def keys_from_json(text: object) -> tuple[BatchKey, ...]:
+    """Batch keys of a request; anything malformed is a :class:`~fl_split.errors.ProtocolError`."""
+    from fl_split.protocol import parse_keys
+
+    return parse_keys(text)
 
 
 # -- JSON that survives numpy scalars and NaN ----------------------------------------------------
@@ -105,16 +109,36 @@ def reply_of(rd: RecordDict) -> ConfigRecord:
 
 
 def blob_list(rec: ConfigRecord, key: str) -> list[bytes]:
-    """A list of blobs from a record (a missing key or an empty list is ``[]``)."""
-    v = rec.get(key, [])
-    return [bytes(b) for b in v] if v else []
+    """A list of blobs from a record (a missing key or an empty list is ``[]``); anything but a list of
+    byte strings is a :class:`~fl_split.errors.ProtocolError`."""
+    from fl_split.protocol import blob_list as checked
+
+    v = rec.get(key, None)
+    return checked(list(v) if isinstance(v, (list, tuple)) else v, what=key) if v else []
+
+
+def int_field(rec: ConfigRecord, key: str, default: int) -> int:
+    """An integer field of a request (``default`` when absent); anything else is a ProtocolError."""
+    from fl_split.errors import ProtocolError
+
+    v = rec.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ProtocolError(f"malformed request: {key} is {str(v)[:40]!r}, expected an integer")
+    return int(v)
 
 
 # -- errors ------------------------------------------------------------------------------------
 def error_record(exc: BaseException, party: str, round_: int | None) -> RecordDict:
     """A reply describing ``exc`` raised by ``party`` while handling round ``round_``."""
-    values: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc), "party": party,
-                              "round": -1 if round_ is None else int(round_)}
+    if isinstance(exc, PartyError) and not isinstance(exc, BudgetExceeded):
+        # a failure the party attributes to a peer (direct data plane: the host names the guest
+        # that was lost; a guest names the host): report it as that peer's, with its own round
+        party, round_ = exc.party, exc.round if exc.round is not None else round_
+        values: dict[str, Any] = {"type": "PartyError", "message": exc.detail, "party": party,
+                                  "round": -1 if round_ is None else int(round_)}
+        return RecordDict({ERROR: ConfigRecord(values)})
+    values = {"type": type(exc).__name__, "message": str(exc), "party": party,
+              "round": -1 if round_ is None else int(round_)}
     if isinstance(exc, BudgetExceeded):
         values["fields"] = dumps({"party": exc.party, "spent": exc.spent, "would_be": exc.would_be,
                                   "budget": exc.budget, "accountant": exc.accountant})
@@ -122,17 +146,28 @@ def error_record(exc: BaseException, party: str, round_: int | None) -> RecordDi
 
 
 def raise_error_record(rd: RecordDict, party: str, round_: int | None) -> None:
-    """Raise the exception an error reply describes (no-op for a normal reply)."""
+    """Raise the exception an error reply describes (no-op for a normal reply). A reply that is
+    itself damaged (a non-integer round, unreadable budget fields) still becomes a
+    :class:`~fl_split.errors.PartyError` naming ``party``."""
     if ERROR not in rd.config_records:
         return
     rec = rd.config_records[ERROR]
-    kind = str(rec.get("type", "Error"))
+    kind = str(rec.get("type", "Error"))[:200]
+    message = str(rec.get("message", ""))[:4000]
     if kind == "BudgetExceeded" and "fields" in rec:
-        f = loads(str(rec["fields"]))
-        raise BudgetExceeded(f["party"], _num(f["spent"]), _num(f["would_be"]), _num(f["budget"]),
-                             str(f["accountant"]))
-    r = int(rec.get("round", -1))
-    raise PartyError(str(rec.get("party", party)), round_ if r < 0 else r, f"{kind}: {rec.get('message', '')}")
+        try:
+            f = loads(str(rec["fields"]))
+            exc = BudgetExceeded(str(f["party"]), _num(f["spent"]), _num(f["would_be"]), _num(f["budget"]),
+                                 str(f["accountant"]))
+        except (ValueError, KeyError, TypeError):
+            exc = None
+        if exc is not None:
+            raise exc
+    r = rec.get("round", -1)
+    r = r if isinstance(r, int) and not isinstance(r, bool) else -1
+    who = str(rec.get("party", party))[:100]
+    detail = message if kind == "PartyError" else f"{kind}: {message}"
+    raise PartyError(who, round_ if r < 0 else r, detail)
 
 
 def _num(v: Any) -> float:

@@ -1,7 +1,10 @@
-"""The coordinator's side of the wire: :class:`FlowerTransport` and federation discovery.
+"""The coordinator's side of the control plane: :class:`FlowerTransport` and federation discovery.
 
-:class:`FlowerTransport` implements :class:`fl_split.engine.Transport` with Flower messages, so
-the coordinator loop :func:`fl_split.engine.coordinate` runs unchanged. A round costs at most two
+:class:`FlowerTransport` pushes Flower messages to the parties and collects the replies
+(:meth:`FlowerTransport.exchange`); the direct data plane uses it for its control messages
+(:mod:`fl_split.flower.direct`). In relay mode (``--data-plane flower``) it also implements
+:class:`fl_split.engine.Transport` with one message per party per round, so the coordinator loop
+:func:`fl_split.engine.coordinate` runs unchanged. A round costs at most two
 exchanges (DESIGN "Latency"): one ``train.step`` message per guest, pushed together (the guests
 work in parallel), then one ``train.host`` / ``evaluate.host`` message to the host. Replies are
 collected with :meth:`Grid.push_messages` + :meth:`Grid.pull_messages` and a short poll (5 ms)
@@ -33,6 +36,8 @@ log = logging.getLogger("fl_split.flower")
 
 #: how often replies are polled for (seconds)
 POLL_INTERVAL = 0.005
+#: after a first error reply, how long the other replies of the exchange are still awaited (seconds)
+ERROR_GRACE = 3.0
 
 
 @dataclass
@@ -58,14 +63,20 @@ class FlowerTransport:
         self.timeout = float(timeout)
         self.poll = float(poll)
         self.stats = ExchangeStats()
+        #: every party's reply to ``setup`` (the host's says where its data plane is)
+        self.setup_replies: dict[str, Any] = {}
 
     # -- one exchange ----------------------------------------------------------------------------
-    def exchange(self, requests: dict[str, tuple[str, RecordDict]], round_: int | None) -> dict[str, Any]:
+    def exchange(self, requests: dict[str, tuple[str, RecordDict]], round_: int | None,
+                 timeout: float | None = None, fail_fast: bool = False) -> dict[str, Any]:
         """Send ``{party: (message_type, content)}`` together; return ``{party: reply ConfigRecord}``.
 
         An error reply raises (the first failing party in merge order); so does a party that has
-        not answered after ``timeout`` seconds."""
+        not answered after ``timeout`` seconds (default: ``--node-timeout``). With ``fail_fast`` an
+        error reply stops the wait early: the other replies get :data:`ERROR_GRACE` seconds more
+        (a host's reply names the guest at fault better than a guest's own)."""
         t0 = time.perf_counter()
+        limit = self.timeout if timeout is None else float(timeout)
         group = str(round_ if round_ is not None else 0)
         msgs = {p: Message(content, dst_node_id=self.nodes[p], message_type=mtype, group_id=group)
                 for p, (mtype, content) in requests.items()}
@@ -75,19 +86,25 @@ class FlowerTransport:
         party_of = dict(zip(ids, msgs))
         pending = set(ids)
         replies: dict[str, Message] = {}
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + limit
+        failing = False
         while pending:
             for msg in self.grid.pull_messages(list(pending)):
                 mid = msg.metadata.reply_to_message_id
                 if mid in pending:
                     pending.discard(mid)
                     replies[party_of[mid]] = msg
+                    if fail_fast and not failing and _is_error(msg):
+                        failing = True
+                        deadline = min(deadline, time.monotonic() + ERROR_GRACE)
             if not pending:
                 break
             if time.monotonic() > deadline:
+                if failing:
+                    break
                 late = sorted(party_of[m] for m in pending)
                 what = ", ".join(f"{p} (node {self.nodes[p]})" for p in late)
-                raise FederationError(f"no reply from {what} within {self.timeout:g} s"
+                raise FederationError(f"no reply from {what} within {limit:g} s"
                                       f"{'' if round_ is None else f' in round {round_}'} "
                                       f"({requests[late[0]][0]}); raise --node-timeout if the party is slow")
             time.sleep(self.poll)
@@ -140,6 +157,10 @@ def flower_reason(reason: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not set(ln.strip()) <= set("^~ ")]
     last = lines[-1] if lines else "(no reason given)"
     return f"{kind}: {last}" if kind and "Traceback" not in text else last
+
+
+def _is_error(msg: Message) -> bool:
+    return msg.has_error() or R.ERROR in msg.content.config_records
 
 
 def _check_reply(msg: Message, party: str, round_: int | None):
@@ -196,9 +217,12 @@ def validate_federation(roles: dict[int, dict[str, Any]], guests: int) -> dict[s
     return nodes
 
 
-def discover(grid, cfg: RunConfig, poll: float = POLL_INTERVAL) -> FlowerTransport:
-    """Wait for the nodes, learn their roles, validate; a transport addressing each party."""
+def discover(grid, cfg: RunConfig, poll: float = POLL_INTERVAL, on_registered=None) -> FlowerTransport:
+    """Wait for the nodes, learn their roles, validate; a transport addressing each party
+    (``on_registered``: called once the nodes have registered, before the role query)."""
     ids = wait_for_nodes(grid, cfg.guests + 1, cfg.node_timeout)
+    if on_registered is not None:
+        on_registered()
     probe = FlowerTransport(grid, {f"node-{n}": n for n in ids}, cfg.node_timeout, poll)
     answers = probe.exchange({f"node-{n}": (R.MSG_ROLE, R.content()) for n in ids}, None)
     roles = {int(p.split("-", 1)[1]): R.loads(str(rec["role"])) for p, rec in answers.items()}
@@ -215,6 +239,7 @@ def setup(transport: FlowerTransport, cfg: RunConfig):
     config_json = R.dumps(cfg.to_flower())
     reqs = {p: (R.MSG_SETUP, R.content(config=config_json, party=p)) for p in transport.nodes}
     rep = transport.exchange(reqs, 0)
+    transport.setup_replies = rep
     facts = {p: PublicFacts.from_json(R.loads(str(r["facts"]))) for p, r in rep.items()}
     host = facts["host"]
     for p, f in facts.items():

@@ -1,0 +1,180 @@
+"""A guest's end of the data plane: connect to the host, prove the credential, serve its requests.
+
+:func:`serve` opens one gRPC stream to the host's :class:`~fl_split.dataplane.host.HostEndpoint`
+(retrying while the host is not listening yet), runs the handshake — the guest checks the host's
+proof of the run's credential before it answers, so it never releases anything to a peer that does
+not hold it — and then answers every STEP frame with ``step(owed, keys, round)``'s blobs in a
+RELEASE frame until the host sends END. A party's own error (a malformed message it refused, a
+release over its budget, anything it raises) goes back as an ERROR frame and the guest keeps
+serving: the host decides to stop. A lost connection, a bad frame or no frame from the host for
+twice ``timeout`` seconds (the host itself times its guests out after ``timeout``) raises
+:class:`~fl_split.dataplane.errors.PeerFailure`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fl_split.dataplane import frames as F
+from fl_split.dataplane.errors import CredentialError, DataPlaneError, FrameError, PeerFailure
+from fl_split.dataplane.host import GRPC_OPTIONS, METHOD, _Closed, _rpc_reason
+from fl_split.dataplane.tls import ClientTLS
+
+#: pause between connection attempts while the host is not listening yet
+RETRY = 0.1
+
+
+@dataclass
+class Served:
+    """What a guest did in one session."""
+
+    steps: int = 0
+    errors: int = 0
+    end_reason: str = ""
+
+
+def serve(party: str, step: Callable, address: str, credential: str, session: str, tls: ClientTLS | None = None,
+          timeout: float = 60.0, connect_timeout: float | None = None) -> Served:
+    """Serve the host at ``address`` as ``party`` until it ends the session; returns what was done."""
+    import grpc
+
+    key = credential.encode()
+    connect_timeout = timeout if connect_timeout is None else connect_timeout
+    deadline = time.monotonic() + connect_timeout
+    attempt_error = ""
+    while True:
+        channel = (grpc.secure_channel(address, tls.credentials(), options=GRPC_OPTIONS) if tls is not None
+                   else grpc.insecure_channel(address, options=GRPC_OPTIONS))
+        link = _Stream(channel)
+        try:
+            nonce_g = F.new_nonce()
+            link.send(F.pack(F.HELLO, {"party": party, "session": session, "nonce": nonce_g.hex()}))
+            first = link.receive(max(0.1, deadline - time.monotonic()))
+            if isinstance(first, _Closed):
+                raise _Unreachable(first.reason)
+            break
+        except (_Unreachable, queue.Empty) as exc:
+            link.close()
+            channel.close()
+            attempt_error = str(exc) or "no answer"
+            if "UNAUTHENTICATED" in attempt_error or "INVALID_ARGUMENT" in attempt_error:
+                raise PeerFailure(party, None, f"the host at {address} refused {party}'s data-plane connection "
+                                  f"({attempt_error})") from None
+            if time.monotonic() + RETRY > deadline:
+                raise PeerFailure("host", None, f"{party} cannot reach the host's data plane at {address} within "
+                                  f"{connect_timeout:g} s ({attempt_error})") from None
+            time.sleep(RETRY)
+    try:
+        who = f"the host at {address}"
+        welcome = F.unpack(first, who, allowed=(F.WELCOME,))
+        nonce_h = F.welcome_nonce(welcome, who)
+        F.check_proof(key, "host", session, party, nonce_g, nonce_h, welcome.header.get("proof"), who)
+        link.send(F.pack(F.PROOF, {"proof": F.proof(key, "guest", session, party, nonce_g, nonce_h)}))
+        k_to_guest, k_to_host = F.session_keys(key, session, party, nonce_g, nonce_h)
+        sealer, opener = F.Sealer(k_to_host), F.Opener(k_to_guest, "the host")
+        # the host times its guests out; a guest only needs to notice a host that is gone, and
+        # waits longer than the host does (the host first waits for every guest to connect, and
+        # computes between its frames)
+        return _serve_steps(party, step, link, sealer, opener, 2 * timeout)
+    except (FrameError, CredentialError) as exc:
+        raise PeerFailure("host", None, f"{party} refused the data-plane peer: {exc}") from None
+    finally:
+        link.close()
+        channel.close()
+
+
+def _serve_steps(party: str, step: Callable, link: "_Stream", sealer: F.Sealer, opener: F.Opener,
+                 timeout: float) -> Served:
+    served = Served()
+    round_ = None
+    while True:
+        try:
+            item = link.receive(timeout)
+        except queue.Empty:
+            raise PeerFailure("host", round_, f"{party} received nothing from the host for {timeout:g} s "
+                              f"(twice --dataplane-timeout); the host stalled or failed") from None
+        if isinstance(item, _Closed):
+            raise PeerFailure("host", round_, f"{party} lost its connection to the host ({item.reason})")
+        try:
+            frame = opener.open(item, allowed=(F.STEP, F.END))
+        except FrameError as exc:
+            raise PeerFailure("host", round_, f"{party}: {exc}") from None
+        if frame.type == F.END:
+            served.end_reason = str(frame.header.get("reason", ""))
+            return served
+        try:
+            round_ = F.int_field(frame.header, "round", "STEP", "the host")
+            keys = F.keys_from_header(frame.header.get("keys"), "the host")
+        except FrameError as exc:
+            raise PeerFailure("host", round_, f"{party}: {exc}") from None
+        try:
+            blobs = step(frame.blobs, keys, round_)
+        except Exception as exc:  # noqa: BLE001 - the party's own error goes back to the host
+            served.errors += 1
+            link.send(sealer.seal(F.ERROR, F.error_header(exc, party, round_)))
+            continue
+        link.send(sealer.seal(F.RELEASE, {"round": round_}, blobs))
+        served.steps += 1
+
+
+class _Unreachable(DataPlaneError):
+    pass
+
+
+class _Stream:
+    """One bidirectional stream. Frames out go through a queue (gRPC consumes the request iterator
+    in its own thread); frames in are read in the calling thread, with a watchdog that cancels the
+    call when nothing arrives before the current deadline (so a lost host cannot block a guest)."""
+
+    def __init__(self, channel) -> None:
+        self._out: queue.Queue = queue.Queue()
+        self._call = channel.stream_stream(METHOD)(self._requests())
+        self._deadline = float("inf")
+        self._expired = False
+        self._done = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="fl_split-dataplane-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _requests(self):
+        while True:
+            item = self._out.get()
+            if item is None:
+                return
+            yield item
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.05):
+            if time.monotonic() > self._deadline:
+                self._expired = True
+                self._call.cancel()
+                return
+
+    def send(self, data: bytes) -> None:
+        self._out.put(data)
+
+    def receive(self, timeout: float):
+        """The next frame, or :class:`_Closed` when the stream ended or broke; raises
+        :class:`queue.Empty` when nothing arrived within ``timeout`` seconds."""
+        self._deadline = time.monotonic() + timeout
+        try:
+            return next(self._call)
+        except StopIteration:
+            return _Closed("the host closed the stream")
+        except Exception as exc:  # noqa: BLE001 - grpc.RpcError: the stream broke, was refused or timed out
+            if self._expired:
+                raise queue.Empty from None
+            return _Closed(_rpc_reason(exc))
+        finally:
+            self._deadline = float("inf")
+
+    def close(self) -> None:
+        self._done.set()
+        self._out.put(None)
+        try:
+            self._call.cancel()
+        except Exception:  # noqa: BLE001
+            pass

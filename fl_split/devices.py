@@ -1,0 +1,85 @@
+"""Where a run's tensors live: one rule for ``--device`` in every engine, and what each party records.
+
+``--device auto`` is resolved **once, before any party is built, by the engine that starts the
+run**, to ``cuda`` when this machine has a CUDA device and ``cpu`` otherwise — the same rule for the
+local engine, the monolithic baseline and the in-process Flower simulation — and the resolved value
+is what every party receives and what the results' ``config.device`` says. A Flower ClientApp
+sees a GPU only when Ray reserves one for it, so a simulation whose parties use CUDA needs
+``--num-gpus > 0`` (each party's tensors then live on the GPU Ray assigned to its actor); asking for
+CUDA without it is refused with a message naming both flags instead of silently running the parties
+on the CPU. Under ``flwr run`` and in a deployment the coordinator cannot see the parties' machines:
+there each party resolves ``auto`` on its own machine by the same rule.
+
+Every party's end-of-run report carries ``device`` (``cpu`` or ``cuda:<index>``) and, on a GPU,
+``accelerator`` (the device's name and the GPU IDs Ray assigned), so the results say where each
+party ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fl_split.errors import ConfigError
+
+
+def resolve(name: str) -> str:
+    """``cpu`` or ``cuda`` for ``--device name`` in this process (``auto``: CUDA if visible)."""
+    import torch
+
+    if name == "cpu":
+        return "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device", name, "auto or cpu (no CUDA device is visible)")
+        return "cuda"
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    raise ConfigError("device", name, "auto, cpu or cuda")
+
+
+def with_device(cfg):
+    """``cfg`` with ``--device`` resolved for parties that run in this process."""
+    return cfg if cfg.device in ("cpu",) else cfg.replace(device=resolve(cfg.device))
+
+
+def for_simulation(cfg):
+    """``cfg`` with ``--device`` resolved for an in-process Flower simulation on this machine: the
+    same rule as :func:`with_device`; CUDA needs ``--num-gpus > 0`` (Ray hides GPUs from actors
+    that reserve none)."""
+    device = resolve(cfg.device) if cfg.device == "auto" else cfg.device
+    if device == "cuda" and cfg.num_gpus <= 0:
+        import torch
+
+        n = torch.cuda.device_count() if cfg.device == "auto" else 0
+        share = f"{max(0.01, int(100 * n / (cfg.guests + 1)) / 100):g}" if n else "0.33"
+        chose = (f"--device auto chose cuda (this machine has {n} GPU(s), as the local engine would use)"
+                 if cfg.device == "auto" else "--device cuda")
+        raise ConfigError("num-gpus", cfg.num_gpus, f"a share of a GPU per ClientApp, e.g. --num-gpus {share} "
+                          f"({cfg.guests + 1} parties on {max(n, 1)} GPU(s)), or --device cpu",
+                          reason=f"{chose}, but a Flower ClientApp sees a GPU only when Ray reserves one for it")
+    return cfg.replace(device=device)
+
+
+def describe(device) -> dict[str, Any]:
+    """What a party's report says about where it ran (no data: a device name, Ray's GPU IDs)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return {"device": dev.type}
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    info: dict[str, Any] = {"name": torch.cuda.get_device_name(index)}
+    try:
+        import sys
+
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            info["ray_gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+    except Exception:  # noqa: BLE001 - not in a Ray worker
+        pass
+    return {"device": f"cuda:{index}", "accelerator": info}
+
+
+def report_with_device(party) -> dict[str, Any]:
+    """``party.report()`` plus where the party's tensors live."""
+    return {**party.report(), **describe(party.device)}

@@ -1,0 +1,278 @@
+"""The direct data plane under Flower: one control message per party per epoch (or per N epochs).
+
+Flower stays the control plane; within the epochs of one ``train.epoch`` message the per-batch
+tensors go straight between guests and host (:mod:`fl_split.dataplane`):
+
+* **coordinator** (:func:`coordinate_direct`, run by the ServerApp strategy): creates the run's
+  credential (random, never written anywhere), and for every chunk of ``--epochs-per-message``
+  epochs pushes one ``train.epoch`` message to every party together — the epochs, a fresh session
+  identifier, the credential, and where the host's data plane is — then waits for every reply. The
+  host's reply carries the chunk's per-epoch aggregates (or nothing with ``--report-metrics none``),
+  its wire counts, and whether it stopped (budget) or a guest failed; the coordinator assembles the
+  same results dictionary as :func:`fl_split.engine.coordinate`.
+* **host** (:func:`host_epochs`, in the host's ClientApp): listens (:class:`HostEndpoint`), publishes
+  its address (simulation) or is reached at its configured ``dataplane-address`` (deployment), waits
+  for its guests, and runs the shared coordinator loop :func:`fl_split.engine.coordinate` over the
+  chunk's epochs with a :class:`HostDataPlane` transport — the very loop of the local engine, so a
+  round does exactly what it does there (results are bit-identical).
+* **guest** (:func:`guest_epochs`, in each guest's ClientApp): finds the host, proves the credential
+  and answers its STEP frames with ``party.step`` until the host ends the session.
+
+Node config of a deployment (``flower-supernode --node-config``), besides ``role``, ``guest-index``
+and ``data-path``:
+
+=========================  =============================================================================
+``dataplane-address``      host: ``HOST:PORT`` where guests reach its data plane (required)
+``dataplane-bind``         host: ``ADDR:PORT`` to listen on (default ``0.0.0.0:<port of the address>``)
+``dataplane-certfile``     host: its TLS certificate (PEM; names the host of ``dataplane-address``);
+                           guest: its client certificate, when the host requires one
+``dataplane-keyfile``      the key of ``dataplane-certfile``
+``dataplane-ca``           guest: the CA that signed the host's certificate
+``dataplane-client-ca``    host (optional): require guests to present certificates signed by this CA
+``dataplane-insecure``     ``true`` on a node: allow a plaintext data plane (tests on one machine only)
+=========================  =============================================================================
+
+In simulation the data plane is plaintext inside the Ray cluster and every stream is authenticated
+by the run's credential.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Any
+
+from fl_split.config import RunConfig
+from fl_split.dataplane.errors import DataPlaneError, PeerFailure
+from fl_split.errors import ConfigError
+from fl_split.flower import records as R
+
+log = logging.getLogger("fl_split.flower")
+
+#: node-config keys of the data plane
+ADDRESS, BIND, CERTFILE, KEYFILE, CA, CLIENT_CA, INSECURE = (
+    "dataplane-address", "dataplane-bind", "dataplane-certfile", "dataplane-keyfile", "dataplane-ca",
+    "dataplane-client-ca", "dataplane-insecure")
+
+#: what the host's epoch reply may say besides the per-epoch aggregates (all public counts and times)
+STOPPED_KEYS = ("stopped_reason", "stopped_detail", "stopped_round")
+
+
+def _flag(node_config: dict, key: str) -> bool:
+    v = node_config.get(key, False)
+    return v is True or str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _text(node_config: dict, key: str) -> str:
+    return str(node_config.get(key, "") or "").strip()
+
+
+# -- setup: what the host tells the coordinator, checked early ------------------------------------
+def host_dataplane_info(role, node_config: dict) -> dict[str, Any]:
+    """The host's public data-plane facts for the coordinator: where guests reach it (deployment;
+    empty in simulation, where the address is published per session) and whether it uses TLS.
+    Deployment settings are checked here, at setup, so a bad certificate fails before training."""
+    if role.mode != "deployment":
+        return {"address": "", "tls": False}
+    address = _text(node_config, ADDRESS)
+    if not address or ":" not in address:
+        raise DataPlaneError(f"host node-config: {ADDRESS} is {address!r}; the direct data plane needs the "
+                             f"HOST:PORT guests reach the host at, e.g. --node-config \"... {ADDRESS}='"
+                             f"host.example.org:9300' {CERTFILE}='host.crt' {KEYFILE}='host.key'\" "
+                             f"(or run with data-plane='flower')")
+    tls = _server_tls(node_config)
+    return {"address": address, "tls": tls is not None}
+
+
+def _server_tls(node_config: dict):
+    from fl_split.dataplane.tls import ServerTLS
+
+    cert, key = _text(node_config, CERTFILE), _text(node_config, KEYFILE)
+    if cert or key:
+        if not (cert and key):
+            raise DataPlaneError(f"host node-config: {CERTFILE} and {KEYFILE} go together")
+        return ServerTLS.from_files(cert, key, _text(node_config, CLIENT_CA))
+    if not _flag(node_config, INSECURE):
+        raise DataPlaneError(f"host node-config: no {CERTFILE} / {KEYFILE}; a deployment's data plane uses TLS "
+                             f"(or set {INSECURE}=true on every node for a plaintext data plane on one machine)")
+    return None
+
+
+def check_guest_node(role, node_config: dict) -> None:
+    """A deployment guest's TLS settings, checked at setup."""
+    if role.mode != "deployment":
+        return
+    if not _text(node_config, CA) and not _flag(node_config, INSECURE):
+        raise DataPlaneError(f"{role.party} node-config: no {CA} (the CA that signed the host's data-plane "
+                             f"certificate); a deployment's data plane uses TLS (or set {INSECURE}=true on every "
+                             f"node for a plaintext data plane on one machine)")
+    _client_tls(role, node_config, tls=bool(_text(node_config, CA)))
+
+
+def _client_tls(role, node_config: dict, tls: bool):
+    from fl_split.dataplane.tls import ClientTLS
+
+    if not tls:
+        if role.mode == "deployment" and not _flag(node_config, INSECURE):
+            raise DataPlaneError(f"{role.party}: the host's data plane is plaintext and this node requires TLS "
+                                 f"(set {INSECURE}=true on every node to allow it on one machine)")
+        return None
+    ca = _text(node_config, CA)
+    if not ca:
+        raise DataPlaneError(f"{role.party}: the host's data plane uses TLS; set {CA} in this node's node-config "
+                             f"(the CA that signed the host's certificate)")
+    return ClientTLS.from_files(ca, _text(node_config, CERTFILE), _text(node_config, KEYFILE))
+
+
+# -- the parties' side of train.epoch ----------------------------------------------------------------
+def _request(req) -> tuple[int, int, str, str, dict]:
+    from fl_split.errors import ProtocolError
+
+    try:
+        first, last = int(req["first-epoch"]), int(req["last-epoch"])
+        session, credential = str(req["session"]), str(req["credential"])
+        info = R.loads(str(req["dataplane"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed train.epoch request ({type(exc).__name__}: {exc})") from None
+    if not (1 <= first <= last) or not isinstance(info, dict) or len(credential) < 32:
+        raise ProtocolError("malformed train.epoch request (epochs, credential or data-plane address)")
+    return first, last, session, credential, info
+
+
+def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict) -> dict[str, Any]:
+    """Play the request's epochs as the host, reaching the guests over the data plane; returns the
+    outcome for the coordinator (the same pieces as the local engine's results, for these epochs)."""
+    from fl_split.dataplane import rendezvous
+    from fl_split.dataplane.host import HostDataPlane, HostEndpoint
+    from fl_split.engine import coordinate
+
+    first, last, session, credential, _ = _request(req)
+    if role.mode == "deployment":
+        address = _text(node_config, ADDRESS)
+        bind = _text(node_config, BIND) or f"0.0.0.0:{address.rsplit(':', 1)[1]}"
+        endpoint = HostEndpoint(party.guests, credential, session, bind, _server_tls(node_config),
+                                cfg.dataplane_timeout, advertise=address)
+        board = None
+    else:
+        endpoint = HostEndpoint(party.guests, credential, session, f"{rendezvous.local_ip()}:0", None,
+                                cfg.dataplane_timeout)
+        board = rendezvous.board()
+        board.publish(session, endpoint.address)
+    reason = "failed"
+    try:
+        endpoint.wait_for_guests()
+        results = coordinate(cfg.replace(progress=False), plan, HostDataPlane(party, endpoint), "flower",
+                             epochs=(first, last))
+        reason = "done"
+    finally:
+        endpoint.close(reason)
+        if board is not None:
+            board.withdraw(session)
+    outcome: dict[str, Any] = {"history": results["history"], "wire": results["wire"],
+                               "guest_failures": results.get("guest_failures", [])}
+    if results.get("stopped_reason", "completed") != "completed":
+        outcome["stopped"] = {k: results[k] for k in STOPPED_KEYS if k in results}
+    return outcome
+
+
+def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict) -> dict[str, Any]:
+    """Serve the host for the request's epochs; returns how many steps were served."""
+    from fl_split.dataplane import rendezvous
+    from fl_split.dataplane.guest import serve
+
+    _, _, session, credential, info = _request(req)
+    address = str(info.get("address", ""))
+    if not address:
+        address = rendezvous.board().lookup(session, cfg.dataplane_timeout) or ""
+        if not address:
+            raise PeerFailure("host", None, f"the host did not open its data plane within {cfg.dataplane_timeout:g} s "
+                              f"(--dataplane-timeout); {party.name} waited for it")
+    tls = _client_tls(role, node_config, bool(info.get("tls")))
+    served = serve(party.name, party.step, address, credential, session, tls, cfg.dataplane_timeout)
+    return {"steps": served.steps, "errors": served.errors}
+
+
+# -- the coordinator's side -----------------------------------------------------------------------
+def check_direct(cfg: RunConfig, host_setup, guests: int) -> None:
+    """Before the first epoch: options the direct plane cannot honour, and whether the simulation
+    can run every ClientApp at once (the host's setup reply says what its actor has)."""
+    from fl_split.flower.resources import check_capacity
+
+    if cfg.on_guest_failure == "pad":
+        raise ConfigError("on-guest-failure", "pad", "stop with --engine flower",
+                          reason="a Flower run cannot go on without a guest yet: the next epoch's control "
+                                 "message would wait for it")
+    cap = host_setup.get("capacity") if host_setup is not None else None
+    if cap:
+        check_capacity(guests, R.loads(str(cap)), " (measured by the host's ClientApp)")
+
+
+def _first_round(plan, cfg: RunConfig, epoch: int) -> tuple[int, int]:
+    """The first round of ``epoch`` and the number of rounds of ``epoch`` (public schedule)."""
+    per = plan.schedule.num_train_batches()
+    k = per if cfg.batches_per_round == "epoch" else max(1, int(cfg.batches_per_round))
+    rounds = -(-per // k) + 1
+    return (epoch - 1) * rounds + 1, rounds
+
+
+def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str = "flower",
+                      timeline: dict | None = None) -> dict[str, Any]:
+    """Run every epoch through ``train.epoch`` control messages; returns the results dictionary
+    (the same as :func:`fl_split.engine.coordinate` produces for the local engine)."""
+    from tqdm.auto import tqdm
+
+    from fl_split.engine import make_results
+
+    credential = secrets.token_hex(32)
+    info = R.loads(str(host_setup.get("dataplane", "{}"))) if host_setup is not None else {}
+    dataplane = R.dumps({"address": str(info.get("address", "")), "tls": bool(info.get("tls", False))})
+    wire = {"bytes_to_host": 0, "bytes_to_guests": 0, "messages_to_host": 0, "messages_to_guests": 0, "rounds": 0}
+    history: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
+    stopped: dict[str, Any] = {"stopped_reason": "completed"}
+    bar = tqdm(total=cfg.epochs * plan.schedule.num_train_batches(), desc=f"{engine} split training (direct)",
+               unit="batch", disable=not cfg.progress, leave=False, dynamic_ncols=True)
+    t0 = time.perf_counter()
+    try:
+        for first in range(1, cfg.epochs + 1, cfg.epochs_per_message):
+            last = min(cfg.epochs, first + cfg.epochs_per_message - 1)
+            round_, per_epoch = _first_round(plan, cfg, first)
+            session = secrets.token_hex(8)
+            req = R.content(**{"first-epoch": first, "last-epoch": last, "session": session,
+                               "credential": credential, "dataplane": dataplane})
+            # every party works for the whole chunk; the parties bound every wait by --dataplane-timeout
+            limit = cfg.node_timeout + cfg.dataplane_timeout * (per_epoch * (last - first + 1) + 2)
+            t = time.perf_counter()
+            if timeline is not None and "training_start" not in timeline:
+                timeline["training_start"] = t
+            replies = transport.exchange({p: (R.MSG_EPOCH, req) for p in transport.nodes}, round_,
+                                         timeout=limit, fail_fast=True)
+            seconds = time.perf_counter() - t
+            outcome = R.loads(str(replies["host"]["outcome"]))
+            for k in wire:
+                wire[k] += int(outcome["wire"].get(k, 0))
+            rows = list(outcome["history"])
+            spent = sum(float(r.get("epoch_time_s", 0.0)) for r in rows)
+            for r in rows:  # the control plane's share of the chunk's time, spread over its epochs
+                r["epoch_time_s"] = float(r.get("epoch_time_s", 0.0)) + (seconds - spent) / max(len(rows), 1)
+                history.append(r)
+            failures += list(outcome.get("guest_failures", []))
+            bar.update(plan.schedule.num_train_batches() * len(rows))
+            if history and history[-1].get("test_metric") is not None:
+                bar.set_postfix(epoch=history[-1]["epoch"], test=f"{history[-1]['test_metric']:.4f}", refresh=False)
+            if "stopped" in outcome:
+                stopped = dict(outcome["stopped"])
+                break
+    finally:
+        bar.close()
+    elapsed = time.perf_counter() - t0
+    if timeline is not None:
+        timeline["training_end"] = time.perf_counter()
+    reports = transport.reports()
+    results = make_results(cfg, plan, history, wire, elapsed, engine, parties=reports)
+    results["privacy"] = {name: rep["privacy"] for name, rep in reports.items() if "privacy" in rep}
+    results["guest_failures"] = failures
+    results.update(stopped)
+    return results
+

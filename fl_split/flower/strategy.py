@@ -1,0 +1,194 @@
+"""The coordinator of vertical split learning on Flower: :class:`VerticalSplitStrategy` and the
+ServerApps built on it (``strategies/server_app.py`` is a thin shell over this module).
+
+Vertical split learning is not FedAvg: nothing is aggregated. The coordinator schedules and never
+sees raw data, labels or weights. The strategy
+
+1. waits for the expected ``G + 1`` nodes (``--node-timeout``), asks each for its role and
+   validates the federation (one host, guests ``1..G`` each once);
+2. sends every party the run configuration (``setup``) and rebuilds the run plan from the
+   host's public facts;
+3. trains:
+
+   * ``--data-plane direct`` (default): checks that every ClientApp can run at once, then one
+     ``train.epoch`` message per party per epoch (``--epochs-per-message``): the host drives the
+     shared coordinator loop and reaches its guests over the direct data plane
+     (:mod:`fl_split.flower.direct`);
+   * ``--data-plane flower`` (relay): the shared coordinator loop :func:`fl_split.engine.coordinate`
+     here, over a :class:`~fl_split.flower.transport.FlowerTransport` — every tensor in a Flower
+     message, ``--batches-per-round`` batches per round;
+
+4. asks every party for its report and returns the same results dictionary as the local engine
+   (and writes it to ``--out`` under ``flwr run``).
+
+A party's error reply stops the run with :class:`~fl_split.errors.PartyError` (party, round, error);
+a refused release (:class:`~fl_split.errors.BudgetExceeded`) stops it cleanly with
+``stopped_reason: "budget"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fl_split.config import RunConfig
+from fl_split.flower.transport import POLL_INTERVAL, FlowerTransport, discover, setup
+
+log = logging.getLogger("fl_split.flower")
+
+
+class VerticalSplitStrategy:
+    """Coordinates one vertical split-learning run over a Flower :class:`Grid`.
+
+    ``timeline`` (optional) receives ``time.perf_counter()`` marks of the run's phases
+    (``server_start``, ``nodes_registered``, ``setup_done``, ``training_start``, ``training_end``,
+    ``reports_done``): the start-up breakdown of ``experiments/bench_flower.py``."""
+
+    def __init__(self, cfg: RunConfig, poll_interval: float = POLL_INTERVAL, timeline: dict | None = None) -> None:
+        self.cfg = cfg
+        self.poll_interval = poll_interval
+        self.transport: FlowerTransport | None = None
+        self.plan = None
+        self.timeline = timeline
+
+    def _mark(self, name: str) -> None:
+        if self.timeline is not None:
+            self.timeline.setdefault(name, time.perf_counter())
+
+    def configure(self, grid: Grid) -> FlowerTransport:
+        """Discover and validate the federation, set the parties up; returns the transport."""
+        self._mark("server_start")
+        self.transport = discover(grid, self.cfg, self.poll_interval, on_registered=lambda: self._mark("nodes_registered"))
+        self._mark("roles_answered")
+        log.info("federation: %s", ", ".join(f"{p} = node {n}" for p, n in self.transport.nodes.items()))
+        self.plan = setup(self.transport, self.cfg)
+        self._mark("setup_done")
+        if self.cfg.data_plane == "direct":
+            from fl_split.flower.direct import check_direct
+
+            check_direct(self.cfg, self.transport.setup_replies.get("host"), self.cfg.guests)
+        from fl_split.privacy.diagnostics import hopeless_releases
+
+        for line in hopeless_releases(self.plan):
+            log.warning("%s", line)
+        return self.transport
+
+    def run(self, grid: Grid, write_out: bool = False) -> dict[str, Any]:
+        """Train and evaluate; returns the results dictionary (see README, "Results JSON")."""
+        transport = self.configure(grid)
+        if self.cfg.data_plane == "direct":
+            from fl_split.flower.direct import coordinate_direct
+
+            results = coordinate_direct(self.cfg, self.plan, transport, transport.setup_replies.get("host"),
+                                        timeline=self.timeline)
+        else:
+            from fl_split.engine import coordinate
+
+            self._mark("training_start")
+            results = coordinate(self.cfg, self.plan, transport, "flower")
+            self._mark("training_end")
+        self._mark("reports_done")
+        for h in results["history"]:
+            log.info("epoch %d: train loss %s, test %s %s (%.2f s)", h["epoch"], _fmt(h.get("train_loss")),
+                     results["final"]["metric"], _fmt(h.get("test_metric")), h["epoch_time_s"])
+        for party, rep in results.get("privacy", {}).items():
+            log.info("%s", privacy_line(party, rep))
+        if results.get("stopped_reason", "completed") != "completed":
+            log.warning("stopped early (%s): %s", results["stopped_reason"], results.get("stopped_detail", ""))
+        if write_out and self.cfg.out:
+            from fl_split.results import write_json_atomic
+
+            write_json_atomic(self.cfg.out, results)
+            log.info("results written to %s", self.cfg.out)
+        return results
+
+
+def _fmt(v) -> str:
+    return "(kept by the host)" if v is None else f"{v:.4f}"
+
+
+def privacy_line(party: str, rep: dict[str, Any]) -> str:
+    """One log line of a party's privacy report: mechanism, epsilon, delta, accountant, releases."""
+    from fl_split.privacy.disclosure import snr_bound
+
+    mech = rep.get("mechanism") or {}
+    name = mech.get("name", "none") if isinstance(mech, dict) else str(mech)
+    if rep.get("epsilon") is None:
+        return f"{party}: {name}, no differential privacy claimed ({rep.get('releases', 0)} record releases)"
+    snr = snr_bound(rep)
+    return (f"{party}: {name}, epsilon = {rep['epsilon']:.4g} at delta = {rep['delta']:g} ({rep['accountant']} "
+            f"accountant; {rep['releases']} record releases, at most {rep['releases_per_record']} per record"
+            + ("" if snr is None else f"; signal-to-noise ratio at most {snr:.3g} per element") + ")")
+
+
+#: run-config keys the coordinator must not use, send or write (read by the ClientApps only)
+PRIVATE_KEYS = ("private-seed",)
+
+
+def config_from_context(context: Context) -> RunConfig:
+    """The run configuration of ``flwr run`` (``[tool.flwr.app.config]`` + ``--run-config``), without
+    ``private-seed``: that one is for the parties' own secrets (simulation), never sent or written."""
+    public = {k: v for k, v in dict(context.run_config).items() if k not in PRIVATE_KEYS}
+    return RunConfig.from_mapping(public).replace(engine="flower", progress=False)
+
+
+def flwr_run_app() -> ServerApp:
+    """The ServerApp of ``flwr run .``: one run configured by the app config; results go to ``out``."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        _log_through_flower()
+        cfg = config_from_context(context)
+        VerticalSplitStrategy(cfg).run(grid, write_out=True)
+
+    return app
+
+
+def _log_through_flower() -> None:
+    """Send fl_split's INFO logs to Flower's handlers (they reach ``flwr run --stream`` / ``flwr log``)."""
+    ours, flwr_logger = logging.getLogger("fl_split"), logging.getLogger("flwr")
+    ours.setLevel(logging.INFO)
+    for h in flwr_logger.handlers:
+        if h not in ours.handlers:
+            ours.addHandler(h)
+    ours.propagate = False
+
+
+def make_server_app(cfg: RunConfig | list[RunConfig], sink: dict[str, Any], poll_interval: float = POLL_INTERVAL,
+                    done: threading.Event | None = None) -> ServerApp:
+    """A ServerApp running ``cfg`` — or each of a list of configurations in turn — for an
+    in-process simulation (whose run-config is empty).
+
+    The outcome lands in ``sink``: ``results`` (a list, one per configuration), or ``error`` (the
+    exception, re-raised by the caller), ``transport`` / ``transports`` (exchange statistics, the
+    workers that answered) and ``timelines`` (each run's phase marks); ``done`` is set when the
+    ServerApp returns."""
+    cfgs = [cfg] if isinstance(cfg, RunConfig) else list(cfg)
+    server_app = ServerApp()
+
+    @server_app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        sink["results"], sink["transports"], sink["timelines"] = [], [], []
+        try:
+            for c in cfgs:
+                timeline: dict[str, float] = {}
+                sink["timelines"].append(timeline)
+                strategy = VerticalSplitStrategy(c, poll_interval, timeline=timeline)
+                try:
+                    sink["results"].append(strategy.run(grid))
+                finally:
+                    sink["transport"] = strategy.transport
+                    sink["transports"].append(strategy.transport)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, not to Flower's logs
+            sink["error"] = exc
+        finally:
+            if done is not None:
+                done.set()
+
+    return server_app

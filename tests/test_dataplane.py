@@ -1,0 +1,614 @@
+"""The direct data plane (issue 10): frames, the run's credential, TLS, failures, resources, devices
+and the package layering.
+
+Most tests run the real pieces over loopback gRPC in this process (fast); the run-level ones use the
+inline Flower grid of ``tests/test_flower.py`` (the real strategy and ClientApp handlers, epoch
+messages in threads). The guest killed mid-epoch is a real process, SIGKILLed while it serves a
+round. The Ray-simulation versions are in ``tests/test_flower.py`` (``slow``).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from fl_split.config import RunConfig
+from fl_split.dataplane import frames as F
+from fl_split.dataplane.errors import CredentialError, FrameError, PeerFailure
+from fl_split.dataplane.guest import serve
+from fl_split.dataplane.host import GRPC_OPTIONS, METHOD, HostEndpoint
+from fl_split.dataplane.tls import ClientTLS, ServerTLS
+from fl_split.errors import ConfigError, PartyError
+from fl_split.flower import node as node_mod
+from fl_split.flower import records as R
+from fl_split.flower.node import handle, node_role
+from fl_split.flower.strategy import VerticalSplitStrategy
+from tests.test_flower import PS, InlineGrid, _cfg, _local, _simulation_nodes, _strip
+
+ROOT = Path(__file__).resolve().parents[1]
+CRED = "5f" * 32
+SESSION = "0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    from tests.tlsutil import make_certificates
+
+    return make_certificates(tmp_path_factory.mktemp("tls"))
+
+
+# ------------------------------------------------------------------------------------------------
+# frames
+
+
+def test_frame_round_trip_with_mac():
+    key = os.urandom(32)
+    sealer, opener = F.Sealer(key), F.Opener(key, "guest-1")
+    blobs = [b"", b"\x00" * 7, os.urandom(4096)]
+    for i in range(3):
+        data = sealer.seal(F.RELEASE, {"round": i}, blobs)
+        frame = opener.open(data, allowed=(F.RELEASE,))
+        assert (frame.type, frame.seq, frame.header, frame.blobs) == (F.RELEASE, i + 1, {"round": i}, blobs)
+
+
+def _flip(data: bytes, pos: int) -> bytes:
+    b = bytearray(data)
+    b[pos] ^= 0x01
+    return bytes(b)
+
+
+@pytest.mark.parametrize("tamper,match", [
+    (lambda d: _flip(d, len(d) - 40), "bad MAC"),                 # a tensor byte
+    (lambda d: _flip(d, 20), "bad MAC"),                          # the header
+    (lambda d: _flip(d, len(d) - 1), "bad MAC"),                  # the MAC itself
+    (lambda d: d[:-1], "bad MAC"),                                # truncated
+    (lambda d: d[:10], "shorter than a frame header"),
+    (lambda d: b"garbage", "shorter than a frame header"),
+])
+def test_tampered_frame_is_refused_before_it_is_read(tamper, match):
+    key = os.urandom(32)
+    data = F.Sealer(key).seal(F.RELEASE, {"round": 1}, [os.urandom(256)])
+    with pytest.raises(FrameError, match=match) as err:
+        F.Opener(key, "guest-3").open(tamper(data))
+    assert "guest-3" in str(err.value)
+
+
+def test_replayed_or_foreign_frames_are_refused():
+    key = os.urandom(32)
+    sealer, opener = F.Sealer(key), F.Opener(key, "guest-1")
+    first = sealer.seal(F.RELEASE, {"round": 1})
+    opener.open(first)
+    with pytest.raises(FrameError, match="sequence number 1, expected 2"):
+        opener.open(first)  # replayed
+    with pytest.raises(FrameError, match="bad MAC"):
+        opener.open(F.Sealer(os.urandom(32)).seal(F.RELEASE, {"round": 2}))  # another session's key
+    with pytest.raises(FrameError, match="STEP before the handshake"):
+        F.unpack(F.pack(F.STEP, {"round": 1}), "a connection from ipv4:1.2.3.4:5")
+    with pytest.raises(FrameError, match="unexpected data-plane frame from guest-1: END, expected RELEASE or ERROR"):
+        opener.open(sealer.seal(F.END, {}), allowed=(F.RELEASE, F.ERROR))
+
+
+def test_handshake_proofs_bind_credential_session_and_party():
+    ng, nh = F.new_nonce(), F.new_nonce()
+    good = F.proof(CRED.encode(), "guest", SESSION, "guest-1", ng, nh)
+    F.check_proof(CRED.encode(), "guest", SESSION, "guest-1", ng, nh, good, "guest-1")
+    for args in [(b"x" * 64, "guest", SESSION, "guest-1", ng, nh), (CRED.encode(), "host", SESSION, "guest-1", ng, nh),
+                 (CRED.encode(), "guest", "ffff0000", "guest-1", ng, nh),
+                 (CRED.encode(), "guest", SESSION, "guest-2", ng, nh), (CRED.encode(), "guest", SESSION, "guest-1", nh, ng)]:
+        with pytest.raises(CredentialError, match="guest-1 presented a wrong data-plane credential"):
+            F.check_proof(*args, good, "guest-1")
+
+
+# ------------------------------------------------------------------------------------------------
+# the endpoint and the guests over loopback
+
+
+def _echo(name: str):
+    return lambda owed, keys, r: [f"{name}:{r}:{len(owed)}".encode()]
+
+
+def _guest_thread(party, address, credential=CRED, session=SESSION, tls=None, timeout=10.0, step=None):
+    out: dict = {}
+
+    def run():
+        try:
+            out["served"] = serve(party, step or _echo(party), address, credential, session, tls, timeout)
+        except Exception as exc:  # noqa: BLE001 - inspected by the test
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def _rounds(endpoint: HostEndpoint, n: int):
+    got = []
+    for r in range(1, n + 1):
+        for g in endpoint.guests:
+            endpoint.send(g, F.STEP, {"round": r, "keys": [["train", 1, r - 1]]}, [b"grad"] * (r > 1))
+        out, failed, errors = endpoint.collect(r, endpoint.guests)
+        assert not failed and not errors
+        got.append(out)
+    return got
+
+
+def test_host_and_guests_exchange_over_loopback():
+    with HostEndpoint(["guest-1", "guest-2"], CRED, SESSION, "127.0.0.1:0", timeout=10) as ep:
+        threads = [_guest_thread(g, ep.address) for g in ep.guests]
+        ep.wait_for_guests()
+        got = _rounds(ep, 3)
+    for t, _ in threads:
+        t.join(10)
+    assert got[2] == {"guest-1": [b"guest-1:3:1"], "guest-2": [b"guest-2:3:1"]}
+    assert [out["served"].steps for _, out in threads] == [3, 3]
+    assert all(out["served"].end_reason == "done" for _, out in threads)
+
+
+def _rogue(address: str, party: str = "guest-1", credential: str = "0" * 64, session: str = SESSION,
+           after=None, tls=None) -> grpc.RpcError | None:
+    """A client that runs the handshake with ``credential`` without checking the host (an attacker
+    has nothing to check it with) and then, if it gets that far, sends ``after``."""
+    channel = grpc.secure_channel(address, tls.credentials(), options=GRPC_OPTIONS) if tls else \
+        grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    ng = F.new_nonce()
+    sent = [F.pack(F.HELLO, {"party": party, "session": session, "nonce": ng.hex()})]
+    ready = threading.Event()
+
+    def requests():
+        yield sent[0]
+        ready.wait(10)
+        yield from sent[1:]
+
+    try:
+        call = channel.stream_stream(METHOD)(requests())
+        welcome = F.unpack(next(call), "host")
+        nh = bytes.fromhex(welcome.header["nonce"])
+        sent.append(F.pack(F.PROOF, {"proof": F.proof(credential.encode(), "guest", session, party, ng, nh)}))
+        if after is not None:
+            sent.append(after(F.session_keys(credential.encode(), session, party, ng, nh)))
+        ready.set()
+        for _ in call:
+            pass
+    except grpc.RpcError as exc:
+        return exc
+    finally:
+        channel.close()
+    return None
+
+
+def test_wrong_credential_is_refused_and_the_host_keeps_waiting():
+    """A peer presenting a wrong credential is refused (UNAUTHENTICATED, named) before anything it
+    sends is read; the endpoint keeps waiting and the real guest then joins as if nothing happened."""
+    with HostEndpoint(["guest-1"], CRED, SESSION, "127.0.0.1:0", timeout=10) as ep:
+        err = _rogue(ep.address, "guest-1", "0" * 64)
+        assert err is not None and err.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "guest-1 (connecting from" in err.details() and "presented a wrong data-plane credential" in err.details()
+        stale = _rogue(ep.address, "guest-1", CRED, session="ffffffff00000000")
+        assert stale is not None and "session ffffffff00000000" in stale.details()
+        stranger = _rogue(ep.address, "guest-7", CRED)
+        assert stranger is not None and "guest-7" in stranger.details() and "not a guest of this run" in stranger.details()
+        t, out = _guest_thread("guest-1", ep.address)
+        ep.wait_for_guests()
+        assert _rounds(ep, 2)[1] == {"guest-1": [b"guest-1:2:1"]}
+        assert len(ep.refused) == 3 and "wrong data-plane credential" in ep.refused[0]
+    t.join(10)
+    assert out["served"].steps == 2
+
+
+def test_a_guest_refuses_a_host_without_the_credential():
+    """The host proves the credential first: a guest never answers a peer that cannot."""
+    with HostEndpoint(["guest-1"], "ab" * 32, SESSION, "127.0.0.1:0", timeout=5) as ep:
+        with pytest.raises(PeerFailure, match=r"guest-1 refused the data-plane peer: the host at 127.0.0.1:\d+ "
+                                              r"presented a wrong data-plane credential"):
+            serve("guest-1", _echo("guest-1"), ep.address, CRED, SESSION, None, 5)
+
+
+def test_malformed_frame_from_an_authenticated_guest_is_refused():
+    """After a valid handshake a frame that fails its MAC is refused, named, and the guest dropped:
+    nothing of it reaches the host's round."""
+    with HostEndpoint(["guest-1"], CRED, SESSION, "127.0.0.1:0", timeout=5) as ep:
+        def bad_release(keys):
+            good = F.pack(F.RELEASE, {"round": 1}, [b"x" * 100], 1, keys[1])
+            return _flip(good, 40)
+
+        result: dict = {}
+        t = threading.Thread(target=lambda: result.setdefault("err", _rogue(ep.address, "guest-1", CRED,
+                                                                            after=bad_release)), daemon=True)
+        t.start()
+        ep.wait_for_guests()
+        ep.send("guest-1", F.STEP, {"round": 1, "keys": [["train", 1, 0]]})
+        out, failed, errors = ep.collect(1, ["guest-1"])
+        assert out == {} and not errors
+        assert "refused a data-plane frame from guest-1: bad MAC" in failed["guest-1"]
+    t.join(10)
+
+
+def test_tls_on_loopback(tls):
+    """The data plane over TLS with certificates made here: the guest trusts the CA that signed the
+    host's certificate; a guest trusting another CA, or speaking plaintext, cannot connect."""
+    server = ServerTLS.from_files(str(tls["host_cert"]), str(tls["host_key"]))
+    with HostEndpoint(["guest-1", "guest-2"], CRED, SESSION, "127.0.0.1:0", tls=server, timeout=10) as ep:
+        with pytest.raises(PeerFailure, match=r"guest-1 cannot reach the host's data plane at 127.0.0.1:\d+ within 2 s"):
+            serve("guest-1", _echo("guest-1"), ep.address, CRED, SESSION, ClientTLS.from_files(str(tls["other_ca"])), 2)
+        with pytest.raises(PeerFailure, match=r"cannot reach the host's data plane"):
+            serve("guest-1", _echo("guest-1"), ep.address, CRED, SESSION, None, 2)
+        threads = [_guest_thread(g, ep.address, tls=ClientTLS.from_files(str(tls["ca"]))) for g in ep.guests]
+        ep.wait_for_guests()
+        assert _rounds(ep, 2)[1]["guest-2"] == [b"guest-2:2:1"]
+    for t, out in threads:
+        t.join(10)
+        assert out["served"].steps == 2
+
+
+def test_mutual_tls(tls):
+    """Optionally the host also requires client certificates signed by its client CA."""
+    server = ServerTLS.from_files(str(tls["host_cert"]), str(tls["host_key"]), str(tls["ca"]))
+    with HostEndpoint(["guest-1"], CRED, SESSION, "127.0.0.1:0", tls=server, timeout=10) as ep:
+        with pytest.raises(PeerFailure, match="cannot reach the host's data plane"):
+            serve("guest-1", _echo("guest-1"), ep.address, CRED, SESSION, ClientTLS.from_files(str(tls["ca"])), 2)
+        client = ClientTLS.from_files(str(tls["ca"]), str(tls["guest_cert"]), str(tls["guest_key"]))
+        t, out = _guest_thread("guest-1", ep.address, tls=client)
+        ep.wait_for_guests()
+        _rounds(ep, 1)
+    t.join(10)
+    assert out["served"].steps == 1
+
+
+def test_tls_material_errors_name_the_file(tmp_path):
+    from fl_split.dataplane.errors import DataPlaneError
+
+    (tmp_path / "x.crt").write_text("not a certificate")
+    with pytest.raises(DataPlaneError, match=r"dataplane-ca: .*x.crt' is not a PEM file"):
+        ClientTLS.from_files(str(tmp_path / "x.crt"))
+    with pytest.raises(DataPlaneError, match=r"dataplane-certfile: cannot read '.*nope.crt'"):
+        ServerTLS.from_files(str(tmp_path / "nope.crt"), str(tmp_path / "nope.key"))
+
+
+def test_process_board_publishes_and_times_out():
+    from fl_split.dataplane.rendezvous import ProcessBoard
+
+    board = ProcessBoard()
+    assert board.lookup("feedbeef00000000", 0.05) is None
+    threading.Timer(0.1, lambda: board.publish("feedbeef00000000", "127.0.0.1:1234")).start()
+    assert board.lookup("feedbeef00000000", 5) == "127.0.0.1:1234"
+    board.withdraw("feedbeef00000000")
+    assert board.lookup("feedbeef00000000", 0) is None
+
+
+# ------------------------------------------------------------------------------------------------
+# whole runs through the real strategy and ClientApp handlers
+
+
+def test_rogue_peer_during_a_run_changes_nothing(monkeypatch):
+    """While a run is on, a peer that knows the host's address but not the credential connects as
+    guest-1: it is refused, and the run is exactly the local engine's."""
+    from fl_split.dataplane import rendezvous
+
+    refused: list = []
+    publish = rendezvous.ProcessBoard.publish
+
+    def publish_and_attack(self, session, address):
+        publish(self, session, address)
+        refused.append(_rogue(address, "guest-1", "0" * 64, session=session))
+
+    monkeypatch.setattr(rendezvous.ProcessBoard, "publish", publish_and_attack)
+    cfg = _cfg(epochs=1)
+    got = VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(3)))
+    assert _strip(got) == _strip(_local(cfg))
+    assert refused and all(e is not None and e.code() == grpc.StatusCode.UNAUTHENTICATED for e in refused)
+
+
+def _restored(grid: InlineGrid, node: int):
+    """The party of ``node`` as its saved state holds it (what a next message, or a resume, sees)."""
+    node_mod._PARTIES.clear()
+    ctx = grid.contexts[node]
+    party, _ = node_mod._restore(ctx, node_role(ctx.node_config))
+    return party
+
+
+def _consistent(party) -> None:
+    """Every release that left the party is in its ledger, once."""
+    rep = party.report()["privacy"]
+    assert rep["releases"] == party.released["records"] > 0
+
+
+def test_bad_frame_mid_run_is_refused_and_the_host_unchanged(monkeypatch):
+    """guest-1's RELEASE of round 3 arrives altered on the wire: the host refuses it before reading
+    a tensor, names guest-1 and the round, and stops; its saved state is exactly the local engine's
+    after round 2 (nothing of the bad frame reached it), its ledger holding every release once."""
+    from fl_split.dataplane import guest as guest_mod
+
+    send = guest_mod._Stream.send
+    marker = threading.local()
+
+    def step_marking(party, step):
+        def s(owed, keys, r):
+            marker.flip = party == "guest-1" and r == 3
+            return step(owed, keys, r)
+        return s
+
+    serve_ = guest_mod.serve
+    monkeypatch.setattr(guest_mod, "serve", lambda party, step, *a, **k: serve_(party, step_marking(party, step), *a, **k))
+
+    def sending(self, data):
+        if getattr(marker, "flip", False) and data[5] == F.RELEASE:  # magic (4), version (1), type
+            marker.flip = False
+            data = _flip(data, len(data) - 50)
+        return send(self, data)
+
+    monkeypatch.setattr(guest_mod._Stream, "send", sending)
+    cfg = _cfg(epochs=1, defense="laplace", protect="both", epsilon=50.0)
+    grid = InlineGrid(_simulation_nodes(3))
+    with pytest.raises(PartyError, match=r"^guest-1 failed in round 3: .*refused a data-plane frame from guest-1: "
+                                         r"bad MAC") as err:
+        VerticalSplitStrategy(cfg).run(grid)
+    assert (err.value.party, err.value.round) == ("guest-1", 3)
+    host = _restored(grid, grid.ids[0])
+    assert host.steps == 2
+    _consistent(host)
+    want = _local_after_rounds(cfg, 2)
+    assert host.report()["privacy"] == want.report()["privacy"]
+    assert host.released == want.released
+
+
+def _local_after_rounds(cfg: RunConfig, rounds: int):
+    """The local engine's host after ``rounds`` rounds of epoch 1 (K = 1)."""
+    from fl_split.builder import make_parties
+    from fl_split.engine import LocalTransport
+    from fl_split.schedule import plan_rounds
+
+    host, guests, plan = make_parties(cfg, PS)
+    t = LocalTransport(host, guests)
+    owed = {g: [] for g in guests}
+    for rnd in list(plan_rounds(plan.schedule, 1, 1))[:rounds]:
+        acts = t.guest_step(owed, rnd.keys, rnd.round)
+        owed = t.host_train(rnd.keys, acts, rnd.round)
+    return host
+
+
+def test_stalled_guest_is_named_after_the_timeout():
+    """guest-1 stops answering in round 2: the host gives up after --dataplane-timeout, names it and
+    the round, and the run stops (the other guest is told the session ended)."""
+    release = threading.Event()
+
+    def app(message, context):
+        if message.metadata.message_type == R.MSG_EPOCH and node_role(context.node_config).party == "guest-1":
+            party, _ = node_mod._restore(context, node_role(context.node_config))
+            step = party.step
+
+            def stalling(owed, keys, r):
+                if r == 2:
+                    release.wait(30)
+                return step(owed, keys, r)
+
+            party.step = stalling
+        return handle(message, context, PS)
+
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(PartyError, match=r"^guest-1 failed in round 2: .*no reply from guest-1 within 1 s "
+                                             r"\(--dataplane-timeout\)"):
+            VerticalSplitStrategy(_cfg(dataplane_timeout=1.0)).run(InlineGrid(_simulation_nodes(3), app=app))
+        assert time.monotonic() - t0 < 20
+    finally:
+        release.set()
+
+
+def _child_guest(cfg_json: str, party: str, address: str, credential: str, session: str, kill_round: int) -> None:
+    """A guest in its own process: built as its node builds it, serving the host until it kills
+    itself (SIGKILL) on receiving round ``kill_round``."""
+    import torch as _torch
+
+    from fl_split.flower.node import build_party
+    from fl_split.flower.node import node_role as _role
+
+    _torch.set_num_threads(1)
+    cfg = RunConfig.from_mapping(json.loads(cfg_json))
+    p, _ = build_party(cfg, _role({"partition-id": int(party.split("-")[1])}), PS)
+
+    def step(owed, keys, r):
+        if r == kill_round:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return p.step(owed, keys, r)
+
+    serve(party, step, address, credential, session, None, 60.0)
+
+
+def test_guest_killed_mid_epoch_is_named_and_ledgers_stay_consistent():
+    """guest-2 runs in its own process and is killed (SIGKILL) while it serves round 3. The host sees
+    the stream break at once and stops, naming guest-2 and the round; the host and guest-1 save
+    their states with every release that left them in their ledgers, exactly once — the same
+    ledgers the local engine has when guest-2 fails in round 3."""
+    from fl_split.dataplane.rendezvous import ProcessBoard
+
+    children: list = []
+
+    def app(message, context):
+        if message.metadata.message_type == R.MSG_EPOCH and node_role(context.node_config).party == "guest-2":
+            req = message.content.config_records[R.REQUEST]
+            address = ProcessBoard().lookup(str(req["session"]), 30)
+            config = R.loads(str(context.state.config_records[R.STATE_META]["skeleton"])) and \
+                str(context.state.config_records[R.STATE_META]["config"])
+            proc = multiprocessing.get_context("spawn").Process(
+                target=_child_guest, args=(config, "guest-2", address, str(req["credential"]), str(req["session"]), 3))
+            proc.start()
+            children.append(proc)
+            proc.join(120)
+            from flwr.app import Message
+
+            return Message(R.error_record(RuntimeError(f"the ClientApp's process died (exit code {proc.exitcode})"),
+                                          "guest-2", None), reply_to=message)
+        return handle(message, context, PS)
+
+    cfg = _cfg(epochs=1, defense="laplace", protect="both", epsilon=50.0)
+    grid = InlineGrid(_simulation_nodes(3), app=app)
+    t0 = time.monotonic()
+    with pytest.raises(PartyError, match=r"^guest-2 failed in round 3: .*lost the connection to guest-2") as err:
+        VerticalSplitStrategy(cfg).run(grid)
+    assert (err.value.party, err.value.round) == ("guest-2", 3)
+    assert children and children[0].exitcode == -signal.SIGKILL
+    assert time.monotonic() - t0 < 150
+    host, guest1 = _restored(grid, grid.ids[0]), _restored(grid, grid.ids[1])
+    for p in (host, guest1):
+        _consistent(p)
+    assert host.steps == 2 and guest1.released["batches"] == 3  # guest-1 released round 3 before the loss
+    # the local engine, guest-2 failing in round 3: the same ledgers
+    from fl_split.engine import GuestFailure, LocalEngine
+
+    local = LocalEngine(cfg.replace(engine="local"), PS)
+    step = local.guests["guest-2"].step
+    local.guests["guest-2"].step = lambda owed, keys, r: (_ for _ in ()).throw(RuntimeError("gone")) if r == 3 \
+        else step(owed, keys, r)
+    with pytest.raises(GuestFailure):
+        local.run()
+    assert host.report()["privacy"] == local.host.report()["privacy"]
+    assert guest1.report()["privacy"] == local.guests["guest-1"].report()["privacy"]
+
+
+# ------------------------------------------------------------------------------------------------
+# resources: every ClientApp at once
+
+
+def test_capacity_follows_flowers_pool_rule():
+    from fl_split.flower.resources import slots
+
+    assert slots([{"CPU": 2.0}], 1.0, 0.0) == 2
+    assert slots([{"CPU": 2.0}], 0.66, 0.0) == 3
+    assert slots([{"CPU": 1.0}, {"CPU": 1.0}], 0.5, 0.0) == 4
+    assert slots([{"CPU": 16.0, "GPU": 1.0}], 1.0, 0.25) == 4
+    assert slots([{"CPU": 16.0, "GPU": 0.0}], 1.0, 0.25) == 0
+
+
+@pytest.mark.parametrize("capacity,guests,match", [
+    ({"num_cpus": 1.0, "num_gpus": 0.0, "nodes": [{"CPU": 2.0, "GPU": 0.0}]}, 2,
+     r"^--num-cpus: got 1.0 \(the direct data plane runs all 3 ClientApps \(1 host \+ 2 guests\) at once, but only 2 "
+     r"fit: each reserves --num-cpus 1, and Ray has 2 CPU\(s\) on 1 node\); allowed: --num-cpus 0.66 or less "
+     r"\(flwr run: --federation-config .*\), more Ray nodes, or --data-plane flower"),
+    ({"num_cpus": 1.0, "num_gpus": 0.0, "nodes": [{"CPU": 1.0}, {"CPU": 1.0}]}, 2,
+     r"only 2 fit: .*Ray has 2 CPU\(s\) on 2 nodes\); allowed: --num-cpus 0.5 or less"),
+    ({"num_cpus": 1.0, "num_gpus": 0.5, "nodes": [{"CPU": 8.0, "GPU": 1.0}]}, 2,
+     r"^--num-gpus: got 0.5 \(.*only 2 fit: each reserves --num-cpus 1 and --num-gpus 0.5, and Ray has 8 CPU\(s\) "
+     r"and 1 GPU\(s\) on 1 node\); allowed: --num-gpus 0.33 or less"),
+])
+def test_capacity_message_says_what_to_change(capacity, guests, match):
+    from fl_split.flower.resources import check_capacity
+
+    with pytest.raises(ConfigError, match=match):
+        check_capacity(guests, capacity)
+    check_capacity(guests - 1, capacity)  # one party fewer fits
+
+
+def test_cli_refuses_a_simulation_that_cannot_run_every_clientapp(tmp_path, capsys):
+    """Before Ray starts: one line naming the flag, what the parties ask and what the machine has."""
+    from fl_split.cli import main
+    from fl_split.flower.resources import local_cpus
+
+    cpus = local_cpus()
+    out = tmp_path / "r.json"
+    t0 = time.monotonic()
+    code = main(["train", "--engine", "flower", "--guests", "2", "--num-cpus", str(cpus), "--out", str(out),
+                 "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"fl-split: error: --num-cpus: got {float(cpus)!r} (the direct data plane runs all 3 "
+                             f"ClientApps (1 host + 2 guests) at once, but only 1 fit"), err
+    assert f"Ray has {cpus} CPU(s) on 1 node (this machine)" in err[0] and "--data-plane flower" in err[0]
+    assert not out.exists() and time.monotonic() - t0 < 60
+
+
+# ------------------------------------------------------------------------------------------------
+# --device auto: one rule in every engine
+
+
+def test_device_auto_is_one_rule_and_recorded(monkeypatch):
+    """Local engine, monolithic baseline and in-process simulation resolve --device auto alike (the
+    GPU when this machine has one); a simulation whose parties would use CUDA needs --num-gpus, and
+    says so instead of silently running them on the CPU; each party records where it ran."""
+    from fl_split import devices
+    from fl_split.engine import LocalEngine
+
+    res = LocalEngine(_cfg(epochs=1, device="auto"), PS).run()
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert res["config"]["device"] == want
+    assert {r["device"].split(":")[0] for r in res["parties"].values()} == {want}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cfg = _cfg(engine="flower", device="auto")
+    assert devices.resolve("auto") == "cuda" and devices.with_device(cfg).device == "cuda"
+    with pytest.raises(ConfigError, match=r"^--num-gpus: got 0.0 \(--device auto chose cuda \(this machine has 1 "
+                                          r"GPU\(s\), as the local engine would use\), but a Flower ClientApp sees a "
+                                          r"GPU only when Ray reserves one for it\); allowed: a share of a GPU per "
+                                          r"ClientApp, e.g. --num-gpus 0.33 \(3 parties on 1 GPU\(s\)\), or --device cpu"):
+        devices.for_simulation(cfg)
+    assert devices.for_simulation(cfg.replace(num_gpus=0.33)).device == "cuda"
+    assert devices.for_simulation(cfg.replace(device="cpu")).device == "cpu"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_simulation_parties_use_the_gpus_ray_assigned():
+    """With --num-gpus every party's tensors are on the GPU Ray assigned to its actor, recorded in
+    the results; the run matches the local engine on the GPU."""
+    from fl_split.flower import FlowerEngine
+
+    from tests.test_flower import _sim_cpus
+
+    cfg = _cfg(engine="flower", device="auto", num_gpus=0.3, num_cpus=_sim_cpus(3))
+    got = FlowerEngine(cfg, private_seed=PS).run()
+    assert got["config"]["device"] == "cuda"
+    for name, rep in got["parties"].items():
+        assert rep["device"].startswith("cuda:"), (name, rep)
+        assert rep["accelerator"]["ray_gpu_ids"], (name, rep)
+    want = _local(cfg.replace(device="cuda"))
+    for g, w in zip(got["history"], want["history"]):
+        assert g["train_loss"] == pytest.approx(w["train_loss"], rel=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------
+# layers one way
+
+
+def test_the_library_does_not_import_the_apps_or_the_tests():
+    import ast
+
+    offenders = []
+    for path in (ROOT / "fl_split").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                          if n.split(".")[0] in ("strategies", "clients", "tests")]
+    assert offenders == []
+
+
+def test_a_clientapp_loads_neither_the_simulation_driver_nor_process_management():
+    code = ("import sys, clients.client_app, strategies.server_app; "
+            "bad = [m for m in sys.modules if m in ('fl_split.flower.engine', 'fl_split.flower.processes', "
+            "'tests.services') or m.startswith('flwr.simulation') or m == 'ray']; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
