@@ -102,6 +102,9 @@ class RunConfig:
                       check=_nonneg_int, allowed="an integer >= 0")
     data_root: str = _opt("", "where downloadable datasets are stored (default: $FL_SPLIT_DATA or "
                               "~/.cache/fl_split)")
+    party_files: str = _opt("", "local engine: build each party from its own data file in this directory (written "
+                                "by `fl-split export-parties`: host.npz|csv|parquet, guest-1.…) instead of preparing "
+                                "the dataset; every file is checked before training; empty = prepare the dataset")
 
     # --- model ----------------------------------------------------------------------------
     model: str = _opt(AUTO, "architecture name (see `fl-split models`); auto = the dataset's default",
@@ -138,6 +141,17 @@ class RunConfig:
     batches_per_round: Any = _opt(1, "mini-batches carried by one Flower round ('epoch' = all of an "
                                      "epoch); 1 = exact sequential semantics", group="flower",
                                   kind="int_or_epoch", allowed="'epoch' or an integer >= 1")
+    data_plane: str = _opt("direct", "how the per-batch tensors of --engine flower travel: direct = straight between "
+                                     "guests and host over gRPC streams, Flower carrying one control message per party "
+                                     "per epoch; flower = every tensor inside Flower messages (relay: for parties that "
+                                     "cannot reach each other; --batches-per-round trades exactness for speed)",
+                           choices=("direct", "flower"), group="flower")
+    dataplane_timeout: float = _opt(60.0, "direct data plane: seconds a party waits for its peers to connect and for "
+                                          "every reply; a guest that disconnects or stalls longer is named and the run "
+                                          "stops", check=_positive_float, allowed="a number > 0", group="flower")
+    epochs_per_message: int = _opt(1, "direct data plane: epochs one control message covers (fewer Flower round trips; "
+                                      "the coordinator hears of each epoch when the message ends)",
+                                   check=_positive_int, allowed="an integer >= 1", group="flower")
     num_cpus: float = _opt(1.0, "CPUs reserved per Flower client (Ray actor)", check=_positive_float,
                            allowed="a number > 0", group="flower")
     num_gpus: float = _opt(0.0, "GPUs reserved per Flower client (Ray actor)", check=_nonneg_float,
@@ -148,6 +162,22 @@ class RunConfig:
                                 "(e.g. 127.0.0.1:6379); empty = a local Ray instance", group="flower")
     progress: bool = _opt(True, "show progress bars", flag="no-progress", flag_help="do not show progress bars")
     out: str = _opt("", "write the results JSON here (written once, at the end)")
+
+    # --- robustness (docs/robustness.md) ----------------------------------------------------
+    checkpoint_dir: str = _opt("", "checkpoint every party's whole state, its write-ahead log of releases and the "
+                                   "coordinator's round into this directory (a party's files hold its secret: keep "
+                                   "the directory private); empty = no checkpoints. Local engine",
+                               group="robustness")
+    checkpoint_every: Any = _opt("epoch", "when to checkpoint: 'epoch' = after each epoch's evaluation, N = every N "
+                                          "rounds", kind="int_or_epoch", allowed="'epoch' or an integer >= 1",
+                                 group="robustness")
+    resume: bool = _opt(False, "go on from the last checkpoint in --checkpoint-dir (same options; the releases made "
+                               "after it are replayed from the parties' logs, so no spent budget is forgotten)",
+                        group="robustness")
+    on_guest_failure: str = _opt("stop", "a guest that fails or stops answering: stop = name it and stop (resume "
+                                         "later from the last checkpoint); pad = go on with its embedding "
+                                         "zero-filled from that round (results: guest_failures)",
+                                 choices=("stop", "pad"), group="robustness")
 
     # --- privacy (SPEC §3, §5) ------------------------------------------------------------
     defense: str = _opt("none", "mechanism on the cut-layer crossings", choices=DEFENSES, group="privacy")
@@ -217,6 +247,28 @@ class RunConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _validate(f, getattr(self, f.name))
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """Rules between options that need no data (the dataset-dependent ones are in the builder)."""
+        if self.resume and not self.checkpoint_dir:
+            raise ConfigError("resume", True, "--resume together with --checkpoint-dir DIR",
+                              reason="there is no checkpoint directory to resume from")
+        if self.checkpoint_dir and self.monolithic:
+            raise ConfigError("checkpoint-dir", self.checkpoint_dir, "empty with --monolithic",
+                              reason="checkpoints are of split runs (parties and their ledgers)")
+        if self.checkpoint_dir and self.engine == "flower":
+            raise ConfigError("checkpoint-dir", self.checkpoint_dir, "empty with --engine flower",
+                              reason="checkpoints run in the local engine for now; the Flower nodes' checkpoints "
+                                     "come with the deployment work (issue 11)")
+        if self.party_files and (self.engine == "flower" or self.monolithic or self.one_shot):
+            what = "--engine flower" if self.engine == "flower" else "--monolithic" if self.monolithic else "--one-shot"
+            raise ConfigError("party-files", self.party_files, f"empty with {what}",
+                              reason="party files are read by the local engine's parties (a Flower deployment node "
+                                     "reads its own through node-config data-path)")
+        if self.on_guest_failure == "pad" and self.merge == "mul":
+            raise ConfigError("on-guest-failure", "pad", "stop with --merge mul",
+                              reason="a zero-filled embedding makes a product merge zero for every sample")
 
     # convenience views ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

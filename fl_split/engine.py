@@ -7,6 +7,19 @@ host's released gradients for the next round. After each epoch it evaluates the 
 A :class:`Transport` says how a request reaches a party: :class:`LocalTransport` calls the
 party objects in this process (exact, fastest); ``fl_split.flower`` sends Flower messages.
 
+**Checkpoints** (``--checkpoint-dir``, ``--checkpoint-every``, ``--resume``; :mod:`fl_split.checkpoint`):
+after the rounds :meth:`Checkpointer.due <fl_split.checkpoint.Checkpointer.due>` names, every
+active party saves its state (``transport.checkpoint``), then the coordinator commits its own. A
+resumed run restores every party to the committed round (``transport.restore``, which replays each
+party's write-ahead log) and goes on from the next round.
+
+**A guest that fails** (it raises, returns an error, never answers): the transport raises
+:class:`GuestFailure`. With ``--on-guest-failure stop`` the coordinator records it in its
+checkpoint (the last committed round is where a resume starts) and stops with an error naming the
+guest; with ``pad`` the host zero-fills that guest's embedding from that round on
+(``transport.drop_guest``), nothing more is sent to or released for it, and
+``results["guest_failures"]`` says who failed in which round.
+
 :class:`MonolithicEngine` trains the same modules as one model with one optimizer, in the same
 batch order: the "no split" baseline of 001 Table 1, and the reference of the equivalence test.
 """
@@ -22,7 +35,7 @@ from tqdm.auto import tqdm
 
 from fl_split.builder import make_monolithic, make_parties, optimizer_settings
 from fl_split.config import RunConfig
-from fl_split.errors import BudgetExceeded, ProtocolError
+from fl_split.errors import BudgetExceeded, PartyError, ProtocolError
 from fl_split.parties import GuestParty, HostParty, batch_metric, resolve_device
 from fl_split.schedule import BatchKey, EvalRound, TrainRound, plan_rounds
 
@@ -46,31 +59,104 @@ class Transport(Protocol):
     def reports(self) -> dict[str, dict]:
         """Each party's end-of-run report (``party.report()``), keyed by party name."""
 
+    # Optional (checked with hasattr): checkpoint(round_), restore(round_) -> list of replay
+    # summaries, drop_guest(guest, round_). guest_step steps the guests named in ``owed`` only.
 
-def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[str, Any]:
-    """Run every round of the plan through ``transport``; returns the results dictionary."""
+
+class GuestFailure(PartyError):
+    """One or more guests did not answer a round (raised, error reply, no reply).
+
+    ``failed``: guest -> reason; ``partial``: the releases of the guests that did answer (``None``
+    when the transport could not keep them: then the run cannot go on padded)."""
+
+    def __init__(self, round_: int, failed: dict[str, str], partial: dict[str, list[bytes]] | None,
+                 note: str = "") -> None:
+        self.failed = dict(failed)
+        self.partial = partial
+        first = sorted(failed)[0]
+        if len(failed) == 1:
+            detail = failed[first]
+        else:
+            detail = "; ".join(f"{g}: {why}" for g, why in sorted(failed.items()))
+            detail = f"guests {sorted(failed)} failed ({detail})"
+        super().__init__(first, round_, detail + (f"; {note}" if note else ""))
+
+
+def _guest_failure(exc: Exception, guests: list[str], round_: int) -> GuestFailure | None:
+    """``exc`` from ``transport.guest_step`` as a :class:`GuestFailure` when it names a guest (a
+    Flower error reply is a :class:`PartyError` of that guest; its other releases are lost)."""
+    if isinstance(exc, GuestFailure):
+        return exc
+    if isinstance(exc, PartyError) and not isinstance(exc, BudgetExceeded) and exc.party in guests:
+        return GuestFailure(round_, {exc.party: exc.detail}, None)
+    return None
+
+
+def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoints=None,
+               epochs: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Run every round of the plan through ``transport``; returns the results dictionary.
+
+    ``checkpoints``: a started :class:`fl_split.checkpoint.Checkpointer` (``--checkpoint-dir``); on a
+    resume its state says where to go on from (the parties were restored by the engine).
+    ``epochs = (first, last)``: play only the rounds of those epochs (the host of the direct data
+    plane plays the epochs of one control message, :mod:`fl_split.flower.direct`); the results then
+    cover only them."""
     schedule = plan.schedule
     owed: dict[str, list[bytes]] = {g: [] for g in transport.guests}
     wire = {"bytes_to_host": 0, "bytes_to_guests": 0, "messages_to_host": 0, "messages_to_guests": 0,
             "rounds": 0}
     history: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
+    done, before = 0, 0.0
+    state = checkpoints.state if checkpoints is not None else None
+    if state is not None and state.round > 0:
+        owed = {g: list(state.owed.get(g, [])) for g in transport.guests}
+        wire.update(state.wire)
+        history = [dict(h) for h in state.history]
+        failures = [dict(f) for f in state.guest_failures]
+        done, before = state.round, float(state.elapsed)
+    absent = {f["guest"] for f in failures if f.get("action") == "pad"}
     total = cfg.epochs * schedule.num_train_batches()
     bar = tqdm(total=total, desc=f"{engine} split training", unit="batch", disable=not cfg.progress,
                leave=False, dynamic_ncols=True)
     t0 = time.perf_counter()
     t_epoch = t0
-    stopped = {"stopped_reason": "completed"}
+    stopped: dict[str, Any] = {"stopped_reason": "completed"}
+    last = 0
+
+    def commit(rnd_round: int, **extra: Any) -> None:
+        # copies: the coordinator goes on changing its own (a later stop record must not see them)
+        checkpoints.commit(round=rnd_round, history=[dict(h) for h in history], wire=dict(wire),
+                           owed={g: list(bl) for g, bl in owed.items()}, guest_failures=[dict(f) for f in failures],
+                           elapsed=before + time.perf_counter() - t0, **extra)
+
     try:
         for rnd in plan_rounds(schedule, cfg.epochs, cfg.batches_per_round):
+            if epochs is not None and not epochs[0] <= rnd.epoch <= epochs[1]:
+                continue
+            last = rnd.round
+            if rnd.round <= done:
+                if isinstance(rnd, TrainRound):
+                    bar.update(len(rnd.keys))
+                continue
+            active = [g for g in transport.guests if g not in absent]
+            send = {g: owed.get(g, []) for g in active}
             wire["rounds"] += 1
-            wire["bytes_to_guests"] += sum(len(b) for bl in owed.values() for b in bl)
-            wire["messages_to_guests"] += sum(len(bl) for bl in owed.values())
+            wire["bytes_to_guests"] += sum(len(b) for bl in send.values() for b in bl)
+            wire["messages_to_guests"] += sum(len(bl) for bl in send.values())
             if cfg.one_shot and rnd.epoch > 1:
                 # 002 one-shot: every record was released once in epoch 1; the host trains
                 # and evaluates on its cache and nothing is sent to or from the guests
-                acts = {g: [] for g in transport.guests}
+                acts = {g: [] for g in active}
             else:
-                acts = transport.guest_step(owed, rnd.keys, rnd.round)
+                try:
+                    acts = transport.guest_step(send, rnd.keys, rnd.round)
+                except (GuestFailure, PartyError) as exc:
+                    fail = _guest_failure(exc, active, rnd.round)
+                    if fail is None:
+                        raise
+                    acts = _on_guest_failure(cfg, transport, fail, rnd.round, failures, absent, checkpoints, exc)
+                    active = [g for g in active if g not in absent]
             wire["bytes_to_host"] += sum(len(b) for bl in acts.values() for b in bl)
             wire["messages_to_host"] += sum(len(bl) for bl in acts.values())
             if isinstance(rnd, TrainRound):
@@ -78,24 +164,70 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str) -> dict[
                 bar.update(len(rnd.keys))
                 bar.set_postfix(epoch=rnd.epoch, refresh=False)
             elif isinstance(rnd, EvalRound):
-                owed = {g: [] for g in transport.guests}
+                owed = {g: [] for g in active}
                 metrics = transport.host_evaluate(rnd.keys, acts, rnd.round)
                 now = time.perf_counter()
                 history.append(_epoch_record(rnd.epoch, metrics, now - t_epoch))
                 t_epoch = now
                 if history[-1].get("test_metric") is not None:
                     bar.set_postfix(epoch=rnd.epoch, test=f"{history[-1]['test_metric']:.4f}", refresh=False)
+            if checkpoints is not None and checkpoints.due(rnd):
+                transport.checkpoint(rnd.round)
+                commit(rnd.round, checkpoints=checkpoints.state.checkpoints + 1)
     except BudgetExceeded as exc:
         # a party refused a release: stop cleanly; nothing over budget has left any party
-        stopped = {"stopped_reason": "budget", "stopped_detail": str(exc), "stopped_round": rnd.round}
+        stopped = {"stopped_reason": "budget", "stopped_detail": str(exc), "stopped_round": last}
     finally:
         bar.close()
-    elapsed = time.perf_counter() - t0
+    elapsed = before + time.perf_counter() - t0
+    if checkpoints is not None:
+        # the run is over: a resume would only repeat (or be refused at) its end
+        checkpoints.commit(finished={"reason": stopped["stopped_reason"], "round": last}, history=history, wire=wire,
+                           guest_failures=failures, elapsed=elapsed)
     reports = transport.reports()
     results = make_results(cfg, plan, history, wire, elapsed, engine, parties=reports)
     results["privacy"] = {name: rep["privacy"] for name, rep in reports.items() if "privacy" in rep}
+    results["guest_failures"] = failures
+    if checkpoints is not None:
+        results["checkpoint"] = checkpoints.describe()
     results.update(stopped)
     return results
+
+
+def _on_guest_failure(cfg: RunConfig, transport, fail: GuestFailure, round_: int, failures: list, absent: set,
+                      checkpoints, original: Exception) -> dict[str, list[bytes]]:
+    """Record a guest failure; stop (raise) or go on padded. Returns the round's releases.
+
+    Stopping without a checkpoint directory re-raises the transport's own error unchanged."""
+    action = cfg.on_guest_failure
+    for g, why in sorted(fail.failed.items()):
+        failures.append({"guest": g, "round": round_, "reason": why, "action": action})
+    left = [g for g in transport.guests if g not in absent and g not in fail.failed]
+    why_stop = None
+    if action == "stop":
+        why_stop = "--on-guest-failure stop"
+    elif fail.partial is None:
+        why_stop = "the transport lost the other guests' releases of the round, so it cannot go on padded"
+    elif not left and not cfg.host_features:
+        why_stop = "no guest is left and the host holds no features"
+    if why_stop is not None:
+        for f in failures[-len(fail.failed):]:
+            f["action"] = "stop"
+        if checkpoints is not None:
+            # the parties' last consistent state is the committed round; their write-ahead logs
+            # hold every release made since (a resume replays them)
+            checkpoints.commit(stopped={"reason": "guest_failure", "guests": sorted(fail.failed), "round": round_},
+                               guest_failures=[dict(f) for f in failures])
+            where = (f"; resume from the checkpoint of round {checkpoints.state.round} in {checkpoints.directory} "
+                     f"with --resume")
+            raise GuestFailure(round_, fail.failed, fail.partial, note=f"stopped ({why_stop}){where}") from original
+        if action == "stop":
+            raise original
+        raise GuestFailure(round_, fail.failed, fail.partial, note=f"stopped ({why_stop})") from original
+    for g in sorted(fail.failed):
+        absent.add(g)
+        transport.drop_guest(g, round_)
+    return {g: list(bl) for g, bl in fail.partial.items() if g not in absent}
 
 
 #: what the host may tell the coordinator about an epoch (its declared aggregates)
@@ -147,39 +279,144 @@ def make_results(cfg: RunConfig, plan, history: list[dict], wire: dict, elapsed:
 
 
 class LocalTransport:
-    """Parties in this process; blobs are handed over as they are."""
+    """Parties in this process; blobs are handed over as they are.
+
+    A guest that raises while stepping (anything but a budget refusal or a configuration error)
+    is a failed guest: the others' releases of the round are kept in the :class:`GuestFailure`.
+    With :meth:`attach_checkpoints` every party keeps its checkpoints and write-ahead log in one
+    directory (in a deployment each party's would be on its own machine)."""
 
     def __init__(self, host: HostParty, guests: dict[str, GuestParty]) -> None:
         self.host = host
         self.parties = guests
         self.guests = list(guests)
+        self.dropped: set[str] = set()
+        self._ckpt: tuple | None = None  # (directory, run id, config dict)
+        self._wals: list = []
+
+    def _all(self) -> dict[str, GuestParty | HostParty]:
+        return {"host": self.host, **{g: p for g, p in self.parties.items() if g not in self.dropped}}
 
     def guest_step(self, owed, keys, round_):
-        return {g: self.parties[g].step(owed[g], keys, round_) for g in self.guests}
+        from fl_split.errors import ConfigError
+
+        out: dict[str, list[bytes]] = {}
+        failed: dict[str, str] = {}
+        for g in owed:
+            try:
+                out[g] = self.parties[g].step(owed[g], keys, round_)
+            except (BudgetExceeded, ConfigError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failing guest is reported, the others go on
+                failed[g] = f"{type(exc).__name__}: {exc}"
+        if failed:
+            raise GuestFailure(round_, failed, out)
+        return out
 
     def host_train(self, keys, acts, round_):
         return self.host.train(keys, acts, round_)
 
     def host_evaluate(self, keys, acts, round_):
-        return self.host.evaluate(keys, acts)
+        return self.host.evaluate(keys, acts, round_)
+
+    def drop_guest(self, guest: str, round_: int) -> None:
+        self.dropped.add(guest)
+        self.host.drop_guest(guest, round_)
 
     def reports(self):
-        return {"host": self.host.report(), **{g: p.report() for g, p in self.parties.items()}}
+        from fl_split.devices import report_with_device
+
+        return {"host": report_with_device(self.host),
+                **{g: report_with_device(p) for g, p in self.parties.items() if g not in self.dropped}}
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def attach_checkpoints(self, directory, run: str, config: dict, resume: bool) -> None:
+        """Give every party its write-ahead log (new, or the run's own on resume)."""
+        from fl_split.checkpoint import open_wal
+
+        self._ckpt = (directory, run, config)
+        for party in self._all().values():
+            wal = open_wal(party, directory, run, resume=resume)
+            if wal is not None:
+                self._wals.append(wal)
+
+    def checkpoint(self, round_: int) -> None:
+        from fl_split.checkpoint import save_party
+
+        directory, run, config = self._ckpt
+        for party in self._all().values():
+            save_party(party, directory, round_, run=run, config=config)
+
+    def restore(self, round_: int, private_seed: int | None = None) -> dict[str, int]:
+        """Restore every active party to ``round_``; returns how many logged releases each replayed."""
+        from fl_split.checkpoint import restore_party
+
+        directory, run, config = self._ckpt
+        out = {}
+        for name, party in self._all().items():
+            out[name] = restore_party(party, directory, round_, run=run, config=config,
+                                      private_seed=private_seed)["replayed"]
+        return out
+
+    def pending_replays(self) -> dict[str, int]:
+        return {n: p.ledger.pending_replays for n, p in self._all().items() if p.ledger is not None}
+
+    def close(self) -> None:
+        for wal in self._wals:
+            wal.close()
+        self._wals = []
 
 
 class LocalEngine:
     """All parties in one process, talking through the codec (exact per-batch semantics when
     ``batches_per_round = 1``). Each party has its own secret: fresh entropy, or derived from
-    ``private_seed`` inside :func:`~fl_split.builder.make_parties`."""
+    ``private_seed`` inside :func:`~fl_split.builder.make_parties`.
+
+    With ``--checkpoint-dir`` a fresh run checkpoints every party before its first round (round 0:
+    a resume must find each party's secret and initial weights) and then as ``--checkpoint-every``
+    says; ``--resume`` restores the parties to the coordinator's last committed round.
+    ``transport`` wraps the :class:`LocalTransport` (tests inject failing guests)."""
 
     name = "local"
 
-    def __init__(self, cfg: RunConfig, private_seed: int | None = None) -> None:
-        self.cfg = cfg
-        self.host, self.guests, self.plan = make_parties(cfg, private_seed)
+    def __init__(self, cfg: RunConfig, private_seed: int | None = None, transport=None) -> None:
+        from fl_split.devices import with_device
+
+        self.cfg = cfg = with_device(cfg)  # --device auto resolved once, by the rule of every engine
+        self.private_seed = private_seed
+        if cfg.party_files:  # each party from its own file, every file checked before anything is built
+            from fl_split.party_files import parties_from_files
+
+            self.host, self.guests, self.plan = parties_from_files(cfg, cfg.party_files, private_seed)
+        else:
+            self.host, self.guests, self.plan = make_parties(cfg, private_seed)
+        self.local = LocalTransport(self.host, self.guests)
+        self.transport = transport(self.local) if transport is not None else self.local
 
     def run(self) -> dict[str, Any]:
-        return coordinate(self.cfg, self.plan, LocalTransport(self.host, self.guests), self.name)
+        ckpt = None
+        replayed: dict[str, int] = {}
+        try:
+            if self.cfg.checkpoint_dir:
+                from fl_split.checkpoint import Checkpointer
+
+                ckpt = Checkpointer(self.cfg, self.name)
+                state = ckpt.start()
+                self.local.attach_checkpoints(ckpt.directory, state.run, ckpt.config(), resume=self.cfg.resume)
+                if self.cfg.resume:
+                    for f in state.guest_failures:
+                        if f.get("action") == "pad":
+                            self.local.dropped.add(f["guest"])
+                    replayed = self.local.restore(state.round, self.private_seed)
+                else:
+                    self.local.checkpoint(0)
+                    ckpt.commit(round=0)
+            results = coordinate(self.cfg, self.plan, self.transport, self.name, checkpoints=ckpt)
+            if ckpt is not None:
+                results["checkpoint"].update(replayed=replayed, pending_replays=self.local.pending_replays())
+            return results
+        finally:
+            self.local.close()
 
 
 class MonolithicEngine:
@@ -189,7 +426,9 @@ class MonolithicEngine:
 
     def __init__(self, cfg: RunConfig, public: bool = False, private_seed: int | None = None,
                  secret=None) -> None:
-        self.cfg = cfg
+        from fl_split.devices import with_device
+
+        self.cfg = cfg = with_device(cfg)
         self.model, self.data, self.plan = make_monolithic(cfg, public=public, private_seed=private_seed,
                                                            secret=secret)
         self.device = resolve_device(cfg.device)

@@ -27,10 +27,25 @@ between and the kept autograd graph is used directly: exact sequential training.
 Every random draw of a party comes from its secret, keyed by purpose and batch
 (``secret.torch_generator("release", phase, epoch, index)``): unpredictable to every other party,
 reproducible with ``--private-seed``, and continued exactly by a restored party.
+
+**Hostile peers** (``docs/robustness.md``). Before any state changes a party checks a request and
+every message in it: the request's round follows the last one it handled (a replayed or stale
+request is refused), its batch keys exist in the schedule, are unique and of the expected phase;
+each frame is no larger than the receiver expects, decodes, and is exactly the expected message
+(kind, sender, receiver, batch and its digest, round, per-sample shape, float32, every value finite
+and within ``protocol.MAX_ABS``). Any violation raises :class:`~fl_split.errors.ProtocolError`
+naming the peer, and the party's models, optimizer, secret, pending batches and ledger are as
+before. The host does not update on a batch whose loss is not finite.
+
+**Write-ahead releases.** When the party's ledger has a write-ahead log (``--checkpoint-dir``) the
+party settles every charge before the values leave (:meth:`Ledger.settle
+<fl_split.privacy.ledger.Ledger.settle>`): a digest of each released message — for a DP-SGD step,
+of the parameters after it — goes to the log, fsynced (``fl_split.checkpoint``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable
@@ -42,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fl_split.checkpoint import value_digest
 from fl_split.data.base import PartyData
 from fl_split.errors import ProtocolError
 from fl_split.local_update import LocalUpdate
@@ -49,14 +65,14 @@ from fl_split.merge import Merge
 from fl_split.privacy.base import Mechanism, NoDefense, PostProcess
 from fl_split.privacy.diagnostics import LocalDiagnostics
 from fl_split.privacy.disclosure import party_privacy_report
-from fl_split.protocol import Message, batch_digest, decode, encode
+from fl_split.protocol import Message, batch_digest, decode, encode, frame_limit
 from fl_split.results import write_json_atomic
 from fl_split.schedule import BatchKey, BatchSchedule
 from fl_split.seeding import PartySecret
 from fl_split.state import flatten, unflatten
 
 if TYPE_CHECKING:
-    from fl_split.privacy.ledger import Ledger, LedgerEntry
+    from fl_split.privacy.ledger import Charge, Ledger, LedgerEntry
     from fl_split.privacy.r3elu import ImportanceTracker
 
 HIT_AT = 10
@@ -198,6 +214,8 @@ class _Party:
         self.device = torch.device(device)
         self.steps = 0
         self.released = {"batches": 0, "records": 0}
+        #: the last request round this party handled (a request for it or an earlier one is refused)
+        self.last_round = 0
         self._digests: dict[BatchKey, int] = {}
 
     def ids(self, key: BatchKey) -> np.ndarray:
@@ -213,10 +231,45 @@ class _Party:
             d = self._digests[key] = batch_digest(self.ids(key))
         return d
 
-    def _check(self, blob: bytes, kind: str, sender: str, key: BatchKey, sample_shape) -> Message:
+    def _check(self, blob: bytes, kind: str, sender: str, key: BatchKey, sample_shape,
+               round_: int | None = None) -> Message:
         """Decode ``blob`` and check it is exactly the expected message (before any state changes)."""
-        return decode(blob).check(kind=kind, sender=sender, receiver=self.name, key=key, ids=self.ids(key),
-                                  sample_shape=sample_shape, digest=self.digest(key))
+        ids = self.ids(key)
+        return decode(blob, max_bytes=frame_limit(len(ids), sample_shape)).check(
+            kind=kind, sender=sender, receiver=self.name, key=key, ids=ids, sample_shape=sample_shape,
+            digest=self.digest(key), round_=round_)
+
+    def _request(self, keys, round_: int | None, phase: str | None = None, what: str = "request") -> list[BatchKey]:
+        """Check a request before anything changes: its round follows the last one handled, its keys
+        are batch keys of this party's schedule, unique, of one phase (``phase`` if given)."""
+        if round_ is not None and not isinstance(round_, (int, np.integer)):
+            raise ProtocolError(f"{self.name}: {what} round {round_!r} is not an integer")
+        if round_ is not None and round_ >= 0 and round_ <= self.last_round:
+            raise ProtocolError(f"{self.name}: {what} for round {round_}, but round {self.last_round} was already "
+                                f"handled (a replayed or stale request)")
+        try:
+            keys = list(keys)
+        except TypeError:
+            raise ProtocolError(f"{self.name}: {what} batch keys are not a list") from None
+        seen: set[BatchKey] = set()
+        for k in keys:
+            if not isinstance(k, BatchKey):
+                raise ProtocolError(f"{self.name}: {what} names {k!r}, not a batch key")
+            if k in seen:
+                raise ProtocolError(f"{self.name}: {what} names {k} twice")
+            seen.add(k)
+            want = phase or keys[0].phase
+            if k.phase != want:
+                raise ProtocolError(f"{self.name}: {what} names {k}; expected {want} batches only")
+            try:
+                self.schedule.positions(k)
+            except (IndexError, ValueError):
+                raise ProtocolError(f"{self.name}: {what} names {k}, which is not a batch of the schedule") from None
+        return keys
+
+    def _done(self, round_: int | None) -> None:
+        if round_ is not None and round_ >= 0:
+            self.last_round = int(round_)
 
     def rows(self, key: BatchKey) -> torch.Tensor:
         pos = torch.from_numpy(self.schedule.positions(key))
@@ -237,24 +290,45 @@ class _Party:
 
         return LedgerEntry(round_, key.as_tuple(), direction, cost, self.ids(key), self.sample_rate)
 
-    def _charge(self, entries: list["LedgerEntry"]) -> None:
+    def _charge(self, entries: list["LedgerEntry"]) -> "Charge | None":
         """Record ``entries`` before anything they describe is computed or leaves (atomic:
-        ``BudgetExceeded`` records nothing). Costs do not depend on the data."""
+        ``BudgetExceeded`` records nothing). Costs do not depend on the data. Returns what
+        :meth:`_settle` needs (``None``: nothing to settle, the common case without a log)."""
         if self.ledger is not None and entries:
-            self.ledger.charge(entries)
+            return self.ledger.charge(entries)
+        return None
+
+    def _settle(self, charge: "Charge | None", digests: list[str] | None) -> None:
+        """Before the values of ``charge`` leave: log them (write-ahead) and deduplicate re-made
+        releases of a resumed run (see :mod:`fl_split.checkpoint`)."""
+        if charge is not None:
+            self.ledger.settle(charge, digests or [])
+
+    def _params_digest(self) -> str:
+        """Digest of the party's parameters (what a DP-SGD step releases, for the write-ahead log)."""
+        h = hashlib.blake2b(digest_size=16)
+        for m in self.update.modules:
+            for p in m.parameters():
+                h.update(p.detach().cpu().numpy().tobytes())
+        return h.hexdigest()
 
     def _common_state(self) -> dict[str, Any]:
         return {"secret": self.secret.state_dict(), "steps": self.steps, "released": dict(self.released),
+                "last_round": int(self.last_round),
                 "ledger": self.ledger.export_state() if self.ledger is not None else None}
 
     def _load_common(self, state: dict[str, Any]) -> None:
         self.secret = PartySecret.from_state(state["secret"])
         self.steps = int(state["steps"])
         self.released = {k: int(v) for k, v in state["released"].items()}
+        self.last_round = int(state.get("last_round", 0))
         if self.ledger is not None:
             from fl_split.privacy.ledger import Ledger
 
+            wal = self.ledger.wal
             self.ledger = Ledger.from_state(state["ledger"])
+            if wal is not None:  # the log belongs to the party, not to one state of its ledger
+                self.ledger.attach_wal(wal)
 
 
 class GuestParty(_Party):
@@ -295,11 +369,13 @@ class GuestParty(_Party):
     def release(self, keys: list[BatchKey] | tuple[BatchKey, ...], round_: int) -> list[bytes]:
         """Compute and release the cut-layer output of each batch in ``keys``."""
         keys = list(keys)
+        if len(set(keys)) != len(keys):
+            raise ProtocolError(f"{self.name}: a batch is asked for twice in one request ({[str(k) for k in keys]})")
         for key in keys:
             if key.phase == "train" and key in self._pending:
                 raise ProtocolError(f"{self.name}: {key} was already released and awaits its gradient")
-        self._charge([self._entry(round_, key, "forward", cost) for key in keys
-                      if (cost := self.mechanisms(key).cost()) is not None])
+        costs = [self.mechanisms(key).cost() for key in keys]
+        charge = self._charge([self._entry(round_, key, "forward", c) for key, c in zip(keys, costs) if c is not None])
         blobs = []
         for key in keys:
             if key.phase == "test" and key.index == 0:
@@ -326,6 +402,8 @@ class GuestParty(_Party):
             if train:
                 self._pending[key] = _Pending(round_, self.steps, rel.ctx,
                                               v if self.update.keeps_release_graph else None)
+        if charge is not None:
+            self._settle(charge, [value_digest(b) for b, c in zip(blobs, costs) if c is not None])
         return blobs
 
     # -- backward ---------------------------------------------------------------------------
@@ -336,17 +414,26 @@ class GuestParty(_Party):
         :class:`ProtocolError` and leaves the party exactly as it was.
         """
         owed = sorted(self._pending)
-        msgs = [decode(b) for b in blobs]
+        if not isinstance(blobs, (list, tuple)):
+            raise ProtocolError(f"{self.name}: gradients from host: expected a list of messages, got "
+                                f"{type(blobs).__name__}")
+        if len(blobs) != len(owed):
+            raise ProtocolError(f"{self.name}: {len(blobs)} gradient messages received, but owed for "
+                                f"{[str(k) for k in owed]}")
+        limit = frame_limit(self.schedule.batch_size, self.cut_shape)  # only training batches are owed
+        msgs = [decode(b, max_bytes=limit) for b in blobs]
         got = [m.key for m in msgs]
         if sorted(got) != owed or len(set(got)) != len(got):
             raise ProtocolError(f"{self.name}: gradients received for {[str(k) for k in got]}, "
                                 f"but owed for {[str(k) for k in owed]}")
         for m in msgs:
             m.check(kind="gradients", sender="host", receiver=self.name, key=m.key, ids=self.ids(m.key),
-                    sample_shape=self.cut_shape, digest=self.digest(m.key))
+                    sample_shape=self.cut_shape, digest=self.digest(m.key), round_=self._pending[m.key].round)
         cost = self.update.cost()
+        charge = None
         if cost is not None and msgs:
-            self._charge([self._entry(-1 if round_ is None else round_, m.key, "update", cost) for m in msgs])
+            charge = self._charge([self._entry(-1 if round_ is None else round_, m.key, "update", cost) for m in msgs])
+        digests: list[str] = []
         for m in msgs:
             p = self._pending.pop(m.key)
             out = p.out if (p.out is not None and p.version == self.steps) else self._recompute(m.key)
@@ -359,11 +446,18 @@ class GuestParty(_Party):
                 self.importance.update()
             self.update.step(self._gen("dpsgd", *m.key.as_tuple()) if cost is not None else None)
             self.steps += 1
+            if charge is not None:
+                digests.append(self._params_digest())
+        self._settle(charge, digests)
 
     def step(self, grad_blobs: list[bytes], keys, round_: int) -> list[bytes]:
-        """One round for this guest: apply the gradients it is owed, then release ``keys``."""
+        """One round for this guest: apply the gradients it is owed, then release ``keys``
+        (the request is checked first: a replayed round or a bad key changes nothing)."""
+        keys = self._request(keys, round_)
         self.apply_gradients(grad_blobs, round_)
-        return self.release(keys, round_)
+        blobs = self.release(keys, round_)
+        self._done(round_)
+        return blobs
 
     def _recompute(self, key: BatchKey) -> torch.Tensor:
         """Forward ``key`` again with the current weights, leaving normalisation statistics
@@ -462,30 +556,53 @@ class HostParty(_Party):
         width = int(np.prod(next(iter(self.guest_shapes.values())))) if self.guest_shapes else 0
         self.diagnostics = LocalDiagnostics("host", width)
         self.history: list[dict[str, Any]] = []
+        #: guests that failed, with the round from which their embedding is zero-filled (--on-guest-failure pad)
+        self.absent: dict[str, int] = {}
         self._train_loss = [0.0, 0]
         self._cache: dict[str, dict[str, torch.Tensor]] = {}
         self._cached: dict[str, np.ndarray] = {}
         self.metric = data.metric
 
+    @property
+    def active_guests(self) -> list[str]:
+        """The guests whose releases the host expects (all but those that failed)."""
+        return [g for g in self.guests if g not in self.absent] if self.absent else self.guests
+
+    def drop_guest(self, guest: str, round_: int) -> None:
+        """``guest`` failed (``--on-guest-failure pad``): from ``round_`` on its embedding is
+        zero-filled (001's padding) and nothing is released to it."""
+        if guest not in self.guests:
+            raise ProtocolError(f"host: cannot drop {guest!r}; the guests are {self.guests}")
+        self.absent.setdefault(guest, int(round_))
+
     # -- receiving ---------------------------------------------------------------------------
-    def _received(self, keys, blobs_by_guest: dict[str, list[bytes]]) -> dict[str, list[torch.Tensor]]:
+    def _received(self, keys, blobs_by_guest: dict[str, list[bytes]],
+                  round_: int | None = None) -> dict[str, list[torch.Tensor]]:
         """Decode and check every guest's messages for ``keys`` (before touching any state).
 
         In one-shot mode empty lists mean "use what you cached when these records were released".
+        Absent guests (:meth:`drop_guest`) send nothing.
         """
-        if sorted(blobs_by_guest) != sorted(self.guests):
-            raise ProtocolError(f"host: activations from {sorted(blobs_by_guest)}, expected {sorted(self.guests)}")
+        active = self.active_guests
+        if not isinstance(blobs_by_guest, dict) or sorted(g for g in blobs_by_guest
+                                                          if g in active or blobs_by_guest[g]) != sorted(active):
+            got = sorted(blobs_by_guest) if isinstance(blobs_by_guest, dict) else type(blobs_by_guest).__name__
+            raise ProtocolError(f"host: activations from {got}, expected {sorted(active)}")
         out: dict[str, list[torch.Tensor]] = {}
-        for g in self.guests:
+        for g in active:
             blobs = blobs_by_guest[g]
+            if not isinstance(blobs, (list, tuple)):
+                raise ProtocolError(f"host: activations from {g}: expected a list of messages, got "
+                                    f"{type(blobs).__name__}")
             if self.one_shot and not blobs and keys:
                 out[g] = [self._from_cache(g, k) for k in keys]
                 continue
             if len(blobs) != len(keys):
                 raise ProtocolError(f"host: {len(blobs)} activation messages from {g}, expected {len(keys)}")
-            out[g] = [self._check(b, "activations", g, k, self.guest_shapes[g]).tensor for b, k in zip(blobs, keys)]
+            out[g] = [self._check(b, "activations", g, k, self.guest_shapes[g], round_).tensor
+                      for b, k in zip(blobs, keys)]
         if self.one_shot:
-            for g in self.guests:
+            for g in active:
                 if blobs_by_guest[g]:
                     for k, t in zip(keys, out[g]):
                         self._to_cache(g, k, t)
@@ -515,6 +632,10 @@ class HostParty(_Party):
             parts.append(self.bottom(self.rows(key)))
         leaves: dict[str, torch.Tensor] = {}
         for g in self.guests:
+            if g in self.absent:  # a failed guest's embedding is zero-filled (001's padding)
+                parts.append(torch.zeros((len(self.schedule.positions(key)), *self.guest_shapes[g]),
+                                         device=self.device))
+                continue
             a = acts[g].to(self.device)
             if train and not self.one_shot:
                 a.requires_grad_(True)
@@ -529,7 +650,7 @@ class HostParty(_Party):
         update_cost = self.update.cost()
         for key in keys:
             if not self.one_shot:
-                for g in self.guests:
+                for g in self.active_guests:
                     cost = self.backward_mechanisms[g](key).cost()
                     if cost is not None:
                         entries.append(self._entry(round_, key, "backward", cost))
@@ -540,58 +661,72 @@ class HostParty(_Party):
     def train(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int) -> dict[str, list[bytes]]:
         """Train on every batch in ``keys``; returns the released gradients per guest (nothing
         else leaves: the training loss stays here until the epoch's aggregate)."""
-        keys = list(keys)
-        msgs = self._received(keys, blobs_by_guest)
-        self._charge(self._entries(keys, round_))  # BudgetExceeded here: nothing trained, nothing released
-        grads: dict[str, list[bytes]] = {g: [] for g in self.guests}
+        keys = self._request(keys, round_, phase="train")
+        msgs = self._received(keys, blobs_by_guest, round_)
+        active = self.active_guests
+        # BudgetExceeded here: nothing trained, nothing released
+        charge = self._charge(self._entries(keys, round_))
+        digests: list[str] | None = [] if charge is not None else None
+        grads: dict[str, list[bytes]] = {g: [] for g in active}
         dpsgd = self.update.cost() is not None
         if self.bottom is not None:
             set_mode(self.bottom, True)
         set_mode(self.top, True)
         for i, key in enumerate(keys):
             y = self.labels(key)
-            mechs = {g: self.backward_mechanisms[g](key) for g in self.guests}
+            mechs = {g: self.backward_mechanisms[g](key) for g in active}
             if self.importance is not None and not self.one_shot:
                 for g, mech in mechs.items():  # before this batch's backward (see Importance)
                     self.importance.apply(mech, key, self.importance_parts.get(g))
-            logits, leaves = self._forward(key, {g: msgs[g][i] for g in self.guests}, train=True)
+            logits, leaves = self._forward(key, {g: msgs[g][i] for g in active}, train=True)
             loss = F.cross_entropy(logits, y)
+            loss_value = loss.item()
+            if not math.isfinite(loss_value):
+                raise ProtocolError(f"host: the loss of {key} is not finite with the activations from {active} "
+                                    f"(round {round_}); refused: no update and no release from this batch")
             self.update.zero_grad()
             self.update.backward(loss)
             if self.importance is not None:
                 self.importance.update()
             if not self.one_shot:
                 digest = self.digest(key)
-                for g in self.guests:
+                for g in active:
                     mech = mechs[g]
                     rel = mech.release(leaves[g].grad, self._gen("release", g, *key.as_tuple()) if mech.random else None)
                     self.diagnostics.add(key.epoch, rel.stats)
-                    grads[g].append(encode(Message("gradients", "host", g, round_, key, digest, rel.value,
-                                                   rel.encoding)))
+                    blob = encode(Message("gradients", "host", g, round_, key, digest, rel.value, rel.encoding))
+                    grads[g].append(blob)
+                    if digests is not None and mech.cost() is not None:
+                        digests.append(value_digest(blob))
                     self.released["batches"] += 1
                     self.released["records"] += len(y)
             self.update.step(self._gen("dpsgd", *key.as_tuple()) if dpsgd else None)
             self.steps += 1
-            self._train_loss[0] += loss.item() * len(y)
+            if digests is not None and dpsgd:
+                digests.append(self._params_digest())
+            self._train_loss[0] += loss_value * len(y)
             self._train_loss[1] += len(y)
+        self._settle(charge, digests)
+        self._done(round_)
         return grads
 
     @torch.no_grad()
-    def evaluate(self, keys, blobs_by_guest: dict[str, list[bytes]]) -> dict[str, Any]:
+    def evaluate(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int | None = None) -> dict[str, Any]:
         """Evaluate the test split (``keys``: all test batches of one epoch) and close the epoch.
 
         Returns the epoch's aggregates — ``{"epoch", "train_loss", "test_metric", "test_loss"}``
         with ``report_metrics="epoch"``, only ``{"epoch"}`` with ``"none"`` — and writes them to
         the host's own metrics file when it has one."""
-        keys = list(keys)
-        msgs = self._received(keys, blobs_by_guest)
+        keys = self._request(keys, round_, phase="test")
+        msgs = self._received(keys, blobs_by_guest, round_)
+        active = self.active_guests
         if self.bottom is not None:
             set_mode(self.bottom, False)
         set_mode(self.top, False)
         hits, n, loss_sum = 0, 0, 0.0
         for i, key in enumerate(keys):
             y = self.labels(key)
-            logits, _ = self._forward(key, {g: msgs[g][i] for g in self.guests}, train=False)
+            logits, _ = self._forward(key, {g: msgs[g][i] for g in active}, train=False)
             hits += batch_metric(logits, y, self.metric)
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
             n += len(y)
@@ -605,6 +740,7 @@ class HostParty(_Party):
         self.history.append(metrics)
         if self.metrics_file:
             write_json_atomic(self.metrics_file, {"party": "host", "metric": self.metric, "history": self.history})
+        self._done(round_)
         return dict(metrics) if self.report_metrics == "epoch" else {"epoch": int(epoch)}
 
     def report(self) -> dict[str, Any]:
@@ -634,6 +770,7 @@ class HostParty(_Party):
             "train_loss": [float(self._train_loss[0]), int(self._train_loss[1])],
             "cache": {name: {"x": c["x"], "filled": torch.from_numpy(self._cached[name])}
                       for name, c in self._cache.items()},
+            "absent": json.dumps(self.absent),
         }
 
     def import_state(self, state: dict[str, Any]) -> None:
@@ -650,6 +787,7 @@ class HostParty(_Party):
         self._cache = {name: {"x": torch.as_tensor(c["x"])} for name, c in state["cache"].items()}
         self._cached = {name: np.asarray(torch.as_tensor(c["filled"]).numpy(), dtype=bool)
                         for name, c in state["cache"].items()}
+        self.absent = {str(g): int(r) for g, r in json.loads(state.get("absent", "{}")).items()}
 
 
 def export_flat(party: GuestParty | HostParty) -> tuple[dict[str, np.ndarray], Any]:

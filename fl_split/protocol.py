@@ -26,8 +26,19 @@ blob travels in-process (:class:`~fl_split.engine.LocalEngine`) and through Flow
 plane, so bytes on the wire are counted the same way everywhere.
 
 :func:`decode` checks structure; :meth:`Message.check` checks what the receiver expects (kind,
-sender, batch, its digest and size, per-sample shape, finiteness). Both raise
-:class:`~fl_split.errors.ProtocolError` before the receiver touches any state.
+sender, batch, its digest and size, per-sample shape, the round it belongs to, and the values: every
+one finite with ``|x| <= MAX_ABS``). Both raise :class:`~fl_split.errors.ProtocolError` before the
+receiver touches any state; nothing else escapes them for any input (a peer's bytes must not crash
+a party: ``tests/test_properties.py`` and the atheris harness in ``fuzz/`` check it).
+
+**Hostile values.** ``MAX_ABS`` (10⁹) is the receiver's rule for "enormous": a finite value beyond
+it is refused like a NaN. Below it no single layer of a receiver's forward can overflow float32
+(10⁹ · a weight · a layer width stays below 10²⁰ ≪ 3.4·10³⁸) and a squared value is still finite.
+Every shipped mechanism releases far less (tanh + Gaussian noise, clipped Laplace and R3eLU, bits);
+a Laplace scale ``b`` would have to exceed ~5·10⁷ — a release that is pure noise — to reach it.
+:func:`frame_limit` bounds a frame's size by what the receiver expects, so an oversized frame is
+refused before its payload is converted. Helpers that parse the other pieces of a request
+(:func:`parse_keys`, :func:`blob_list`) answer malformed input with ``ProtocolError`` too.
 """
 
 from __future__ import annotations
@@ -51,6 +62,16 @@ PHASES = ("train", "test")
 MAX_FIELD = 2 ** 32 - 1
 #: largest number of sample dimensions
 MAX_NDIM = 8
+#: largest absolute value a receiver accepts in a message (see "Hostile values")
+MAX_ABS = 1e9
+#: largest frame :func:`decode` converts (a receiver's own limit, :func:`frame_limit`, is tighter)
+MAX_FRAME_BYTES = 1 << 31
+#: largest product of a frame's dimensions (zeros counted as 1)
+MAX_SHAPE = 1 << 40
+#: longest JSON text of a request's batch keys (a million keys fit)
+MAX_KEYS_TEXT = 1 << 25
+#: most bytes a header can take: magic, flags, 7 varints, MAX_NDIM dimension varints, the digest
+MAX_HEADER_BYTES = 3 + 5 * (7 + MAX_NDIM) + 4
 _DIGEST = struct.Struct("<I")
 
 
@@ -90,9 +111,12 @@ class Message:
         return int(self.tensor.shape[0])
 
     def check(self, *, kind: str, sender: str, receiver: str, key: BatchKey, ids: np.ndarray,
-              sample_shape: tuple[int, ...] | None, digest: int | None = None) -> "Message":
+              sample_shape: tuple[int, ...] | None, digest: int | None = None,
+              round_: int | None = None) -> "Message":
         """Raise :class:`ProtocolError` unless this is exactly the expected message (``ids``: the
-        batch's IDs by the receiver's schedule; ``digest``: their digest, if already computed)."""
+        batch's IDs by the receiver's schedule; ``digest``: their digest, if already computed;
+        ``round_``: the round the message must belong to — a message replayed from another round
+        is refused)."""
         who = f"{kind} from {sender} to {receiver} for {key}"
         if self.kind != kind:
             raise ProtocolError(f"expected {who}, got a '{self.kind}' message")
@@ -108,17 +132,93 @@ class Message:
         shape = tuple(self.tensor.shape)
         if sample_shape is not None and shape[1:] != tuple(sample_shape):
             raise ProtocolError(f"{who}: per-sample shape {shape[1:]}, expected {tuple(sample_shape)}")
+        if round_ is not None and self.round != round_:
+            raise ProtocolError(f"{who}: the message belongs to round {self.round}, expected round {round_} "
+                                f"(a replayed or stale message)")
         if self.tensor.dtype != torch.float32:
             raise ProtocolError(f"{who}: dtype {self.tensor.dtype}, expected float32")
-        if not _all_finite(self.tensor):
-            raise ProtocolError(f"{who}: contains NaN or infinite values")
+        if not _all_bounded(self.tensor):
+            if not _all_finite(self.tensor):
+                raise ProtocolError(f"{who}: contains NaN or infinite values")
+            raise ProtocolError(f"{who}: contains values beyond ±{MAX_ABS:g} (largest |value| "
+                                f"{float(self.tensor.abs().max()):.3g}); refused: using them could overflow "
+                                f"the receiver's forward pass")
         return self
+
+
+def _all_bounded(t: torch.Tensor) -> bool:
+    """Every value finite and ``|x| <= MAX_ABS`` (one pass: NaN and ±inf fail the comparison)."""
+    if t.device.type == "cpu":
+        a = t.numpy()
+        return bool(((a <= MAX_ABS) & (a >= -MAX_ABS)).all())
+    return bool((t.abs() <= MAX_ABS).all())
 
 
 def _all_finite(t: torch.Tensor) -> bool:
     if t.device.type == "cpu":
         return bool(np.isfinite(t.numpy()).all())
     return bool(torch.isfinite(t).all())
+
+
+def frame_limit(rows: int, sample_shape: tuple[int, ...] | None) -> int:
+    """The largest frame a receiver expecting ``rows`` samples of ``sample_shape`` accepts (a float32
+    payload plus the longest header; ``None``: only :data:`MAX_FRAME_BYTES`)."""
+    if sample_shape is None:
+        return MAX_FRAME_BYTES
+    return MAX_HEADER_BYTES + 4 * int(rows) * math.prod(int(d) for d in sample_shape)
+
+
+def parse_keys(text: object, what: str = "batch keys") -> tuple[BatchKey, ...]:
+    """Batch keys from their JSON form ``[["train", epoch, index], …]`` (as a request carries them).
+    Anything else — invalid JSON, another structure, an unknown phase, a negative or non-integer
+    epoch or index — is a :class:`ProtocolError`."""
+    import json
+
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError(f"malformed {what}: not UTF-8 text") from None
+    if not isinstance(text, str):
+        raise ProtocolError(f"malformed {what}: expected JSON text, got {type(text).__name__}")
+    if len(text) > MAX_KEYS_TEXT:
+        raise ProtocolError(f"malformed {what}: {len(text)} characters (at most {MAX_KEYS_TEXT})")
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"malformed {what}: not JSON ({exc.__class__.__name__})") from None
+    if not isinstance(raw, list):
+        raise ProtocolError(f"malformed {what}: expected a list, got {type(raw).__name__}")
+    keys = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 3 and item[0] in PHASES
+                and all(type(v) is int and 0 <= v <= MAX_FIELD for v in item[1:])):
+            shown = repr(item)
+            raise ProtocolError(f"malformed {what}: {shown[:80]} is not [phase, epoch, index] with phase in "
+                                f"{PHASES} and integers in 0..{MAX_FIELD}")
+        keys.append(BatchKey(item[0], item[1], item[2]))
+    return tuple(keys)
+
+
+def blob_list(values: object, what: str = "messages") -> list[bytes]:
+    """A list of message blobs from a request field (missing or empty: ``[]``). Anything but a
+    list of ``bytes`` is a :class:`ProtocolError` (never ``bytes(n)``: an integer would allocate
+    ``n`` zero bytes)."""
+    if values is None:
+        return []
+    if isinstance(values, (bytes, bytearray, memoryview, str)) or not isinstance(values, (list, tuple)):
+        raise ProtocolError(f"malformed {what}: expected a list of byte strings, got {type(values).__name__}")
+    out = []
+    total = 0
+    for i, b in enumerate(values):
+        if not isinstance(b, (bytes, bytearray, memoryview)):
+            raise ProtocolError(f"malformed {what}: item {i} is {type(b).__name__}, expected bytes")
+        b = bytes(b)
+        total += len(b)
+        if total > MAX_FRAME_BYTES:
+            raise ProtocolError(f"malformed {what}: more than {MAX_FRAME_BYTES} bytes in one request")
+        out.append(b)
+    return out
 
 
 # -- varints ------------------------------------------------------------------------------------
@@ -185,10 +285,14 @@ def encode(msg: Message) -> bytes:
     return b"".join((*head, payload))
 
 
-def decode(blob: bytes) -> Message:
-    """Parse a blob produced by :func:`encode`; malformed input raises :class:`ProtocolError`."""
+def decode(blob: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
+    """Parse a blob produced by :func:`encode`; malformed input raises :class:`ProtocolError`, and
+    so does a frame longer than ``max_bytes`` (checked before anything is converted)."""
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise ProtocolError(f"malformed message: expected bytes, got {type(blob).__name__}")
+    size = blob.nbytes if isinstance(blob, memoryview) else len(blob)
+    if size > max_bytes:
+        raise ProtocolError(f"oversized message: {size} bytes, at most {max_bytes} expected")
     blob = bytes(blob)
     if len(blob) < 3:
         raise ProtocolError(f"malformed message: {len(blob)} bytes is shorter than the header")
@@ -214,6 +318,9 @@ def decode(blob: bytes) -> Message:
     pos += _DIGEST.size
     n = values["rows"]
     shape = [n, *dims]
+    if math.prod(max(d, 1) for d in shape) > MAX_SHAPE:
+        # even with a zero dimension (no payload), NumPy cannot describe such a shape
+        raise ProtocolError(f"malformed message: shape {shape} is too large")
     per_sample = math.prod(dims)
     body = len(blob) - pos
     expected = n * ((per_sample + 7) // 8) if encoding == "bits" else 4 * n * per_sample

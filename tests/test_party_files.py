@@ -141,3 +141,136 @@ def test_cli_export_parties_bad_input_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fl-split: error: --guests")
     assert not (tmp_path / "d").exists() or not list((tmp_path / "d").iterdir())
+
+
+# -- tables an organisation holds: CSV / Parquet with an ID column -------------------------------------------
+import shutil  # noqa: E402
+
+import pandas as pd  # noqa: E402
+
+from fl_split.engine import run_experiment  # noqa: E402
+from fl_split.party_files import check_parties, load_parties  # noqa: E402
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+@pytest.mark.parametrize("kw", [{}, {"dataset": "credit", "guests": 1}, {"padding": True}])
+def test_table_files_round_trip_exactly(tmp_path, fmt, kw):
+    cfg = _cfg(**kw)
+    files = export_parties(cfg, tmp_path, fmt)
+    prepared = prepare_data(cfg)
+    for party, path in files.items():
+        assert path == tmp_path / f"{party}.{fmt}" and (tmp_path / f"{party}.meta.json").is_file()
+        table = pd.read_csv(path) if fmt == "csv" else pd.read_parquet(path)
+        assert table.columns[0] == "id" and ("label" in table.columns) == (party == "host")
+        # the organisation's own row order, not the shared lists'
+        want_ids = np.concatenate([prepared.parties[party].train_ids, prepared.parties[party].test_ids])
+        assert sorted(table["id"]) == sorted(want_ids) and list(table["id"]) != list(want_ids)
+        data, facts = load_party(path, party)
+        want = prepared.parties[party]
+        for name in ("x_train", "x_test", "y_train", "y_test"):
+            assert _same_tensor(getattr(data, name), getattr(want, name)), (party, name)
+        np.testing.assert_array_equal(data.train_ids, want.train_ids)
+        assert data.feature_names == want.feature_names and facts.data_config["seed"] == cfg.seed
+
+
+def test_local_engine_from_party_files_equals_prepared_data(tmp_path):
+    cfg = _cfg(epochs=1, defense="gaussian", sigma=0.7)
+    export_parties(cfg, tmp_path, "csv")
+    a = run_experiment(cfg, private_seed=4)
+    b = run_experiment(cfg.replace(party_files=str(tmp_path)), private_seed=4)
+    assert a["final"] == b["final"] and a["privacy"]["guest-1"]["epsilon"] == b["privacy"]["guest-1"]["epsilon"]
+
+
+def _edit_csv(path, fn):
+    t = pd.read_csv(path)
+    fn(t).to_csv(path, index=False, float_format="%.9g")
+
+
+def _edit_meta(path, fn):
+    meta = json.loads(path.read_text())
+    fn(meta)
+    path.write_text(json.dumps(meta))
+
+
+def test_table_file_errors_name_the_party_and_the_problem(tmp_path):
+    cfg = _cfg()
+    src = tmp_path / "src"
+    export_parties(cfg, src, "csv")
+
+    def fresh():
+        d = tmp_path / f"d{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(src, d)
+        return d
+
+    d = fresh()
+    (d / "guest-2.csv").unlink()
+    with pytest.raises(DataError, match=r"^guest-2: no data file in .* \(looked for guest-2\.npz, \.csv, \.parquet"):
+        load_parties(cfg, d)
+    d = fresh()
+    (d / "guest-1.meta.json").unlink()
+    with pytest.raises(DataError, match=r"^guest-1: .*guest-1\.csv has no metadata file guest-1\.meta\.json"):
+        load_parties(cfg, d)
+    d = fresh()  # a shared ID missing from a party's rows
+    _edit_csv(d / "guest-1.csv", lambda t: t.iloc[1:])
+    with pytest.raises(DataError, match=r"^guest-1 \(guest-1\.csv\): 1 shared IDs are missing from its rows: \d+$"):
+        load_parties(cfg, d)
+    d = fresh()  # an ID twice
+    _edit_csv(d / "guest-2.csv", lambda t: pd.concat([t, t.iloc[:1]]))
+    with pytest.raises(DataError, match=r"^guest-2: .*IDs \d+ appear more than once"):
+        load_parties(cfg, d)
+    d = fresh()  # a feature column missing
+    _edit_csv(d / "guest-1.csv", lambda t: t.drop(columns=[t.columns[2]]))
+    with pytest.raises(DataError, match=r"^guest-1: .*lacks the column\(s\) 'c0_r"):
+        load_parties(cfg, d)
+    d = fresh()  # a non-finite value
+    _edit_csv(d / "guest-2.csv", lambda t: t.assign(**{t.columns[3]: np.nan}))
+    with pytest.raises(DataError, match=r"^guest-2: .*x_train holds NaN or infinite values"):
+        load_parties(cfg, d)
+    d = fresh()  # labels in a guest's file
+    _edit_csv(d / "guest-1.csv", lambda t: t.assign(label=0))
+    with pytest.raises(DataError, match=r"^guest-1: .*has a 'label' column; a guest's file must not hold labels"):
+        load_parties(cfg, d)
+    d = fresh()  # two parties claim a column (names are public metadata here)
+    host_names = json.loads((d / "host.meta.json").read_text())["feature_names"]
+    _edit_meta(d / "guest-2.meta.json", lambda m: m.update(feature_names=[host_names[0], *m["feature_names"][1:]]))
+    with pytest.raises(DataError, match=r"^guest-2: feature column\(s\) \['0'\] are also host's; each column "
+                                        r"belongs to one party"):
+        load_parties(cfg, d)
+    d = fresh()  # another party's file under this party's name
+    shutil.copy(d / "guest-1.csv", d / "guest-2.csv")
+    shutil.copy(d / "guest-1.meta.json", d / "guest-2.meta.json")
+    with pytest.raises(DataError, match=r"^guest-2: .*guest-2\.csv holds guest-1's data, not guest-2's"):
+        load_parties(cfg, d)
+    d = fresh()  # run options that differ from the export
+    with pytest.raises(ConfigError, match=r"^--seed: got 9 \(host's file host\.csv was exported with seed=3"):
+        load_parties(cfg.replace(seed=9), d)
+    d = fresh()  # two formats for one party
+    export_parties(cfg, d, "npz")
+    with pytest.raises(DataError, match=r"^host: several data files .*host\.npz, host\.csv|host\.csv, host\.npz"):
+        load_parties(cfg, d)
+
+
+def test_parties_from_different_exports_are_refused(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    export_parties(_cfg(), a, "npz")
+    export_parties(_cfg(test_fraction=0.3), b, "npz")
+    loaded = {"host": load_party(a / "host.npz", "host"), "guest-1": load_party(b / "guest-1.npz", "guest-1")}
+    with pytest.raises(DataError, match=r"^guest-1: its file disagrees with host's about the data options"):
+        check_parties(loaded)
+
+
+def test_party_files_option_errors_before_training(tmp_path, capsys):
+    code = main(["train", "--party-files", str(tmp_path), "--guests", "2", "--limit", "300", "--seed", "3",
+                 "--epochs", "1", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("fl-split: error: host: no data file in")
+    with pytest.raises(ConfigError, match=r"^--party-files: .*empty with --engine flower"):
+        _cfg(party_files=str(tmp_path), engine="flower")
+
+
+def test_cli_export_parties_csv(tmp_path, capsys):
+    out = tmp_path / "p"
+    assert main(["export-parties", "--guests", "2", "--limit", "200", "--format", "csv", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["guest-1.csv", "guest-1.meta.json", "guest-2.csv",
+                                                     "guest-2.meta.json", "host.csv", "host.meta.json"]
+    assert "guest-2: " in capsys.readouterr().out

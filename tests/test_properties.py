@@ -132,3 +132,218 @@ def test_release_stats_summaries_match_the_values(seq):
     restored = ReleaseStats()
     restored.load_state_dict(unflatten(*flatten(rs.state_dict())))
     assert restored.report() == rep
+
+
+# -- hostile bytes: everything that parses a peer's (or a file's) bytes ---------------------------------
+# (the coverage-guided counterpart is fuzz/fuzz_wire.py, run with atheris; see fuzz/README.md)
+import json as _json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from fl_split.errors import DataError  # noqa: E402
+from fl_split.protocol import blob_list, parse_keys  # noqa: E402
+
+json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70),
+                                     st.floats(allow_nan=False), st.text(max_size=8)),
+                           lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                   st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+                           max_leaves=10)
+
+
+@SETTINGS
+@given(st.one_of(st.text(max_size=200), st.binary(max_size=100), json_values.map(_json.dumps),
+                 st.lists(st.tuples(st.sampled_from(["train", "test", "x", 1]), st.integers(-3, 2 ** 33),
+                                    st.one_of(st.integers(-3, 2 ** 33), st.booleans(), st.floats()))).map(_json.dumps)))
+def test_parse_keys_answers_protocol_error_or_keys(text):
+    try:
+        keys = parse_keys(text)
+    except ProtocolError:
+        return
+    assert all(isinstance(k, BatchKey) and k.phase in ("train", "test") and k.epoch >= 0 and k.index >= 0 for k in keys)
+
+
+@SETTINGS
+@given(st.one_of(st.none(), st.binary(max_size=10), st.text(max_size=10), st.integers(),
+                 st.lists(st.one_of(st.binary(max_size=20), st.integers(0, 2 ** 62), st.text(max_size=3),
+                                    st.floats(), st.none()), max_size=6)))
+def test_blob_list_never_allocates_from_an_integer(values):
+    try:
+        out = blob_list(values)
+    except ProtocolError:
+        return
+    assert all(isinstance(b, bytes) for b in out) and sum(map(len, out)) <= 20 * 6
+
+
+_PARTIES: dict = {}
+
+
+def _parties():
+    """One host/guest pair after a good first round (built once: hypothesis reuses it)."""
+    if not _PARTIES:
+        from fl_split.builder import make_parties
+        from fl_split.config import RunConfig
+
+        host, guests, plan = make_parties(RunConfig(dataset="digits", guests=1, limit=120, batch_size=16,
+                                                    defense="laplace", protect="both", progress=False), private_seed=1)
+        g = guests["guest-1"]
+        k1 = tuple(plan.schedule.train_keys(1)[:1])
+        grads = host.train(k1, {"guest-1": g.step([], k1, 1)}, 1)["guest-1"]
+        k2 = tuple(plan.schedule.train_keys(1)[1:2])
+        _PARTIES.update(host=host, guest=g, k2=k2, acts=g.release(k2, 2), grads=grads)
+        g._pending.pop(k2[0])  # released for the test only: not owed
+    return _PARTIES
+
+
+def _state(party) -> tuple:
+    arrays, skeleton = flatten(party.export_state())
+    return {k: v.tobytes() for k, v in arrays.items()}, skeleton
+
+
+@st.composite
+def mutated(draw, blob: bytes) -> bytes:
+    b = bytearray(blob)
+    for _ in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(["flip", "truncate", "extend", "header"]))
+        if op == "flip" and b:
+            i = draw(st.integers(0, len(b) - 1))
+            b[i] ^= draw(st.integers(1, 255))
+        elif op == "truncate":
+            b = b[: draw(st.integers(0, len(b)))]
+        elif op == "extend":
+            b += draw(st.binary(min_size=1, max_size=64))
+        elif op == "header" and len(b) > 12:
+            i = draw(st.integers(2, 12))
+            b[i] = draw(st.integers(0, 255))
+    return bytes(b)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_parties_refuse_any_corrupted_frame_untouched(data):
+    """A corrupted activation (to the host) or gradient (to the guest) frame: the receiver either
+    accepts a still-valid message or raises ProtocolError — and then its whole state is unchanged."""
+    p = _parties()
+    host, g = p["host"], p["guest"]
+    to_host = data.draw(st.booleans())
+    blob = data.draw(mutated(p["acts"][0] if to_host else p["grads"][0]))
+    party = host if to_host else g
+    before = _state(party)
+    try:
+        decode(blob)
+        valid_frame = True
+    except ProtocolError:
+        valid_frame = False
+    saved = party.export_state()
+    try:
+        if to_host:
+            host._received(p["k2"], {"guest-1": [blob]}, 2)  # every check the host makes before training
+        else:
+            g.apply_gradients([blob], 2)
+    except ProtocolError:
+        assert _state(party) == before
+        return
+    assert valid_frame
+    party.import_state(saved)  # a still-valid message was applied: back to the shared starting point
+
+
+def _load_bytes(tmp_dir, name: str, data: bytes, meta: bytes | None = None):
+    from fl_split.party_files import load_party
+
+    path = tmp_dir / name
+    path.write_bytes(data)
+    if meta is not None:
+        (tmp_dir / f"{path.stem}.meta.json").write_bytes(meta)
+    try:
+        load_party(path)
+    except DataError:
+        pass
+
+
+_FILES: dict = {}
+
+
+def _party_files(tmp_factory):
+    if not _FILES:
+        from fl_split.config import RunConfig
+        from fl_split.party_files import export_parties
+
+        cfg = RunConfig(dataset="digits", guests=1, limit=40, progress=False)
+        for fmt in ("npz", "csv", "parquet"):
+            d = tmp_factory.mktemp(fmt)
+            export_parties(cfg, d, fmt)
+            _FILES[fmt] = (d / f"guest-1.{fmt}").read_bytes()
+            if fmt != "npz":
+                _FILES[f"{fmt}-meta"] = (d / "guest-1.meta.json").read_bytes()
+    return _FILES
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_party_file_loaders_answer_data_error_only(tmp_path_factory, data):
+    """npz / csv / parquet party files and their metadata, mutated: load_party raises DataError or
+    loads a consistent party (never another exception)."""
+    files = _party_files(tmp_path_factory)
+    d = tmp_path_factory.mktemp("fuzz")
+    fmt = data.draw(st.sampled_from(["npz", "csv", "parquet", "csv-meta", "parquet-meta", "random"]))
+    if fmt == "random":
+        _load_bytes(d, "guest-1." + data.draw(st.sampled_from(["npz", "csv", "parquet"])),
+                    data.draw(st.binary(max_size=300)), data.draw(st.binary(max_size=100)))
+    elif fmt.endswith("-meta"):
+        base = fmt.split("-")[0]
+        _load_bytes(d, f"guest-1.{base}", files[base], data.draw(mutated(files[fmt])))
+    else:
+        meta = files.get(f"{fmt}-meta")
+        _load_bytes(d, f"guest-1.{fmt}", data.draw(mutated(files[fmt])), meta)
+
+
+@SETTINGS
+@given(st.data())
+def test_checkpoint_and_log_parsers_answer_checkpoint_error_only(tmp_path_factory, data):
+    import hashlib
+
+    from fl_split.checkpoint import CheckpointError, parse_checkpoint, read_wal, write_checkpoint
+
+    d = tmp_path_factory.mktemp("ck")
+    arrays = {"a": np.arange(5, dtype=np.int32), "b": np.ones((2, 2), dtype=np.float64)}
+    path = write_checkpoint(d / "x.ckpt", {"format": "fl_split.checkpoint/1", "kind": "party", "v": [1, 2]}, arrays)
+    raw = path.read_bytes()
+    body = data.draw(mutated(raw[:-32]))
+    try:
+        header, got = parse_checkpoint(body + hashlib.sha256(body).digest())
+    except CheckpointError:
+        pass
+    else:
+        assert isinstance(header, dict) and all(isinstance(v, np.ndarray) for v in got.values())
+    wal = d / "g.wal"
+    wal.write_bytes(data.draw(st.binary(max_size=400)))
+    try:
+        read_wal(wal)
+    except CheckpointError:
+        pass
+
+
+@SETTINGS
+@given(st.one_of(st.text(max_size=50), json_values.map(_json.dumps)),
+       st.one_of(st.lists(st.one_of(st.binary(max_size=8), st.integers(0, 2 ** 62), st.text(max_size=3)), max_size=4),
+                 st.integers(), st.text(max_size=5)))
+def test_flower_records_parsers_answer_protocol_error_only(text, values):
+    """What a Flower node parses out of a request (fl_split/flower/records.py) goes through the
+    hardened helpers: only ProtocolError, never bytes(n) from an integer."""
+    from flwr.app import ConfigRecord
+
+    from fl_split.flower import records as R
+
+    try:
+        R.keys_from_json(text)
+    except ProtocolError:
+        pass
+    try:
+        rec = ConfigRecord({"owed": values})
+    except Exception:  # noqa: BLE001 - a value Flower itself refuses to put in a record
+        return
+    try:
+        out = R.blob_list(rec, "owed")
+    except ProtocolError:
+        return
+    assert all(isinstance(b, bytes) for b in out) and sum(map(len, out)) <= 8 * 4

@@ -22,6 +22,15 @@ distinct *kinds of release* accountants see (by
   its releases, however many ``charge`` calls they arrived in) and by 001's Cor. 4/5 (``paper``);
 * one compact log row per entry (round, phase, epoch, index, direction, cost, batch size, rate).
 
+**Write-ahead.** With a log attached (:meth:`Ledger.attach_wal`, ``--checkpoint-dir``), every charged
+entry is appended to the party's fsynced log by :meth:`Ledger.settle` — after the value is computed,
+before it leaves the party — with the digest of the value. A ledger restored from an older checkpoint
+:meth:`replays <Ledger.replay>` the log's later records (charged at once: they left), and keeps them
+pending: a release of the resumed run with the same ``(round, batch key, direction, cost, records)``
+is not charged when it is made, and :meth:`settle` compares digests before it leaves — the same value
+consumes the pending record (the same bytes already left), a different one is charged like any
+other (``fl_split.checkpoint`` and ``docs/robustness.md`` have the whole rule).
+
 Composition is monotone (dropping releases is post-processing), so the worst record is among the
 Pareto-maximal count vectors; each is composed once and cached, and a new composition happens only
 when the worst vectors change. When more than :data:`MAX_CANDIDATES` vectors are incomparable (a
@@ -106,6 +115,16 @@ class LedgerEntry:
     cost: PrivacyCost
     ids: np.ndarray
     sample_rate: float | None = None  # B/N of the training split (amplification and the paper accountant)
+
+
+@dataclass
+class Charge:
+    """Entries recorded by :meth:`Ledger.charge` that :meth:`Ledger.settle` must see before the
+    releases leave: ``covered[i]``: entry ``i`` matched a release replayed from the write-ahead log
+    and was not charged (yet)."""
+
+    entries: list[LedgerEntry]
+    covered: list[bool]
 
 
 @dataclass
@@ -246,18 +265,116 @@ class Ledger:
         self._max_memo: tuple[int, int] = (0, 0)
         self._families: list = []  # release kind -> dominance family (or None)
         self._basic_memo: dict[tuple, float] = {}  # a record's count vector -> its basic epsilon
+        self._wal = None  # fl_split.checkpoint.WriteAheadLog (None: no log, no settle needed)
+        self.wal_records = 0  # log records this state includes (a checkpoint's replay starts there)
+        #: releases replayed from the log and not re-made yet: match key -> value digests (a multiset)
+        self._replayed: dict[tuple, list[str]] = {}
 
     # -- public interface --------------------------------------------------------------------
-    def charge(self, entries: Iterable[LedgerEntry]) -> None:
+    def charge(self, entries: Iterable[LedgerEntry]) -> Charge | None:
         """Atomically record ``entries``.
 
         If the selected accountant cannot account one of the releases a :class:`ConfigError`
         names it and the accountants that can; if the epsilon after the entries would exceed the
         budget :class:`BudgetExceeded` is raised. Either way nothing is recorded.
+
+        Returns what :meth:`settle` needs when a write-ahead log is attached or releases were
+        replayed (``None`` otherwise: nothing to settle). Entries matching a replayed release are
+        left uncharged until :meth:`settle` compares the values.
         """
         entries = list(entries)
         if not entries:
+            return None
+        covered = [False] * len(entries)
+        if self._replayed:
+            taken: dict[tuple, int] = {}
+            for i, e in enumerate(entries):
+                mk = self._match_key(e)
+                n = taken.get(mk, 0)
+                if n < len(self._replayed.get(mk, ())):
+                    covered[i] = True
+                    taken[mk] = n + 1
+        todo = [e for e, c in zip(entries, covered) if not c]
+        if todo:
+            self._record(todo)
+        if self._wal is None and not any(covered):
+            return None
+        return Charge(entries, covered)
+
+    def settle(self, charge: Charge | None, digests: list[str]) -> None:
+        """Called by the party after computing the releases of ``charge``, before they leave, with
+        the digest of each entry's value (:func:`fl_split.checkpoint.value_digest`).
+
+        An entry that matched a replayed release is deduplicated when its digest equals the
+        replayed one (the same value already left and is charged); otherwise it is charged now
+        (budget checked: :class:`BudgetExceeded` means it must not leave). Then every newly
+        charged entry is appended to the write-ahead log and fsynced.
+        """
+        if charge is None:
             return
+        if len(digests) != len(charge.entries):
+            raise ValueError(f"{self.party}: {len(digests)} digests for {len(charge.entries)} ledger entries")
+        logged: list[tuple[LedgerEntry, str]] = []
+        extra: list[LedgerEntry] = []
+        consumed: list[tuple[tuple, str]] = []
+        for e, cov, d in zip(charge.entries, charge.covered, digests):
+            if cov:
+                mk = self._match_key(e)
+                pending = self._replayed.get(mk, [])
+                if pending.count(d) > sum(1 for k, x in consumed if k == mk and x == d):
+                    consumed.append((mk, d))
+                    continue
+                extra.append(e)  # re-made differently: a new release
+            logged.append((e, d))
+        if extra:
+            self._record(extra)
+        for mk, d in consumed:
+            pending = self._replayed[mk]
+            pending.remove(d)
+            if not pending:
+                del self._replayed[mk]
+        if self._wal is not None and logged:
+            self._wal.append(logged)
+            self.wal_records = self._wal.count
+
+    def attach_wal(self, wal) -> None:
+        """Log every charged entry to ``wal`` (an :class:`fl_split.checkpoint.WriteAheadLog`) in
+        :meth:`settle`, before the release leaves."""
+        self._wal = wal
+
+    def replay(self, items: list[tuple[LedgerEntry, str]]) -> int:
+        """Charge releases the write-ahead log recorded after this state's checkpoint (they left the
+        party: no budget check can take them back) and keep each pending for deduplication."""
+        if not items:
+            return 0
+        plan = self._plan([e for e, _ in items])
+        why = self._why_not(self.accountant, plan.state)
+        if why is not None:
+            self._forget(plan)
+            raise ConfigError("accountant", self.accountant, "the accountant of the checkpointed run",
+                              reason=f"{self.party}: cannot account the logged releases: {why}")
+        self._commit(plan)
+        for e, d in items:
+            self._replayed.setdefault(self._match_key(e), []).append(d)
+        self.wal_records += len(items)
+        return len(items)
+
+    @property
+    def wal(self):
+        """The attached write-ahead log (``None``: none)."""
+        return self._wal
+
+    @property
+    def pending_replays(self) -> int:
+        """Replayed releases not re-made (yet) by the resumed run."""
+        return sum(len(v) for v in self._replayed.values())
+
+    def _match_key(self, e: LedgerEntry) -> tuple:
+        key = e.key.as_tuple() if hasattr(e.key, "as_tuple") else e.key
+        return (int(e.round), str(key[0]), int(key[1]), int(key[2]), e.direction, self._cost_key(e.cost)[0],
+                int(len(e.ids)))
+
+    def _record(self, entries: list[LedgerEntry]) -> None:
         plan = self._plan(entries)
         try:
             self._admit(plan)
@@ -363,6 +480,8 @@ class Ledger:
             "phases": list(self._phases),
             "log": {f: np.asarray(self._log[f], dtype=np.float64 if f == "sample_rate" else np.int64)
                     for f in _LOG_FIELDS},
+            "wal_records": int(self.wal_records),
+            "replayed": [[list(k), list(v)] for k, v in self._replayed.items()],
         }
 
     @classmethod
@@ -415,6 +534,9 @@ class Ledger:
             arr = np.asarray(log[f])
             led._log[f] = ([None if math.isnan(v) else float(v) for v in arr.tolist()] if f == "sample_rate"
                            else [int(v) for v in arr.tolist()])
+        led.wal_records = int(state.get("wal_records", 0))
+        led._replayed = {(int(k[0]), str(k[1]), int(k[2]), int(k[3]), str(k[4]), str(k[5]), int(k[6])):
+                         [str(d) for d in v] for k, v in state.get("replayed", [])}
         return led
 
     # -- planning a charge -------------------------------------------------------------------
