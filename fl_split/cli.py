@@ -35,6 +35,7 @@ def _add_train_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = 
         "core": p.add_argument_group("data, model, optimisation" if only is None else "data"),
         "flower": p.add_argument_group("Flower engine"),
         "privacy": p.add_argument_group("privacy (SPEC §3, §5)"),
+        "robustness": p.add_argument_group("checkpoints and failures (docs/robustness.md)"),
     }
     for f in option_fields():
         if only is not None and f.name not in only:
@@ -88,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_flags(export, only=(*DATA_KEYS, "data_root"))
     export.add_argument("--out", dest="out_dir", metavar="DIR", required=True,
                         help="directory to write host.npz, guest-1.npz, ... into (created if missing)")
+    export.add_argument("--format", dest="file_format", choices=("npz", "csv", "parquet"), default="npz",
+                        help="npz = arrays; csv / parquet = a table per party with an 'id' column, its feature "
+                             "columns (and 'label' for the host), rows in the party's own order, and "
+                             "<party>.meta.json beside it [default: npz]")
+    from fl_split.attacks.cli import add_parser as _add_attack_parser
+
+    _add_attack_parser(sub, _add_train_flags, _add_private_seed)  # fl-split attack (docs/attacks.md)
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser
@@ -179,6 +187,15 @@ def print_summary(results: dict[str, Any]) -> None:
     line = (f"final test {final['metric']}: {value}   training time: {results['time_s']:.1f} s   "
             f"wire: {wire['bytes_to_host'] / 1e6:.2f} MB to host, {wire['bytes_to_guests'] / 1e6:.2f} MB to guests")
     console.print(line)
+    for f in results.get("guest_failures") or []:
+        console.print(f"{f['guest']} failed in round {f['round']} ({f['reason']}); "
+                      + ("its embedding is zero-filled from that round" if f["action"] == "pad" else "run stopped"))
+    ck = results.get("checkpoint")
+    if ck:
+        resumed = ck.get("resumed_from_round")
+        console.print(f"checkpoints: {ck['checkpoints']} in {ck['dir']} (every {ck['every']})"
+                      + ("" if resumed is None else f"; resumed from round {resumed}, replayed "
+                         f"{sum((ck.get('replayed') or {}).values())} logged release(s)"))
     if results.get("stopped_reason", "completed") != "completed":
         console.print(f"stopped early ({results['stopped_reason']}): {results.get('stopped_detail', '')}")
 
@@ -225,7 +242,7 @@ def cmd_export_parties(ns: argparse.Namespace) -> int:
     out = Path(ns.out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise ConfigError("out", ns.out_dir, "a directory (it is created if missing)", reason="it is a file")
-    files = export_parties(cfg, out)
+    files = export_parties(cfg, out, getattr(ns, "file_format", "npz"))
     for party, path in files.items():
         print(f"{party}: {path}")
     return 0
@@ -269,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train(ns)
         if ns.command == "export-parties":
             return cmd_export_parties(ns)
+        if ns.command == "attack":
+            from fl_split.attacks.cli import cmd_attack
+
+            return cmd_attack(ns)
         if ns.command == "datasets":
             return cmd_datasets()
         if ns.command == "models":

@@ -1,0 +1,146 @@
+"""Run an attack end to end: train (observed), build the adversary's view, attack, score.
+
+:func:`run_attack` is what ``fl-split attack`` calls and what experiment scripts reuse; it returns
+a plain dictionary (the attack JSON, see ``docs/attacks.md``). To mount several attacks on one
+training run, build the :class:`~fl_split.attacks.view.Session` once with :func:`make_session`
+and pass it to each :func:`run_attack` call (the attacks must agree on the session's needs: a
+public split, or a malicious host).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from fl_split.attacks.base import Attack
+from fl_split.attacks.options import ATTACK_NAMES, AttackOptions
+from fl_split.attacks.view import NotObserved, Session
+from fl_split.config import RunConfig
+from fl_split.errors import ConfigError, FlSplitError
+
+
+class AttackError(FlSplitError):
+    """The attack could not run on what its adversary observed (e.g. a run stopped by its budget
+    before the epoch the attack needs)."""
+
+_MODULES = {
+    "property": ("fl_split.attacks.property", "PropertyInference"),
+    "reconstruction": ("fl_split.attacks.reconstruction", "Reconstruction"),
+    "fsha": ("fl_split.attacks.fsha", "FSHA"),
+    "inversion": ("fl_split.attacks.inversion", "WhiteBoxInversion"),
+    "feature": ("fl_split.attacks.feature", "FeatureInference"),
+    "membership": ("fl_split.attacks.membership", "MembershipInference"),
+    "label-norm": ("fl_split.attacks.label", "NormScoring"),
+    "label-direction": ("fl_split.attacks.label", "DirectionScoring"),
+    "label-completion": ("fl_split.attacks.label", "ModelCompletion"),
+}
+assert tuple(_MODULES) == ATTACK_NAMES
+
+
+def _plain(o: Any) -> Any:
+    """``o`` with arrays and tensors as lists and numpy scalars as numbers (JSON-ready)."""
+    if isinstance(o, dict):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v) for v in o]
+    if isinstance(o, (np.ndarray, torch.Tensor)):
+        return o.tolist()
+    if isinstance(o, np.generic):
+        return o.item()
+    return o
+
+
+def get_attack(name: str) -> Attack:
+    if name not in _MODULES:
+        raise ConfigError("attack", name, "one of " + ", ".join(ATTACK_NAMES))
+    module, cls = _MODULES[name]
+    return getattr(importlib.import_module(module), cls)()
+
+
+def _check(attack: Attack, session: Session, opts: AttackOptions) -> None:
+    guests = session.plan.guests
+    if opts.guest not in guests:
+        raise ConfigError("guest", opts.guest, "one of " + ", ".join(guests),
+                          reason=f"the run has {len(guests)} guest(s)")
+    adversary = attack.adversary(opts)
+    if opts.grid:
+        image = len(session.plan.input_shapes.get(opts.guest if adversary == "host" else "host", ())) == 3
+        if not hasattr(attack, "write_grid") or not image:
+            raise ConfigError("grid", opts.grid, "empty here: image grids are drawn by reconstruction, fsha and "
+                              "inversion on image datasets", reason=f"--attack {opts.attack} on {session.cfg.dataset}")
+    if isinstance(opts.attack_epoch, int) and opts.attack_epoch > session.cfg.epochs:
+        raise ConfigError("attack-epoch", opts.attack_epoch, f"auto, last, all or an epoch in 1..{session.cfg.epochs}")
+    attack.check(session.referee, session.plan, opts)
+
+
+def make_session(cfg: RunConfig, opts: AttackOptions, private_seed: int | None = None) -> Session:
+    """The observed training run ``opts.attack`` needs (not yet run): with the public split if its
+    threat model grants public records, with the malicious host if it is one."""
+    attack = get_attack(opts.attack)
+    session = Session(cfg, private_seed, public=attack.public)
+    _check(attack, session, opts)
+    if attack.malicious:
+        session.hijack_host(attack.hijacker(opts), attack.grants(session.referee, opts, before_training=True))
+    return session
+
+
+def run_attack(cfg: RunConfig, opts: AttackOptions, private_seed: int | None = None,
+               session: Session | None = None) -> dict[str, Any]:
+    """Train ``cfg`` (or reuse ``session``), mount ``opts.attack`` as its adversary and score it.
+
+    Returns the attack results: ``attack``, ``adversary``, ``victim``, ``metric``, ``value``,
+    ``baseline``, ``threat_model``, ``details``, the training's ``final`` metric and ``privacy``
+    report, ``training`` (config, plan, history, wire) and ``time_s``."""
+    attack = get_attack(opts.attack)
+    if session is None:
+        session = make_session(cfg, opts, private_seed)
+    else:
+        _check(attack, session, opts)
+        if attack.public and not session.public_parties:
+            raise ConfigError("attack", opts.attack, "an attack whose needs this session meets",
+                              reason="its threat model grants public records: build the session with "
+                                     "make_session for it (Session(..., public=True))")
+        if attack.malicious != (session._acting_host is not None):
+            raise ConfigError("attack", opts.attack, "an attack whose needs this session meets",
+                              reason="FSHA needs its own (hijacked) training run, and no other attack may "
+                                     "use one")
+    t0 = time.perf_counter()
+    results = session.run()
+    t_train = time.perf_counter() - t0
+    adversary, victim = attack.parties(opts)
+    view = session.view(adversary, attack.grants(session.referee, opts))
+    t1 = time.perf_counter()
+    try:
+        guess = attack.run(view, opts)
+    except NotObserved as exc:  # the adversary did not observe what the attack needs
+        raise AttackError(f"{attack.name}: {exc}") from None
+    t_attack = time.perf_counter() - t1
+    scored = attack.score(guess, session.referee, opts)
+    if opts.grid and hasattr(attack, "write_grid"):
+        attack.write_grid(guess, session.referee, opts, opts.grid)
+    threat = view.describe()
+    threat["summary"] = attack.threat_summary(opts) if hasattr(attack, "threat_summary") else ""
+    return {
+        "attack": attack.name,
+        "title": attack.title,
+        "reference": attack.reference,
+        "adversary": adversary,
+        "victim": victim,
+        "metric": scored.metric or attack.metric,
+        "better": attack.better,
+        "value": float(scored.value),
+        "baseline": float(scored.baseline),
+        "baseline_name": scored.baseline_name or attack.baseline_name,
+        "threat_model": threat,
+        "options": {k: v for k, v in opts.to_dict().items()},
+        "details": _plain({**guess.details, **scored.details}),
+        "final": results["final"],
+        "privacy": results.get("privacy", {}),
+        "stopped_reason": results.get("stopped_reason", "completed"),
+        "training": {k: results[k] for k in ("config", "plan", "history", "wire", "time_s") if k in results},
+        "time_s": {"training": t_train, "attack": t_attack},
+    }
