@@ -10,11 +10,10 @@ accountant, δ = 1e-5, no amplification) and the y-coordinate is the final test 
 * ``dpsgd`` — Opacus noise multiplier ∈ {0.3, 0.7, 1.5, 4} on the guests' own parameters
   (its epsilon covers the trained parameters, not the released activations: plotted apart).
 
-Also VFLAIR's DCS (spec §7) per run, with β = 0.5, AP* = the no-defence accuracy and MP* = 0:
-``DCS = 1/(1 + √((1−β)(AP−AP*)² + β(MP−MP*)²))`` where the privacy term MP is taken as
-``min(1, ε/100)`` (an ε of 100 or more counts as no protection) — a convention of ours, stated
-because VFLAIR measures MP with an attack, which this script does not run. DP-SGD's runs count as
-unprotected (MP = 1) in DCS: their ε is of the trained parameters, not of the released activations.
+No attack is run here, so no privacy score is computed: what each defence *stops* at equal ε —
+the measured success of property inference, reconstruction and label inference, and VFLAIR's DCS
+computed from it — is ``experiments/exp8_privacy_utility_attacks.py`` (issue 9). (This script used
+to report a DCS with a placeholder privacy term, min(1, ε/100); it was removed.)
 
     python experiments/privacy_utility.py                       # digits, 2 guests, 5 epochs, 1 seed (~3 min)
     python experiments/privacy_utility.py --dataset breast-cancer --seeds 0 1 2
@@ -49,12 +48,6 @@ SWEEPS = {
                        for s in (8.0, 2.0, 0.7, 0.3, 0.1)],
     "dpsgd": [dict(defense="dpsgd", sigma=s) for s in (4.0, 1.5, 0.7, 0.3)],
 }
-BETA = 0.5
-
-
-def dcs(acc: float, acc_star: float, eps: float | None) -> float:
-    mp = 1.0 if eps is None else min(1.0, eps / 100.0)
-    return 1.0 / (1.0 + math.sqrt((1 - BETA) * (acc - acc_star) ** 2 + BETA * mp ** 2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,23 +79,21 @@ def main(argv: list[str] | None = None) -> int:
         for changes in SWEEPS[name]:
             acc, eps, snr = run(changes)
             param = {k: v for k, v in changes.items() if k in ("epsilon", "sigma")}
-            # DP-SGD's epsilon is of the parameters: the activations it releases are unprotected
             rows.append({"defense": name, **param, "accuracy": acc, "guest_epsilon": eps, "snr": snr,
-                         "dcs": dcs(acc, acc_star, None if name == "dpsgd" else eps), "config": changes})
+                         "config": changes})
             print(f"  {name:15s} {param}  accuracy {acc:.4f}  guest ε {eps:.4g}  SNR {snr if snr is None else f'{snr:.3g}'}"
                   f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
     stem = RESULTS / f"privacy_utility_{args.dataset}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     meta = {"dataset": args.dataset, "guests": args.guests, "epochs": args.epochs, "seeds": args.seeds,
-            "accountant": "pld", "delta": 1e-5, "no_defense_accuracy": acc_star, "dcs_beta": BETA,
-            "dcs_privacy_term": "min(1, epsilon/100)", "python": sys.version.split()[0], "torch": torch.__version__}
+            "accountant": "pld", "delta": 1e-5, "no_defense_accuracy": acc_star, "python": sys.version.split()[0], "torch": torch.__version__}
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     with stem.with_suffix(".csv").open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["defense", "epsilon", "sigma", "accuracy", "guest_epsilon", "snr", "dcs"])
+        w.writerow(["defense", "epsilon", "sigma", "accuracy", "guest_epsilon", "snr"])
         for r in rows:
             w.writerow([r["defense"], r.get("epsilon", ""), r.get("sigma", ""), r["accuracy"], r["guest_epsilon"],
-                        r["snr"], r["dcs"]])
+                        r["snr"]])
     plot(rows, acc_star, meta, stem.with_suffix(".png"))
     print(f"saved {stem}.json / .csv / .png")
     return 0

@@ -1,0 +1,374 @@
+"""What the issue-9 experiment scripts share: seeds, runs, attacks, mean ± sd, outputs, claims, DCS.
+
+Every ``experiments/expN_*.py`` script:
+
+* runs its trainings with :func:`train` (``LocalEngine(RunConfig(...), private_seed=seed)``: the
+  public ``--seed`` and each party's private secret both come from the seed, so a run is
+  reproducible) and its attacks with :func:`attack_session` / :func:`attack` (the attacks'
+  own API, ``fl_split.attacks.runner``);
+* reports mean ± sd over ``--seeds`` (three by default);
+* writes into ``experiments/results/<name>/``: CSV, a Markdown table, PNG plots, ``claims.json``
+  (paper claim, the paper's number, ours, verdict) and ``run.json`` (the exact command, date,
+  versions, seconds);
+* has a ``--quick`` mode (one seed, ``--limit``, one or two epochs, seconds) that
+  ``tests/test_experiments.py`` runs; quick outputs go to a temporary folder unless ``--out``
+  says otherwise, so they never overwrite committed results.
+
+``python experiments/claims.py`` gathers every ``claims.json`` into ``results/claims.md``, the
+claim table at the top of ``experiments/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+if str(ROOT) not in sys.path:  # run as `python experiments/expN.py` from the repository root
+    sys.path.insert(0, str(ROOT))
+
+HOLDS, PARTLY, FAILS = "holds", "partly holds", "does not hold"
+#: a measurement no paper made (an open question answered), and a claim we could not measure
+NEW, NOT_MEASURED = "new", "not measured"
+
+
+# -- setup -------------------------------------------------------------------------------------------
+def setup() -> None:
+    """One torch thread (the machine is shared), no progress bars, parties' warnings silenced (the
+    "releases are mostly noise" warning is expected in these sweeps: the public SNR bound is
+    reported instead)."""
+    import torch
+
+    torch.set_num_threads(1)
+    logging.getLogger("fl_split").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+def parser(doc: str, seeds: Sequence[int] = (0, 1, 2)) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: one seed, a few records, one or two epochs (seconds); writes to a temporary "
+                         "folder unless --out is given")
+    ap.add_argument("--seeds", nargs="+", type=int, default=list(seeds),
+                    help="public and private seeds of the repeated runs (default: %(default)s)")
+    ap.add_argument("--out", default="", help="output folder (default: experiments/results/<name>/)")
+    return ap
+
+
+# -- statistics ----------------------------------------------------------------------------------------
+def mean_sd(xs: Iterable[float | None]) -> tuple[float, float]:
+    v = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    if not v:
+        return float("nan"), float("nan")
+    return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
+
+
+def fmt(m: float, s: float | None = None, digits: int = 3, pct: bool = False) -> str:
+    """``0.941 ± 0.012`` (or ``94.1 ± 1.2`` with ``pct``)."""
+    if m is None or (isinstance(m, float) and math.isnan(m)):
+        return "–"
+    k = 100.0 if pct else 1.0
+    d = max(digits - 2, 1) if pct else digits
+    if s is None:
+        return f"{k * m:.{d}f}"
+    return f"{k * m:.{d}f} ± {k * s:.{d}f}"
+
+
+def fmt_ms(xs: Iterable[float | None], digits: int = 3, pct: bool = False) -> str:
+    return fmt(*mean_sd(xs), digits=digits, pct=pct)
+
+
+def sig(x: float | None, n: int = 3) -> str:
+    if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))):
+        return "–" if x is None or math.isnan(x) else "∞"
+    return f"{x:.{n}g}"
+
+
+# -- runs ----------------------------------------------------------------------------------------------
+def config(seed: int, **kw: Any):
+    from fl_split.config import RunConfig
+
+    return RunConfig(**{"progress": False, **kw, "seed": seed})
+
+
+def train(seed: int, **kw: Any) -> dict:
+    """One training on the local engine: public seed = private seed = ``seed``."""
+    from fl_split.engine import LocalEngine
+
+    return LocalEngine(config(seed, **kw), private_seed=seed).run()
+
+
+def best_metric(res: dict) -> float | None:
+    """The best per-epoch test metric (003 Tables 3 and 10 record the best, not the final one)."""
+    vals = [h.get("test_metric") for h in res.get("history", []) if h.get("test_metric") is not None]
+    return max(vals) if vals else None
+
+
+def guest_report(res: dict, party: str = "guest-1") -> dict:
+    return res.get("privacy", {}).get(party) or {}
+
+
+def snr_bound(rep: dict) -> float | None:
+    from fl_split.privacy.disclosure import snr_bound as _snr
+
+    return _snr(rep) if rep else None
+
+
+def attack_session(seed: int, need: str, **kw: Any):
+    """A trained, observed run that the attacks named by ``need`` can share: ``membership`` (or any
+    attack granted public records) builds it with the public split, ``property`` without."""
+    from fl_split.attacks.options import AttackOptions
+    from fl_split.attacks.runner import make_session
+
+    s = make_session(config(seed, **kw), AttackOptions(attack=need), seed)
+    s.run()
+    return s
+
+
+def attack(session, **opts: Any) -> dict:
+    """Mount one attack on a trained session; the attack dict of ``run_attack``."""
+    from fl_split.attacks.options import AttackOptions
+    from fl_split.attacks.runner import run_attack
+
+    return run_attack(session.cfg, AttackOptions(**opts), session=session)
+
+
+def run_fsha(seed: int, opts: dict, **kw: Any) -> dict:
+    from fl_split.attacks.options import AttackOptions
+    from fl_split.attacks.runner import run_attack
+
+    return run_attack(config(seed, **kw), AttackOptions(attack="fsha", **opts), seed)
+
+
+def advantage(r: dict, perfect: float | None = None) -> float:
+    """An attack's success as a normalised advantage over its trivial baseline, in [0, 1]:
+    0 = no better than the baseline, 1 = perfect. Higher-is-better metrics (accuracy, AUC, F1,
+    SSIM): ``(value − baseline)/(perfect − baseline)`` with ``perfect`` = 1; lower-is-better (MSE):
+    ``(baseline − value)/baseline``. Clipped at 0 (an attack worse than its baseline has learnt
+    nothing the baseline does not know)."""
+    v, b = float(r["value"]), float(r["baseline"])
+    if r.get("better", "higher") == "lower":
+        return max(0.0, (b - v) / b) if b > 0 else 0.0
+    top = 1.0 if perfect is None else perfect
+    return max(0.0, min(1.0, (v - b) / (top - b))) if top > b else 0.0
+
+
+def dcs(ap: float, mp: float, mp_star: float, ap_star: float = 0.0, beta: float = 0.5) -> float:
+    """VFLAIR's Defense Capability Score ``1/(1 + √((1−β)(AP−AP*)² + β(MP−MP*)²))`` (SPEC §7): AP =
+    attack performance, MP = main-task performance, (AP*, MP*) = the ideal defence (attack at its
+    trivial baseline, utility of the undefended run)."""
+    return 1.0 / (1.0 + math.sqrt((1 - beta) * (ap - ap_star) ** 2 + beta * (mp - mp_star) ** 2))
+
+
+def dpsgd_sigma_for(epsilon: float, delta: float = 1e-5) -> float:
+    """DP-SGD noise multiplier σ (``--sigma``) whose one step costs ``epsilon`` per record at
+    ``delta``: fl_split charges a step as the Gaussian mechanism of multiplier σ/2 (replace-one
+    moves a clipped sum by 2C) and each record is in one step per epoch, so this is DP-SGD at
+    ``epsilon`` per record per epoch, the same footing as a cut-layer mechanism's ``--epsilon``
+    per release (one release per record per epoch). Solved by bisection on the analytic
+    Gaussian (``dp_accounting``)."""
+    from fl_split.privacy.accountants import gaussian_epsilon
+
+    lo, hi = 1e-3, 1e4
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if gaussian_epsilon(mid / 2.0, delta) > epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def gaussian_sigma_for(epsilon: float, width: int, bound: float = 1.0, delta: float = 1e-5) -> float:
+    """σ of the Gaussian cut-layer mechanism (tanh layer of ``width`` elements, L2 sensitivity
+    ``2·bound·√width``) whose one release costs ``epsilon`` at ``delta``."""
+    from fl_split.privacy.accountants import gaussian_epsilon
+
+    sens = 2.0 * bound * math.sqrt(width)
+    lo, hi = 1e-4, 1e6
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if gaussian_epsilon(mid / sens, delta) > epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+# -- outputs -------------------------------------------------------------------------------------------
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for mod in ("torch", "numpy", "opacus", "dp_accounting", "flwr", "sklearn", "fl_split"):
+        try:
+            m = __import__(mod)
+            out[mod] = str(getattr(m, "__version__", "?"))
+        except Exception:  # pragma: no cover - optional
+            out[mod] = "not installed"
+    try:
+        out["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                           timeout=10).stdout.strip()
+    except Exception:  # pragma: no cover
+        out["git_commit"] = "?"
+    return out
+
+
+class Out:
+    """The output folder of one experiment and what goes into it."""
+
+    def __init__(self, name: str, args: argparse.Namespace, script: str) -> None:
+        self.name = name
+        self.args = args
+        self.t0 = time.perf_counter()
+        if args.out:
+            self.dir = Path(args.out)
+        elif args.quick:
+            self.dir = Path(tempfile.gettempdir()) / "fl_split_experiments_quick" / name
+        else:
+            self.dir = RESULTS / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.script = script
+        self.files: list[str] = []
+
+    def path(self, fname: str) -> Path:
+        self.files.append(fname)
+        return self.dir / fname
+
+    def csv(self, fname: str, rows: list[dict], fields: Sequence[str] | None = None) -> Path:
+        fields = list(fields or dict.fromkeys(k for r in rows for k in r))
+        p = self.path(fname)
+        with p.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: _cell(r.get(k)) for k in fields})
+        return p
+
+    def md(self, fname: str, text: str) -> Path:
+        p = self.path(fname)
+        p.write_text(text.rstrip() + "\n")
+        return p
+
+    def json(self, fname: str, obj: Any) -> Path:
+        p = self.path(fname)
+        p.write_text(json.dumps(obj, indent=1, default=_jsonable, allow_nan=True) + "\n")
+        return p
+
+    def figure(self, fname: str, fig) -> Path:
+        p = self.path(fname)
+        fig.tight_layout()
+        fig.savefig(p, dpi=110)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+        return p
+
+    def claims(self, claims: list[dict]) -> Path:
+        for c in claims:
+            c.setdefault("experiment", self.name)
+            assert c["verdict"] in (HOLDS, PARTLY, FAILS, NEW, NOT_MEASURED), c
+        return self.json("claims.json", claims)
+
+    def finish(self, extra: dict | None = None) -> dict:
+        meta = {
+            "experiment": self.name,
+            "command": " ".join([".venv/bin/python", f"experiments/{self.script}", *sys.argv[1:]])
+            if Path(sys.argv[0]).name == self.script else f".venv/bin/python experiments/{self.script} "
+            + " ".join(_argv_of(self.args)),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "seconds": round(time.perf_counter() - self.t0, 1),
+            "quick": bool(self.args.quick),
+            "seeds": list(self.args.seeds),
+            "versions": _versions(),
+            "cpu_threads": 1,
+            "files": sorted(set(self.files)),
+            **(extra or {}),
+        }
+        (self.dir / "run.json").write_text(json.dumps(meta, indent=1, default=_jsonable) + "\n")
+        print(f"[{self.name}] wrote {len(set(self.files))} files to {self.dir} in {meta['seconds']:.0f} s", flush=True)
+        return meta
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    out = []
+    for k, v in vars(args).items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            if v:
+                out.append(flag)
+        elif isinstance(v, (list, tuple)):
+            out += [flag, *map(str, v)]
+        elif v not in ("", None):
+            out += [flag, str(v)]
+    return out
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.6g}"
+    if isinstance(v, (list, tuple)):
+        return " ".join(_cell(x) if not isinstance(x, str) else x for x in map(_cell, v))
+    return "" if v is None else v
+
+
+def _jsonable(o: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except Exception:  # pragma: no cover
+        pass
+    return str(o)
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None) -> str:
+    header = list(header)
+    al = align or ("l" + "r" * (len(header) - 1))
+    sep = ["---:" if a == "r" else "---" for a in al]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
+    for r in rows:
+        lines.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(lines)
+
+
+def plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as _plt
+
+    return _plt
+
+
+def claim(cid: str, source: str, claim_text: str, paper: str, ours: str, verdict: str, note: str = "") -> dict:
+    """One row of the claim table."""
+    return {"id": cid, "source": source, "claim": claim_text, "paper": paper, "ours": ours, "verdict": verdict,
+            "note": note}
+
+
+def progress(name: str, t0: float, *what: Any) -> None:
+    print(f"[{name} {time.perf_counter() - t0:6.0f} s]", *what, flush=True)
+
+
+def quiet_env() -> None:
+    os.environ.setdefault("FL_SPLIT_NO_DOWNLOAD", "1")
