@@ -34,7 +34,7 @@ def _add_train_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = 
     groups = {
         "core": p.add_argument_group("data, model, optimisation" if only is None else "data"),
         "flower": p.add_argument_group("Flower engine"),
-        "privacy": p.add_argument_group("privacy (SPEC §3, §5)"),
+        "privacy": p.add_argument_group("privacy (spec §3 mechanisms, §5 accounting; docs/references.md)"),
         "robustness": p.add_argument_group("checkpoints and failures (docs/robustness.md)"),
     }
     for f in option_fields():

@@ -179,7 +179,7 @@ class RunConfig:
                                          "zero-filled from that round (results: guest_failures)",
                                  choices=("stop", "pad"), group="robustness")
 
-    # --- privacy (SPEC §3, §5) ------------------------------------------------------------
+    # --- privacy (spec §3, §5) ------------------------------------------------------------
     defense: str = _opt("none", "mechanism on the cut-layer crossings", choices=DEFENSES, group="privacy")
     protect: str = _opt("guest", "whose data the defense protects: guest = forward releases, "
                                  "host = backward releases, both", choices=("guest", "host", "both"),

@@ -1,6 +1,6 @@
 """``GuestParty`` and ``HostParty``: the trust boundary.
 
-A party is the unit of trust (DESIGN principle 1, ``docs/references.md``): its data, models,
+A party is the unit of trust (design principle 1, ``docs/references.md``): its data, models,
 optimizer, secret and ledger never leave the object; what leaves is a :mod:`fl_split.protocol`
 blob produced by its mechanism and charged to its ledger first, and — for the host — per-epoch
 aggregate metrics declared in its privacy report. A party is given exactly what it needs (its
@@ -11,7 +11,7 @@ it never reads the run configuration. The same classes run under the in-process
 exported and restored (:meth:`export_state`), which is how a Flower node keeps it in
 ``context.state`` between messages.
 
-Per batch (SPEC §2):
+Per batch (spec §2):
 
 1. guest ``g``: ``v_g = bottom_g(x_g[b])``, releases ``ã_g = M_fwd(v_g)``;
 2. host: ``z = merge(a_h, ã_1 … ã_G)``, ``ŷ = top(z)``, loss ``L(ŷ, y[b])``; backward; for each guest
@@ -335,7 +335,7 @@ class GuestParty(_Party):
     """Holds features only: a bottom model (inside its local-update policy), its forward
     mechanism, its secret and its ledger.
 
-    Privacy (SPEC §3, §5): every release is charged to :attr:`ledger` *before* anything is
+    Privacy (spec §3, §5): every release is charged to :attr:`ledger` *before* anything is
     computed or leaves, for all batches of the request at once, so a refused request
     (``BudgetExceeded``) releases nothing. A DP-SGD update policy charges its steps too.
     """

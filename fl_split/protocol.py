@@ -1,6 +1,6 @@
 """The only things that cross between parties, and their codec.
 
-Two message kinds exist (SPEC §2):
+Two message kinds exist (spec §2, `docs/references.md`):
 
 * ``activations`` — guest → host: the guest's *released* cut-layer output ``ã_g`` for one batch;
 * ``gradients`` — host → guest: the *released* partial loss ``δ̃_g = M_bwd(∂L/∂ã_g)``.

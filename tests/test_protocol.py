@@ -1,4 +1,4 @@
-"""Wire codec round trips and the rejection of malformed messages (SPEC §2, DESIGN principle 1/4)."""
+"""Wire codec round trips and the rejection of malformed messages (spec §2, design principles 1 and 4; docs/references.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Attacks on split learning, each mounted by the party that would mount it (SPEC §4, issue 9).
+"""Attacks on split learning, each mounted by the party that would mount it (spec §4, issue 9).
 
 * :mod:`~fl_split.attacks.view` — the adversary's view (its own party object, its decoded inbox and
   outbox, public facts, granted auxiliary data) and the observed training :class:`Session`;

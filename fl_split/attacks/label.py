@@ -1,4 +1,4 @@
-"""Label inference by a guest from the gradients it receives (beyond the papers: SPEC §4; the open
+"""Label inference by a guest from the gradients it receives (beyond the papers: spec §4; the open
 question of 001 §6 — does R3eLU-backward stop it?).
 
 A guest holds features only; the host's labels leak through the partial losses ``δ̃ = M_bwd(∂L/∂ã)``

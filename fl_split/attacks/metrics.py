@@ -1,4 +1,4 @@
-"""Metrics of attack success (SPEC §7): MSE, SSIM, PSNR, AUC, F1, accuracy.
+"""Metrics of attack success (spec §7): MSE, SSIM, PSNR, AUC, F1, accuracy.
 
 SSIM is Wang, Bovik, Sheikh & Simoncelli (2004), "Image quality assessment: from error visibility
 to structural similarity", Eq. 13 with the paper's defaults: an ``11×11`` circular-symmetric

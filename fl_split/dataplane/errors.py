@@ -1,4 +1,4 @@
-"""What goes wrong on the data plane, said for people (DESIGN principle 4).
+"""What goes wrong on the data plane, said for people (design principle 4, `docs/references.md`).
 
 Every error names the peer (``guest-2``, or the address of an unknown peer) and what was wrong.
 :class:`PeerFailure` also names the round, so the coordinator reports it exactly like a party's

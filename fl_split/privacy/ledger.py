@@ -1,4 +1,4 @@
-"""Per-party privacy ledger: the state of what a party released (SPEC §5).
+"""Per-party privacy ledger: the state of what a party released (spec §5).
 
 Every release a party makes (one batch of records through one mechanism, in one direction) is
 charged to its :class:`Ledger` *before* the data leaves. The ledger keeps what the accountants
