@@ -70,7 +70,38 @@ def parser(doc: str, seeds: Sequence[int] = (0, 1, 2)) -> argparse.ArgumentParse
     ap.add_argument("--seeds", nargs="+", type=int, default=list(seeds),
                     help="public and private seeds of the repeated runs (default: %(default)s)")
     ap.add_argument("--out", default="", help="output folder (default: experiments/results/<name>/)")
+    ap.add_argument("--substitute", action="append", default=[], metavar="OFFLINE=REAL",
+                    help="run every configuration of OFFLINE (e.g. digits) on the downloadable dataset REAL instead "
+                         "(e.g. mnist, from --data-root), same models and options; repeatable. Results go to "
+                         "experiments/results/<name>+REAL/ so the committed offline numbers stay as they are")
+    ap.add_argument("--data-root", default="", help="where the downloadable datasets are (see `fl-split datasets`)")
     return ap
+
+
+#: ``--substitute``: offline dataset -> the real dataset it stands for in this process, and --data-root
+_SUBSTITUTE: dict[str, str] = {}
+_DATA_ROOT: list[str] = [""]
+
+
+def use_datasets(pairs: Sequence[str], data_root: str = "") -> dict[str, str]:
+    """Apply ``--substitute OFFLINE=REAL`` to every later :func:`config` (checked now: both names
+    known, REAL present under ``data_root``; nothing downloads)."""
+    from fl_split.data.registry import dataset_info, dataset_names
+
+    subs: dict[str, str] = {}
+    for pair in pairs:
+        off, sep, real = pair.partition("=")
+        if not sep or off not in dataset_names() or real not in dataset_names():
+            raise SystemExit(f"--substitute {pair!r}: expected OFFLINE=REAL with two dataset names from "
+                             f"{', '.join(dataset_names())}")
+        if not dataset_info(real).available(Path(data_root).expanduser() if data_root else None):
+            raise SystemExit(f"--substitute {pair!r}: {real} is not under --data-root {data_root or '(default)'}; "
+                             f"`fl-split datasets` says where it is looked for")
+        subs[off] = real
+    _SUBSTITUTE.clear()
+    _SUBSTITUTE.update(subs)
+    _DATA_ROOT[0] = data_root
+    return subs
 
 
 # -- statistics ----------------------------------------------------------------------------------------
@@ -106,6 +137,10 @@ def sig(x: float | None, n: int = 3) -> str:
 def config(seed: int, **kw: Any):
     from fl_split.config import RunConfig
 
+    kw = dict(kw)
+    if kw.get("dataset") in _SUBSTITUTE:  # --substitute digits=mnist
+        kw["dataset"] = _SUBSTITUTE[kw["dataset"]]
+        kw["data_root"] = _DATA_ROOT[0]
     return RunConfig(**{"progress": False, **kw, "seed": seed})
 
 
@@ -237,12 +272,14 @@ class Out:
         self.name = name
         self.args = args
         self.t0 = time.perf_counter()
+        subs = use_datasets(getattr(args, "substitute", []), getattr(args, "data_root", ""))
+        folder = name + "".join(f"+{real}" for real in subs.values())
         if args.out:
             self.dir = Path(args.out)
         elif args.quick:
-            self.dir = Path(tempfile.gettempdir()) / "fl_split_experiments_quick" / name
+            self.dir = Path(tempfile.gettempdir()) / "fl_split_experiments_quick" / folder
         else:
-            self.dir = RESULTS / name
+            self.dir = RESULTS / folder
         self.dir.mkdir(parents=True, exist_ok=True)
         self.script = script
         self.files: list[str] = []

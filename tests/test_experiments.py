@@ -73,3 +73,30 @@ def test_results_are_not_written_by_quick_runs():
     root = Path(__file__).resolve().parent.parent / "experiments" / "results"
     for run in root.glob("*/run.json"):
         assert json.loads(run.read_text()).get("quick") is False, run
+
+
+def test_substitute_runs_an_experiment_on_the_real_dataset_loader(tmp_path, isolated_logging, capsys):
+    # a user with MNIST on disk runs the digits configurations on it (tiny idx files in the real format)
+    import numpy as np
+
+    from experiments import common
+    from tests.test_datasets import _write_idx
+
+    rng = np.random.default_rng(0)
+    raw = tmp_path / "data" / "MNIST" / "raw"
+    _write_idx(raw, "train", rng.integers(0, 256, (160, 28, 28)), rng.integers(0, 10, 160))
+    _write_idx(raw, "t10k", rng.integers(0, 256, (40, 28, 28)), rng.integers(0, 10, 40))
+    mod = importlib.import_module("experiments.exp4_fsha")
+    out = tmp_path / "out"
+    try:
+        argv = ["--quick", "--out", str(out), "--substitute", "digits=mnist", "--data-root", str(tmp_path / "data")]
+        assert mod.main(argv) == 0
+        assert common.config(0, dataset="digits").dataset == "mnist"  # every digits configuration ran on mnist
+        assert "--substitute digits=mnist" in json.loads((out / "run.json").read_text())["command"]
+        with pytest.raises(SystemExit, match="mnist is not under --data-root"):
+            common.use_datasets(["digits=mnist"], str(tmp_path / "empty"))
+        with pytest.raises(SystemExit, match="expected OFFLINE=REAL"):
+            common.use_datasets(["digits"], "")
+    finally:
+        common.use_datasets([], "")
+    assert common.config(0, dataset="digits").dataset == "digits"
