@@ -259,6 +259,15 @@ class HostForward:
         return self.top(host.merge(parts))
 
 
+def frozen_victim_model(view) -> nn.Module:
+    """The granted copy of the victim's bottom (``victim-model``) on the view's device, in eval mode
+    with its parameters frozen: the white-box attacks optimise inputs, never the model."""
+    f = view.aux.victim_model.to(view.device).eval()
+    for p in f.parameters():
+        p.requires_grad_(False)
+    return f
+
+
 def resolve(value, default):
     """``default`` when ``value`` is ``"auto"``."""
     return default if value == "auto" else value

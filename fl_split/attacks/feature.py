@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from fl_split.attacks.base import Attack, Guess, Scored
-from fl_split.attacks.common import HostForward, ReleaseModel, mlp
+from fl_split.attacks.common import HostForward, ReleaseModel, frozen_victim_model, mlp
 from fl_split.attacks.options import AttackOptions
 from fl_split.attacks.view import Grant
 from fl_split.errors import ConfigError
@@ -69,9 +69,7 @@ class FeatureInference(Attack):
 
     def run(self, view, opts: AttackOptions) -> Guess:
         dev = view.device
-        f = view.aux.victim_model.to(dev).eval()
-        for p in f.parameters():
-            p.requires_grad_(False)
+        f = frozen_victim_model(view)
         hf = HostForward(view, "test", "last")
         host = hf.host
         n = len(hf.positions)

@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fl_split.attacks.base import Attack, Guess, Scored
-from fl_split.attacks.common import ReleaseModel
+from fl_split.attacks.common import ReleaseModel, frozen_victim_model
 from fl_split.attacks.images import write_grid
 from fl_split.attacks.metrics import mse, psnr, ssim, ssim_window_size
 from fl_split.attacks.options import AttackOptions
@@ -65,9 +65,7 @@ class WhiteBoxInversion(Attack):
 
     def run(self, view, opts: AttackOptions) -> Guess:
         dev = view.device
-        f = view.aux.victim_model.to(dev).eval()
-        for p in f.parameters():
-            p.requires_grad_(False)
+        f = frozen_victim_model(view)
         obs = view.records("activations", "test", "last", peer=opts.guest)
         k = min(self.option(opts, "attack_records"), len(obs))
         pick = np.sort(view.rng("inversion", "targets").permutation(len(obs))[:k])
