@@ -65,7 +65,7 @@ from fl_split.merge import Merge
 from fl_split.privacy.base import Mechanism, NoDefense, PostProcess
 from fl_split.privacy.diagnostics import LocalDiagnostics
 from fl_split.privacy.disclosure import party_privacy_report
-from fl_split.protocol import Message, batch_digest, decode, encode, frame_limit
+from fl_split.protocol import Message, batch_digest, decode, decode_expected, encode, frame_limit
 from fl_split.results import write_json_atomic
 from fl_split.schedule import BatchKey, BatchSchedule
 from fl_split.seeding import PartySecret
@@ -233,7 +233,17 @@ class _Party:
 
     def _check(self, blob: bytes, kind: str, sender: str, key: BatchKey, sample_shape,
                round_: int | None = None) -> Message:
-        """Decode ``blob`` and check it is exactly the expected message (before any state changes)."""
+        """Decode ``blob`` and check it is exactly the expected message (before any state changes).
+
+        The fast path (:func:`~fl_split.protocol.decode_expected`) compares the frame with the
+        expected header and checks the values; anything else goes through :func:`decode` and
+        :meth:`Message.check`, which say what is wrong."""
+        if round_ is not None and sample_shape is not None:
+            m = decode_expected(blob, kind=kind, sender=sender, receiver=self.name, round_=round_, key=key,
+                                rows=len(self.schedule.positions(key)), sample_shape=sample_shape,
+                                digest=self.digest(key))
+            if m is not None:
+                return m
         ids = self.ids(key)
         return decode(blob, max_bytes=frame_limit(len(ids), sample_shape)).check(
             kind=kind, sender=sender, receiver=self.name, key=key, ids=ids, sample_shape=sample_shape,
@@ -274,12 +284,14 @@ class _Party:
     def rows(self, key: BatchKey) -> torch.Tensor:
         pos = torch.from_numpy(self.schedule.positions(key))
         x = self.data.x_train if key.phase == "train" else self.data.x_test
-        return x.index_select(0, pos).to(self.device, non_blocking=True)
+        x = x.index_select(0, pos)
+        return x if x.device == self.device else x.to(self.device, non_blocking=True)
 
     def labels(self, key: BatchKey) -> torch.Tensor:
         pos = torch.from_numpy(self.schedule.positions(key))
         y = self.data.y_train if key.phase == "train" else self.data.y_test
-        return y.index_select(0, pos).to(self.device, non_blocking=True)
+        y = y.index_select(0, pos)
+        return y if y.device == self.device else y.to(self.device, non_blocking=True)
 
     def _gen(self, *parts: object) -> torch.Generator:
         """A private generator for ``parts`` (purpose, then the batch key)."""
@@ -420,15 +432,17 @@ class GuestParty(_Party):
         if len(blobs) != len(owed):
             raise ProtocolError(f"{self.name}: {len(blobs)} gradient messages received, but owed for "
                                 f"{[str(k) for k in owed]}")
-        limit = frame_limit(self.schedule.batch_size, self.cut_shape)  # only training batches are owed
-        msgs = [decode(b, max_bytes=limit) for b in blobs]
-        got = [m.key for m in msgs]
-        if sorted(got) != owed or len(set(got)) != len(got):
-            raise ProtocolError(f"{self.name}: gradients received for {[str(k) for k in got]}, "
-                                f"but owed for {[str(k) for k in owed]}")
-        for m in msgs:
-            m.check(kind="gradients", sender="host", receiver=self.name, key=m.key, ids=self.ids(m.key),
-                    sample_shape=self.cut_shape, digest=self.digest(m.key), round_=self._pending[m.key].round)
+        msgs = self._gradients_in_order(blobs, owed)
+        if msgs is None:
+            limit = frame_limit(self.schedule.batch_size, self.cut_shape)  # only training batches are owed
+            msgs = [decode(b, max_bytes=limit) for b in blobs]
+            got = [m.key for m in msgs]
+            if sorted(got) != owed or len(set(got)) != len(got):
+                raise ProtocolError(f"{self.name}: gradients received for {[str(k) for k in got]}, "
+                                    f"but owed for {[str(k) for k in owed]}")
+            for m in msgs:
+                m.check(kind="gradients", sender="host", receiver=self.name, key=m.key, ids=self.ids(m.key),
+                        sample_shape=self.cut_shape, digest=self.digest(m.key), round_=self._pending[m.key].round)
         cost = self.update.cost()
         charge = None
         if cost is not None and msgs:
@@ -449,6 +463,20 @@ class GuestParty(_Party):
             if charge is not None:
                 digests.append(self._params_digest())
         self._settle(charge, digests)
+
+    def _gradients_in_order(self, blobs, owed: list[BatchKey]) -> list[Message] | None:
+        """The fast path of :meth:`apply_gradients`: every blob is exactly the gradient message owed
+        for the batch at its position (:func:`~fl_split.protocol.decode_expected`); ``None`` if any
+        is not (the caller then decodes and checks each, and says what is wrong)."""
+        msgs = []
+        for b, k in zip(blobs, owed):
+            m = decode_expected(b, kind="gradients", sender="host", receiver=self.name,
+                                round_=self._pending[k].round, key=k, rows=len(self.schedule.positions(k)),
+                                sample_shape=self.cut_shape, digest=self.digest(k))
+            if m is None:
+                return None
+            msgs.append(m)
+        return msgs
 
     def step(self, grad_blobs: list[bytes], keys, round_: int) -> list[bytes]:
         """One round for this guest: apply the gradients it is owed, then release ``keys``

@@ -43,6 +43,7 @@ refused before its payload is converted. Helpers that parse the other pieces of 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import struct
@@ -82,8 +83,11 @@ def batch_digest(ids: np.ndarray) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "little")
 
 
+@functools.lru_cache(maxsize=1024)
 def party_index(name: str) -> int:
     """``host`` → 0, ``guest-g`` → ``g`` (the numbering of the frame)."""
+    if not isinstance(name, str):
+        raise ValueError(f"party name {name!r}; allowed: 'host' or 'guest-<g>' with g >= 1")
     if name == "host":
         return 0
     if name.startswith("guest-") and name[6:].isdigit() and int(name[6:]) >= 1 and str(int(name[6:])) == name[6:]:
@@ -91,6 +95,7 @@ def party_index(name: str) -> int:
     raise ValueError(f"party name {name!r}; allowed: 'host' or 'guest-<g>' with g >= 1")
 
 
+@functools.lru_cache(maxsize=1024)
 def party_name(index: int) -> str:
     return "host" if index == 0 else f"guest-{index}"
 
@@ -147,11 +152,17 @@ class Message:
 
 
 def _all_bounded(t: torch.Tensor) -> bool:
-    """Every value finite and ``|x| <= MAX_ABS`` (one pass: NaN and ±inf fail the comparison)."""
+    """Every value finite and ``|x| <= MAX_ABS`` (NaN propagates through max/min and fails the
+    comparison, as ±inf does)."""
     if t.device.type == "cpu":
-        a = t.numpy()
-        return bool(((a <= MAX_ABS) & (a >= -MAX_ABS)).all())
+        return _array_bounded(t.numpy())
     return bool((t.abs() <= MAX_ABS).all())
+
+
+def _array_bounded(a: np.ndarray) -> bool:
+    if a.size == 0:
+        return True
+    return bool(a.max() <= MAX_ABS) and bool(a.min() >= -MAX_ABS)
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -222,7 +233,12 @@ def blob_list(values: object, what: str = "messages") -> list[bytes]:
 
 
 # -- varints ------------------------------------------------------------------------------------
+_SMALL_VARINTS = tuple(bytes([i]) for i in range(128))
+
+
 def _varint(v: int, what: str) -> bytes:
+    if type(v) is int and 0 <= v < 128:
+        return _SMALL_VARINTS[v]
     if not 0 <= int(v) <= MAX_FIELD:
         raise ValueError(f"{what} {v!r} outside 0..{MAX_FIELD}")
     v = int(v)
@@ -276,13 +292,76 @@ def encode(msg: Message) -> bytes:
         payload = np.packbits(flat.astype(np.uint8), axis=1).tobytes()
     else:
         payload = np.ascontiguousarray(t.numpy(), dtype="<f4").tobytes()
-    flags = (KINDS.index(msg.kind)) | (ENCODINGS.index(msg.encoding) << 1) | (PHASES.index(msg.key.phase) << 2)
-    head = [MAGIC, bytes([flags]), _varint(party_index(msg.sender), "sender"),
-            _varint(party_index(msg.receiver), "receiver"), _varint(msg.round, "round"),
-            _varint(msg.key.epoch, "epoch"), _varint(msg.key.index, "index"), _varint(shape[0], "rows"),
-            _varint(len(shape) - 1, "ndim"), *(_varint(s, "dimension") for s in shape[1:]),
-            _DIGEST.pack(int(msg.digest) & 0xFFFFFFFF)]
-    return b"".join((*head, payload))
+    return _header(msg.kind, msg.encoding, msg.sender, msg.receiver, msg.round, msg.key, shape, msg.digest) + payload
+
+
+def _header(kind: str, encoding: str, sender: str, receiver: str, round_: int, key: BatchKey, shape,
+            digest: int) -> bytes:
+    """The frame header (everything before the payload) of a message with these fields."""
+    out = bytearray(_prefix(kind, encoding, key.phase, sender, receiver))
+    for what, v in zip(_HEADER_FIELDS, (round_, key.epoch, key.index, shape[0], len(shape) - 1, *shape[1:])):
+        if type(v) is int and 0 <= v < 128:
+            out.append(v)
+        else:
+            out += _varint(v, what)
+    out += _DIGEST.pack(int(digest) & 0xFFFFFFFF)
+    return bytes(out)
+
+
+_HEADER_FIELDS = ("round", "epoch", "index", "rows", "ndim", *(["dimension"] * MAX_NDIM))
+
+
+@functools.lru_cache(maxsize=1024)
+def _prefix(kind: str, encoding: str, phase: str, sender: str, receiver: str) -> bytes:
+    """Magic, flags, sender and receiver: the first bytes of a header."""
+    if kind not in KINDS or encoding not in ENCODINGS or phase not in PHASES:
+        raise ValueError(f"unknown kind, encoding or phase: {kind!r}, {encoding!r}, {phase!r}")
+    flags = (KINDS.index(kind)) | (ENCODINGS.index(encoding) << 1) | (PHASES.index(phase) << 2)
+    return b"".join((MAGIC, bytes([flags]), _varint(party_index(sender), "sender"),
+                     _varint(party_index(receiver), "receiver")))
+
+
+def decode_expected(blob: object, *, kind: str, sender: str, receiver: str, round_: int, key: BatchKey,
+                    rows: int, sample_shape: tuple[int, ...], digest: int) -> Message | None:
+    """The receiver's fast path: ``blob`` decoded when it is *exactly* the expected message, else ``None``.
+
+    The frame encoding is canonical (minimal varints, fixed field order), so a blob passes
+    :func:`decode` followed by :meth:`Message.check` with these arguments if and only if its header
+    equals the header built from them (with either encoding), its payload has exactly the expected
+    size and every value is finite and within ``MAX_ABS``. Those three comparisons are all this
+    does. ``None`` means "not exactly that message": the caller then runs :func:`decode` and
+    :meth:`Message.check`, which raise the specific :class:`ProtocolError` (or accept a message the
+    caller may match differently, e.g. gradients in another order)."""
+    if type(blob) is not bytes or type(round_) is not int or len(sample_shape) > MAX_NDIM:
+        return None
+    shape = (int(rows), *sample_shape)
+    try:
+        head = _header(kind, "float32", sender, receiver, round_, key, shape, digest)
+    except (ValueError, TypeError):  # e.g. a negative round: not a frame field, so not this message
+        return None
+    n = len(head)
+    if len(blob) < n or blob[3:n] != head[3:] or blob[:2] != MAGIC:
+        return None
+    flags = blob[2]
+    per_sample = math.prod(sample_shape)
+    if flags == head[2]:  # float32
+        if len(blob) - n != 4 * shape[0] * per_sample:
+            return None
+        arr = np.frombuffer(blob, dtype="<f4", offset=n)
+        if not _array_bounded(arr):
+            return None
+        tensor, encoding = torch.from_numpy(arr.reshape(shape).copy()), "float32"
+    elif flags == head[2] | 2:  # bits
+        width = (per_sample + 7) // 8
+        if len(blob) - n != shape[0] * width:
+            return None
+        packed = np.frombuffer(blob, dtype=np.uint8, offset=n).reshape(shape[0], width)
+        flat = np.unpackbits(packed, axis=1, count=per_sample).astype(np.float32)
+        tensor, encoding = torch.from_numpy(flat.reshape(shape)), "bits"
+    else:
+        return None
+    return Message(kind=kind, sender=sender, receiver=receiver, round=round_, key=key, digest=digest,
+                   tensor=tensor, encoding=encoding)
 
 
 def decode(blob: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
