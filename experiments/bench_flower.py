@@ -16,6 +16,10 @@
   8, 16} on breast-cancer (30 feature columns, so 16 guests fit), each party reserving
   ``--num-cpus 2/(G+1)`` (rounded down) so that all ClientApps run at once on the machine's cores.
   JSON and a PNG plot.
+* **wire** — 002's 1-bit claim: bytes guest → host of a randomized-response run ÷ the same run in
+  float32 (digits, 2 guests, 1 epoch, local engine: every engine sends the same blobs, which the
+  ratio part checks), and the same for one full batch's message (goal ≤ 1/30; 1/32 is the payload
+  alone).
 
     python experiments/bench_flower.py                  # everything (~15 min on the 2-core machine)
     python experiments/bench_flower.py --quick          # latency + an in-process direct run (< 1 min)
@@ -235,6 +239,31 @@ def bench_ratio(name: str, setup: dict, limit: int = 0) -> dict:
             "rows": rows, "startup": startup, "loadavg": os.getloadavg()}
 
 
+# -- wire: randomized response vs float32 ---------------------------------------------------------------
+def bench_wire() -> dict:
+    import torch
+
+    from fl_split.config import RunConfig
+    from fl_split.engine import LocalEngine
+    from fl_split.protocol import Message, encode
+    from fl_split.schedule import BatchKey
+
+    base = RunConfig(dataset="digits", guests=2, epochs=1, progress=False, seed=0, device="cpu")
+    plain = LocalEngine(base, PS).run()
+    rr = LocalEngine(base.replace(defense="rr"), PS).run()
+    width = plain["plan"]["cut_shapes"]["guest-1"][0]
+    key = BatchKey("train", 1, 0)
+    one = {enc: len(encode(Message("activations", "guest-1", "host", 1, key, 0, torch.ones(32, width), enc)))
+           for enc in ("float32", "bits")}
+    row = {"dataset": "digits", "guests": 2, "cut_width": width, "bytes_to_host_float32": plain["wire"]["bytes_to_host"],
+           "bytes_to_host_rr": rr["wire"]["bytes_to_host"], "messages_to_host": rr["wire"]["messages_to_host"],
+           "run_ratio": rr["wire"]["bytes_to_host"] / plain["wire"]["bytes_to_host"],
+           "batch_message_bytes": one, "batch_message_ratio": one["bits"] / one["float32"], "goal": 1 / 30}
+    print(f"[wire] RR / float32 bytes guest -> host: run {row['run_ratio']:.4f} (1/{1 / row['run_ratio']:.1f}), "
+          f"one 32 x {width} message {one['bits']} / {one['float32']} B = 1/{one['float32'] / one['bits']:.1f}", flush=True)
+    return row
+
+
 # -- scaling with G ----------------------------------------------------------------------------------------
 class PeakMemory:
     """Samples the resident memory of this process and all its descendants (Ray's daemons and
@@ -417,6 +446,13 @@ def markdown(report: dict) -> str:
                          f"| {r['peak_rss_mb']:.0f} | {r['peak_processes']} | {r['wall_s']:.0f} "
                          f"| {'yes' if r['flower_equals_local'] else 'NO'} |")
         lines.append("")
+    if "wire" in report:
+        w = report["wire"]
+        lines += [f"**Wire, randomized response vs float32** (digits, 2 guests, cut width {w['cut_width']}, 1 epoch): "
+                  f"{w['bytes_to_host_rr']:,} vs {w['bytes_to_host_float32']:,} bytes guest → host over "
+                  f"{w['messages_to_host']} messages = 1/{1 / w['run_ratio']:.1f}; one full batch (32 samples) "
+                  f"{w['batch_message_bytes']['bits']} vs {w['batch_message_bytes']['float32']} bytes = "
+                  f"1/{1 / w['batch_message_ratio']:.1f} (goal ≤ 1/30).", ""]
     if "inline" in report:
         r = report["inline"]
         lines.append(f"In-process direct run (threads, loopback gRPC, no Ray): digits, 2 guests, {r['flower_epoch_s']:.3f} s "
@@ -427,7 +463,7 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="latency + an in-process direct run, under a minute")
-    p.add_argument("--only", nargs="+", choices=("latency", "ratio", "startup", "scaling"),
+    p.add_argument("--only", nargs="+", choices=("latency", "ratio", "startup", "scaling", "wire"),
                    help="run only these parts (startup comes with ratio)")
     p.add_argument("--guests", nargs="+", type=int, default=[1, 2, 4, 8, 16], help="G values of the scaling part")
     p.add_argument("--compare-gloo", action="store_true", help="also time torch.distributed gloo send/recv")
@@ -442,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.relay_sweep:
         relay_sweep(Path(ns.out or RESULTS / "bench_flower_relay_sweep.json"))
         return 0
-    parts = set(ns.only or ("latency", "ratio", "scaling"))
+    parts = set(ns.only or ("latency", "ratio", "scaling", "wire"))
     if "startup" in parts:
         parts.add("ratio")
     report: dict = {"versions": _versions(), "ratio_goal": RATIO_GOAL}
@@ -456,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
             report["latency"] = bench_latency(ns.compare_gloo, rounds=400)
         if "ratio" in parts:
             report["ratio"] = [bench_ratio(name, setup) for name, setup in SETUPS.items()]
+        if "wire" in parts:
+            report["wire"] = bench_wire()
         if "scaling" in parts:
             report["scaling"] = bench_scaling(ns.guests)
             plot_scaling(report["scaling"], RESULTS / "bench_flower_scaling.png")
