@@ -96,9 +96,52 @@ def build_parser() -> argparse.ArgumentParser:
     from fl_split.attacks.cli import add_parser as _add_attack_parser
 
     _add_attack_parser(sub, _add_train_flags, _add_private_seed)  # fl-split attack (docs/attacks.md)
+    _add_deploy_parser(sub)
+    certs = sub.add_parser("certs", help="make a CA, TLS certificates and SuperNode keys for a deployment",
+                           description="Write ca.crt/ca.key, superlink.crt/.key and dataplane-host.crt/.key (server "
+                                       "certificates for --hosts), and with --node-keys an ECDSA P-384 key pair "
+                                       "auth-NAME.key/auth-NAME.pub per name for SuperNode authentication "
+                                       "(docs/deploy.md). Private keys get mode 0600.")
+    certs.add_argument("--out", dest="out_dir", metavar="DIR", required=True, help="directory to write into")
+    certs.add_argument("--hosts", nargs="+", metavar="HOST", default=["localhost", "127.0.0.1"],
+                       help="DNS names / IP addresses the server certificates are valid for "
+                            "[default: localhost 127.0.0.1]")
+    certs.add_argument("--node-keys", nargs="*", metavar="NAME", default=[],
+                       help="SuperNode authentication key pairs to make, e.g. host guest-1 guest-2")
+    certs.add_argument("--clients", nargs="*", metavar="NAME", default=[],
+                       help="client certificates to make (data plane with dataplane-client-ca)")
+    certs.add_argument("--days", type=int, default=365, help="validity in days [default: 365]")
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser
+
+
+def _add_deploy_parser(sub) -> None:
+    deploy = sub.add_parser("deploy", help="run a real Flower deployment (docs/deploy.md)")
+    kinds = deploy.add_subparsers(dest="deploy_kind", metavar="KIND", parser_class=_Parser, required=True)
+    local = kinds.add_parser(
+        "local", help="a SuperLink and one SuperNode per party on this machine, as separate processes",
+        description="Export each party's file, make certificates and SuperNode keys, start a SuperLink and "
+                    "one SuperNode per party on 127.0.0.1 (free ports), run the job with flwr run, print "
+                    "accuracy and each party's epsilon, and end every process it started (also on failure "
+                    "and Ctrl-C). Exits non-zero with the reason when the run fails.")
+    _add_train_flags(local)
+    _add_private_seed(local)
+    g = local.add_argument_group("deployment")
+    sec = g.add_mutually_exclusive_group()
+    sec.add_argument("--tls", dest="tls", action="store_true", default=True,
+                     help="TLS on the SuperLink, the SuperNodes and the data plane, and SuperNode "
+                          "authentication [default]")
+    sec.add_argument("--insecure", dest="tls", action="store_false",
+                     help="plaintext everywhere and no node authentication (loopback tests only)")
+    g.add_argument("--no-node-auth", dest="node_auth", action="store_false", default=True,
+                   help="TLS without SuperNode authentication")
+    g.add_argument("--workdir", metavar="DIR", required=True,
+                   help="party files, certificates, FLWR_HOME, SuperLink state and logs go here")
+    g.add_argument("--party-format", choices=("npz", "csv", "parquet"), default="npz",
+                   help="format of the exported party files [default: npz]")
+    g.add_argument("--deploy-timeout", type=float, default=1800.0, metavar="S",
+                   help="give up (and tear down) after S seconds [default: 1800]")
 
 
 def config_from_args(ns: argparse.Namespace) -> RunConfig:
@@ -248,6 +291,51 @@ def cmd_export_parties(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deploy(ns: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from fl_split.deploy import deploy_local
+
+    cfg = config_from_args(ns)
+    if cfg.engine == "local" and "engine" not in vars(ns):
+        cfg = replace(cfg, engine="flower")
+    if cfg.engine != "flower":
+        raise ConfigError("engine", cfg.engine, "flower (a deployment runs on Flower)")
+    if cfg.party_files:
+        raise ConfigError("party-files", cfg.party_files, "empty", reason="deploy local exports the party files itself")
+    _check_out_path(cfg.out)
+    if not ns.tls:
+        print("fl-split: warning: --insecure: the SuperLink, the SuperNodes and the data plane talk in plaintext "
+              "and nodes are not authenticated; use this on loopback only", file=sys.stderr)
+    results = deploy_local(cfg, ns.workdir, tls=ns.tls, node_auth=ns.node_auth, private_seed=ns.private_seed,
+                           party_format=ns.party_format, timeout=ns.deploy_timeout)
+    if cfg.out:
+        write_json_atomic(cfg.out, results)
+    print_summary(results)
+    dep = results["deployment"]
+    print(f"deployment: run {dep['run_id']} on {dep['superlink']} "
+          f"({'TLS' if dep['tls'] else 'insecure'}{', node authentication' if dep['node_auth'] else ''}); "
+          f"logs in {dep['workdir']}/logs; every process it started has ended")
+    if cfg.out:
+        print(f"results written to {cfg.out}")
+    return 0
+
+
+def cmd_certs(ns: argparse.Namespace) -> int:
+    from fl_split.certs import write_deployment_certificates
+
+    out = Path(ns.out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError("out", ns.out_dir, "a directory (it is created if missing)", reason="it is a file")
+    if ns.days < 1:
+        raise ConfigError("days", ns.days, "an integer >= 1")
+    files = write_deployment_certificates(out, hosts=ns.hosts, node_keys=ns.node_keys, clients=ns.clients,
+                                          days=ns.days)
+    for name, path in files.items():
+        print(f"{name}: {path}")
+    return 0
+
+
 def cmd_datasets() -> int:
     from rich.table import Table
 
@@ -290,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
             from fl_split.attacks.cli import cmd_attack
 
             return cmd_attack(ns)
+        if ns.command == "deploy":
+            return cmd_deploy(ns)
+        if ns.command == "certs":
+            return cmd_certs(ns)
         if ns.command == "datasets":
             return cmd_datasets()
         if ns.command == "models":

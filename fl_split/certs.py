@@ -1,0 +1,152 @@
+"""Certificates and keys for a deployment (``fl-split certs``), made with the ``cryptography``
+package (a dependency of Flower).
+
+One private CA signs
+
+* ``superlink.crt`` / ``superlink.key``: the SuperLink's TLS certificate (SuperNodes and ``flwr``
+  verify it with ``ca.crt``);
+* ``dataplane-host.crt`` / ``dataplane-host.key``: the host party's data-plane server certificate
+  (guests verify it with ``ca.crt``, node-config ``dataplane-ca``);
+* optionally client certificates ``<name>.crt`` / ``<name>.key`` (``dataplane-client-ca``).
+
+SuperNode authentication (flwr 1.41): one ECDSA P-384 key pair per SuperNode, the private key in
+OpenSSH format (``flower-supernode --auth-supernode-private-key``), the public key in OpenSSH format
+(``flwr supernode register KEY.pub``); ``auth-<party>.key`` / ``auth-<party>.pub``.
+
+Every certificate names the given ``hosts`` (DNS names and IP addresses) as subject alternative
+names. In a real deployment each organisation makes its own keys and only public halves travel:
+see ``docs/deploy.md``. Private keys are written with mode 0600.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from pathlib import Path
+from typing import Iterable
+
+__all__ = ["DEFAULT_HOSTS", "make_ca", "make_leaf", "make_node_auth_key", "write_deployment_certificates",
+           "pem_cert", "pem_key"]
+
+DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+
+
+def _key(curve: str = "p256"):
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    return ec.generate_private_key(ec.SECP384R1() if curve == "p384" else ec.SECP256R1())
+
+
+def _name(cn: str):
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def pem_key(key) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def pem_cert(cert) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def make_ca(cn: str, days: int = 365):
+    """``(key, certificate)`` of a self-signed CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    key = _key()
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn)).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    return key, cert
+
+
+def _san(hosts: Iterable[str]):
+    from cryptography import x509
+
+    names = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    return x509.SubjectAlternativeName(names)
+
+
+def make_leaf(ca_key, ca_cert, cn: str, server: bool, hosts: Iterable[str] = DEFAULT_HOSTS, days: int = 365):
+    """``(key, certificate)`` signed by the CA: a server certificate for ``hosts`` (SANs), or a
+    client certificate (``server=False``)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    key = _key()
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca_cert.subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
+    if server:
+        builder = builder.add_extension(_san(hosts), critical=False)
+        usage = ExtendedKeyUsageOID.SERVER_AUTH
+    else:
+        usage = ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    return key, builder.sign(ca_key, hashes.SHA256())
+
+
+def make_node_auth_key(comment: str = "") -> tuple[bytes, bytes]:
+    """``(private key, public key)`` of a SuperNode: ECDSA P-384 in OpenSSH format (what
+    ``ssh-keygen -t ecdsa -b 384`` makes; flwr 1.41 accepts NIST curves only)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = _key("p384")
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return private, public + (f" {comment}".encode() if comment else b"") + b"\n"
+
+
+def _write(path: Path, data: bytes, secret: bool) -> Path:
+    path.write_bytes(data)
+    if secret:
+        os.chmod(path, 0o600)
+    return path
+
+
+def write_deployment_certificates(out: str | os.PathLike, hosts: Iterable[str] = DEFAULT_HOSTS,
+                                  node_keys: Iterable[str] = (), clients: Iterable[str] = (),
+                                  days: int = 365) -> dict[str, Path]:
+    """Write a CA, the SuperLink and data-plane host certificates for ``hosts``, a SuperNode
+    authentication key pair per name in ``node_keys`` and a client certificate per name in
+    ``clients`` into ``out``; returns ``{name: path}``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    hosts = tuple(hosts) or DEFAULT_HOSTS
+    ca_key, ca = make_ca("fl-split deployment CA", days)
+    files = {"ca": _write(out / "ca.crt", pem_cert(ca), False), "ca_key": _write(out / "ca.key", pem_key(ca_key), True)}
+    for name in ("superlink", "dataplane-host"):
+        key, cert = make_leaf(ca_key, ca, hosts[0], server=True, hosts=hosts, days=days)
+        files[f"{name}_cert"] = _write(out / f"{name}.crt", pem_cert(cert), False)
+        files[f"{name}_key"] = _write(out / f"{name}.key", pem_key(key), True)
+    for name in clients:
+        key, cert = make_leaf(ca_key, ca, name, server=False, days=days)
+        files[f"{name}_cert"] = _write(out / f"{name}.crt", pem_cert(cert), False)
+        files[f"{name}_key"] = _write(out / f"{name}.key", pem_key(key), True)
+    for name in node_keys:
+        private, public = make_node_auth_key(f"fl-split-{name}")
+        files[f"auth-{name}_key"] = _write(out / f"auth-{name}.key", private, True)
+        files[f"auth-{name}_pub"] = _write(out / f"auth-{name}.pub", public, False)
+    return files

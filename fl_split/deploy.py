@@ -1,0 +1,440 @@
+"""``fl-split deploy local``: a real Flower deployment on loopback, one process per organisation.
+
+What it starts, each in a **session of its own** (``start_new_session=True``) so that a Ctrl-C at
+the terminal reaches only this command, which then ends them itself:
+
+1. the party files (``fl-split export-parties``): ``WORKDIR/parties/host.npz``, ``guest-1.npz`` …;
+2. with ``--tls``: a CA, the SuperLink's and the host data plane's certificates and one SuperNode
+   authentication key pair per party (:mod:`fl_split.certs`) in ``WORKDIR/certs``;
+3. a SuperLink (``flower-superlink``: TLS, ``--enable-supernode-auth``,
+   ``--disable-runtime-dependency-installation``, its state in ``WORKDIR/superlink.db``);
+4. the parties' public keys registered with it (``flwr supernode register``);
+5. one SuperNode per party (``flower-supernode``) with its role, guest index, **its own** data
+   file, its data-plane keys and its ``private-seed`` (if any) in ``--node-config``;
+6. ``flwr run APP CONNECTION --stream`` with the run configuration in a TOML file; the connection
+   lives in ``WORKDIR/flwr-home/config.toml`` (``FLWR_HOME``), so the user's ``~/.flwr`` and the
+   local SuperLink on 127.0.0.1:39091 are never touched.
+
+The outcome is read from the SuperLink (``flwr ls --run-id N --format json``: ``status`` and
+``status-details``), not from ``flwr run``'s exit code (0 even when the ServerApp fails). Ports are
+picked free by the OS. Whatever ends the command (success, a failure, Ctrl-C, SIGTERM), every
+process it started and every descendant of them is ended: SIGTERM, then SIGKILL after a grace
+period. Logs stay in ``WORKDIR/logs``. See ``docs/deploy.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from fl_split.config import RunConfig, key_of, option_fields
+from fl_split.errors import ConfigError, FlSplitError
+from fl_split.flower.processes import process_table
+
+__all__ = ["DeploymentError", "LocalDeployment", "ProcessGroup", "deploy_local", "free_port", "run_config_toml"]
+
+#: run-config keys never sent to the coordinator: a party's private seed lives in its own node config
+NOT_IN_RUN_CONFIG = ("private_seed",)
+
+
+class DeploymentError(FlSplitError):
+    """The deployment failed (a process exited, the ServerApp failed, a timeout); one line."""
+
+
+def free_port() -> int:
+    """A currently free TCP port on 127.0.0.1 (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _bin(name: str) -> str:
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    import shutil
+
+    found = shutil.which(name)
+    if not found:
+        raise DeploymentError(f"{name} not found beside {sys.executable} or on PATH (install flwr)")
+    return found
+
+
+# -- processes --------------------------------------------------------------------------------------
+class ProcessGroup:
+    """Processes started in sessions of their own and ended together, with their descendants.
+
+    Nothing is found by name: :meth:`stop` ends the members of our sessions and every descendant
+    of the processes we started (a SuperLink's ``flower-superexec`` and ``flwr-serverapp`` lead
+    sessions of their own), SIGTERM first, SIGKILL after ``grace`` seconds."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def spawn(self, name: str, args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / f"{name}.log", "wb") as log:
+            p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, env=env, cwd=cwd)
+        self.procs[name] = p
+        return p
+
+    def log_tail(self, name: str, lines: int = 5) -> str:
+        path = self.log_dir / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+
+    def exited(self) -> list[tuple[str, int]]:
+        return [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
+
+    def members(self) -> set[int]:
+        """Live PIDs in our sessions or below the processes we started."""
+        table = process_table()
+        roots = {p.pid for p in self.procs.values()}
+        out = {pid for pid, (state, _, sid, _) in table.items() if sid in roots and state != "Z"}
+        frontier = list(roots | out)
+        while frontier:
+            parent = frontier.pop()
+            for pid, (state, ppid, _, _) in table.items():
+                if ppid == parent and pid not in out and state != "Z":
+                    out.add(pid)
+                    frontier.append(pid)
+        out |= {p.pid for p in self.procs.values() if p.poll() is None}
+        return out
+
+    def stop(self, grace: float = 10.0) -> set[int]:
+        """End every member; returns the PIDs signalled."""
+        signalled: set[int] = set()
+        for _ in range(3):  # a process may start a child while we stop it: look again
+            targets = self.members() - signalled
+            if not targets:
+                break
+            signalled |= targets
+            _signal_all(targets, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and _alive(targets):
+                self._reap()
+                time.sleep(0.1)
+            _signal_all(_alive(targets), signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and _alive(targets):
+                self._reap()
+                time.sleep(0.05)
+        self._reap()
+        return signalled
+
+    def _reap(self) -> None:
+        for p in self.procs.values():
+            p.poll()
+
+
+def _alive(pids: set[int]) -> set[int]:
+    table = process_table()
+    return {p for p in pids if p in table and table[p][0] != "Z"}
+
+
+def _signal_all(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+# -- configuration ------------------------------------------------------------------------------------
+def run_config_toml(cfg: RunConfig, out: Path) -> str:
+    """Every option of ``cfg`` as a Flower run-config TOML file (all keys explicit, so the app's
+    own defaults in ``pyproject.toml`` do not matter); results go to ``out``."""
+    from fl_split.flower.appconfig import toml_value
+
+    values = {f.name: getattr(cfg, f.name) for f in option_fields() if f.name not in NOT_IN_RUN_CONFIG}
+    values.update(out=str(out), engine="flower", progress=False, party_files="")
+    return "".join(f"{key_of(name)} = {toml_value(v)}\n" for name, v in values.items())
+
+
+def _literal(path: Path | str) -> str:
+    text = str(path)
+    if "'" in text or "\n" in text:
+        raise ConfigError("workdir", text, "a path without quotes or newlines")
+    return f"'{text}'"
+
+
+def find_app_dir() -> Path:
+    """The Flower app (the repository root with ``[tool.flwr.app]`` in ``pyproject.toml``)."""
+    root = Path(__file__).resolve().parent.parent
+    pyproject = root / "pyproject.toml"
+    if pyproject.exists() and "[tool.flwr.app]" in pyproject.read_text(encoding="utf-8"):
+        return root
+    raise DeploymentError(f"no Flower app found: {pyproject} is missing or has no [tool.flwr.app]; run "
+                          f"fl-split deploy from a checkout of the repository")
+
+
+class LocalDeployment:
+    """A SuperLink and ``G + 1`` SuperNodes on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(self, cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True, node_auth: bool = True,
+                 private_seed: int | None = None, party_format: str = "npz",
+                 echo: Callable[[str], None] | None = None, timeout: float = 1800.0, grace: float = 10.0) -> None:
+        self.cfg, self.tls, self.node_auth = cfg, tls, node_auth and tls
+        self.private_seed, self.party_format = private_seed, party_format
+        self.workdir = Path(workdir).expanduser().resolve()
+        self.echo = echo or (lambda line: print(line, flush=True))
+        self.timeout, self.grace = timeout, grace
+        self.group = ProcessGroup(self.workdir / "logs")
+        self.flwr_home = self.workdir / "flwr-home"
+        self.certs = self.workdir / "certs"
+        self.parties_dir = self.workdir / "parties"
+        self.results_path = self.workdir / "run-results.json"
+        self.connection = "fl-split-local"
+        self.run_id: int | None = None
+        self.timeline: dict[str, float] = {}
+        self.parties = ["host"] + [f"guest-{i}" for i in range(1, cfg.guests + 1)]
+        bindir = str(Path(sys.executable).parent)
+        self.env = dict(os.environ, FLWR_HOME=str(self.flwr_home), FLWR_TELEMETRY_ENABLED="0",
+                        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", RAY_USAGE_STATS_ENABLED="0",
+                        PYTHONUNBUFFERED="1", PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+        for var in ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT", "RAY_ADDRESS"):
+            self.env.pop(var, None)
+
+    # -- steps ----------------------------------------------------------------------------------------
+    def _mark(self, name: str) -> None:
+        self.timeline[name] = time.monotonic()
+
+    def prepare(self) -> None:
+        from fl_split.party_files import export_parties
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        export_parties(replace(self.cfg, out=""), self.parties_dir, self.party_format)
+        if self.tls:
+            from fl_split.certs import write_deployment_certificates
+
+            write_deployment_certificates(self.certs, node_keys=self.parties if self.node_auth else ())
+        self.results_path.unlink(missing_ok=True)
+        self._mark("prepared")
+
+    def party_file(self, party: str) -> Path:
+        return self.parties_dir / f"{party}.{self.party_format}"
+
+    def start_superlink(self) -> None:
+        self.link_port = free_port()
+        self.address = f"127.0.0.1:{self.link_port}"
+        args = [_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(self.link_port),
+                "--database", str(self.workdir / "superlink.db"), "--disable-runtime-dependency-installation"]
+        if self.tls:
+            args += ["--ssl-ca-certfile", str(self.certs / "ca.crt"), "--ssl-certfile", str(self.certs / "superlink.crt"),
+                     "--ssl-keyfile", str(self.certs / "superlink.key")]
+            if self.node_auth:
+                args.append("--enable-supernode-auth")
+        else:
+            args.append("--insecure")
+        self.group.spawn("superlink", args, self.env, cwd=self.workdir)
+        conn = [f'[superlink]\ndefault = "{self.connection}"\n\n[superlink.{self.connection}]\n',
+                f'address = "{self.address}"\n']
+        conn.append(f'root-certificates = "{self.certs / "ca.crt"}"\n' if self.tls else "insecure = true\n")
+        (self.flwr_home / "config.toml").write_text("".join(conn), encoding="utf-8")
+        self._wait_superlink()
+        self._mark("superlink")
+
+    def _wait_superlink(self, timeout: float = 120.0) -> None:
+        import ssl
+
+        import httpx
+
+        verify: Any = ssl.create_default_context(cafile=str(self.certs / "ca.crt")) if self.tls else False
+        url = f"{'https' if self.tls else 'http'}://{self.address}/health"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url, timeout=1.0, verify=verify).is_success:
+                    return
+            except httpx.HTTPError:
+                pass
+            self._check_alive()
+            time.sleep(0.2)
+        raise DeploymentError(f"the SuperLink did not answer on {self.address} within {timeout:g} s "
+                              f"(log: {self.group.log_dir / 'superlink.log'})")
+
+    def _flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        return subprocess.run([_bin("flwr"), *args], env=self.env, cwd=self.workdir, capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def register_nodes(self) -> None:
+        for party in self.parties:
+            out = self._flwr("supernode", "register", str(self.certs / f"auth-{party}.pub"), self.connection,
+                             "--name", party, "--format", "json")
+            if out.returncode != 0 or '"success": true' not in out.stdout:
+                detail = (out.stdout + out.stderr).strip().splitlines()
+                raise DeploymentError(f"flwr supernode register for {party} failed: "
+                                      f"{detail[-1] if detail else 'exit code ' + str(out.returncode)}")
+        self._mark("registered")
+
+    def node_config(self, party: str) -> str:
+        role = "host" if party == "host" else "guest"
+        items = [f"role='{role}'"]
+        if role == "guest":
+            items.append(f"guest-index={int(party.split('-')[1])}")
+        items.append(f"data-path={_literal(self.party_file(party))}")
+        if self.cfg.data_plane == "direct":
+            if role == "host":
+                items.append(f"dataplane-address='127.0.0.1:{self.dataplane_port}'")
+                if self.tls:
+                    items += [f"dataplane-certfile={_literal(self.certs / 'dataplane-host.crt')}",
+                              f"dataplane-keyfile={_literal(self.certs / 'dataplane-host.key')}"]
+            elif self.tls:
+                items.append(f"dataplane-ca={_literal(self.certs / 'ca.crt')}")
+            if not self.tls:
+                items.append("dataplane-insecure=true")
+        if self.private_seed is not None:
+            items.append(f"private-seed={int(self.private_seed)}")
+        return " ".join(items)
+
+    def start_supernodes(self) -> None:
+        self.dataplane_port = free_port()
+        for party in self.parties:
+            args = [_bin("flower-supernode"), "--superlink", self.address, "--host", "127.0.0.1",
+                    "--port", str(free_port()), "--node-config", self.node_config(party)]
+            if self.tls:
+                args += ["--root-certificates", str(self.certs / "ca.crt")]
+                if self.node_auth:
+                    args += ["--auth-supernode-private-key", str(self.certs / f"auth-{party}.key")]
+            else:
+                args.append("--insecure")
+            self.group.spawn(f"supernode-{party}", args, self.env, cwd=self.workdir)
+        self._mark("supernodes")
+
+    def _check_alive(self) -> None:
+        for name, code in self.group.exited():
+            if name != "flwr-run":
+                tail = self.group.log_tail(name, 1)
+                raise DeploymentError(f"{name} exited with code {code}" + (f": {tail}" if tail else "")
+                                      + f" (log: {self.group.log_dir / (name + '.log')})")
+
+    def run(self) -> dict[str, Any]:
+        """Submit the run, relay its log lines, wait for its outcome; returns the results."""
+        config = self.workdir / "run-config.toml"
+        config.write_text(run_config_toml(self.cfg, self.results_path), encoding="utf-8")
+        app = find_app_dir()
+        args = [_bin("flwr"), "run", str(app), self.connection, "--stream", "--run-config", str(config)]
+        self._mark("submitted")
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, env=self.env, cwd=self.workdir, start_new_session=True)
+        self.group.procs["flwr-run"] = proc
+        reader = threading.Thread(target=self._relay, args=(proc,), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + self.timeout
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"the run did not finish within {self.timeout:g} s")
+            self._check_alive()
+            time.sleep(0.5)
+        reader.join(timeout=5)
+        self._mark("stream-ended")
+        if self.run_id is None:
+            raise DeploymentError(f"flwr run exited with code {proc.returncode} without starting a run "
+                                  f"({self._last_stream_line or 'no output'})")
+        status, details = self._wait_outcome(deadline)
+        self._mark("finished")
+        if status != "finished:completed":
+            raise DeploymentError(f"run {self.run_id} {status.replace('finished:', '')}: "
+                                  f"{_one_line(details) or 'no details'} (logs: {self.group.log_dir})")
+        if not self.results_path.exists():
+            raise DeploymentError(f"run {self.run_id} completed but wrote no results to {self.results_path}")
+        return json.loads(self.results_path.read_text(encoding="utf-8"))
+
+    _last_stream_line = ""
+
+    def _relay(self, proc: subprocess.Popen) -> None:
+        with open(self.group.log_dir / "flwr-run.log", "w", encoding="utf-8") as log:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                log.write(line)
+                log.flush()
+                line = _strip_ansi(line.rstrip("\n"))
+                if not line.strip():
+                    continue
+                self._last_stream_line = line
+                if line.startswith("Successfully started run "):
+                    self.run_id = int(line.rsplit(" ", 1)[-1])
+                    self._mark("run-started")
+                self.echo(f"  | {line}")
+
+    def status(self) -> tuple[str, str]:
+        out = self._flwr("ls", self.connection, "--run-id", str(self.run_id), "--format", "json")
+        try:
+            run = json.loads(out.stdout)["runs"][0]
+            return str(run.get("status", "")), str(run.get("status-details", ""))
+        except (ValueError, KeyError, IndexError):
+            return "unknown", _one_line(out.stdout + out.stderr)
+
+    def _wait_outcome(self, deadline: float) -> tuple[str, str]:
+        while True:
+            status, details = self.status()
+            if status.startswith("finished") or time.monotonic() > deadline:
+                return status, details
+            self._check_alive()
+            time.sleep(1.0)
+
+    def stop(self) -> set[int]:
+        return self.group.stop(self.grace)
+
+    def __enter__(self) -> "LocalDeployment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _strip_ansi(text: str) -> str:
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(_strip_ansi(text).split())
+
+
+def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True, node_auth: bool = True,
+                 private_seed: int | None = None, party_format: str = "npz",
+                 echo: Callable[[str], None] | None = None, timeout: float = 1800.0) -> dict[str, Any]:
+    """Run ``cfg`` as a loopback deployment (module docstring); returns the results dictionary
+    (``results["deployment"]`` adds the run ID, the workdir and the phases' seconds). Every
+    process started is ended before this returns or raises, also on KeyboardInterrupt; SIGTERM
+    is turned into KeyboardInterrupt while it runs."""
+    dep = LocalDeployment(cfg, workdir, tls=tls, node_auth=node_auth, private_seed=private_seed,
+                          party_format=party_format, echo=echo, timeout=timeout)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def _on_term(signum, frame):  # noqa: ARG001
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, _on_term)
+    try:
+        t0 = time.monotonic()
+        dep.prepare()
+        dep.start_superlink()
+        if dep.node_auth:
+            dep.register_nodes()
+        dep.start_supernodes()
+        results = dep.run()
+        marks = dep.timeline
+        results["deployment"] = {"run_id": str(dep.run_id), "workdir": str(dep.workdir), "tls": tls,
+                                 "node_auth": dep.node_auth, "superlink": dep.address,
+                                 "seconds": {k: round(v - t0, 2) for k, v in marks.items()}}
+        return results
+    finally:
+        dep.stop()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
