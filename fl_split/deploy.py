@@ -357,8 +357,9 @@ class LocalDeployment:
 
     def _relay(self, proc: subprocess.Popen) -> None:
         with open(self.group.log_dir / "flwr-run.log", "w", encoding="utf-8") as log:
+            t0 = time.monotonic()
             for line in proc.stdout:  # type: ignore[union-attr]
-                log.write(line)
+                log.write(f"[{time.monotonic() - t0:8.2f} s] {line}")  # when each line arrived
                 log.flush()
                 line = _strip_ansi(line.rstrip("\n"))
                 if not line.strip():

@@ -216,6 +216,15 @@ def _first_round(plan, cfg: RunConfig, epoch: int) -> tuple[int, int]:
     return (epoch - 1) * rounds + 1, rounds
 
 
+def epoch_line(row: dict[str, Any], metric: str) -> str:
+    """One log line of an epoch's public aggregates."""
+    def fmt(v):
+        return "-" if v is None else f"{v:.4f}"
+
+    return (f"epoch {row['epoch']}: train loss {fmt(row.get('train_loss'))}, test {metric} "
+            f"{fmt(row.get('test_metric'))} ({float(row.get('epoch_time_s', 0.0)):.2f} s)")
+
+
 def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str = "flower",
                       timeline: dict | None = None) -> dict[str, Any]:
     """Run every epoch through ``train.epoch`` control messages; returns the results dictionary
@@ -257,6 +266,8 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
             for r in rows:  # the control plane's share of the chunk's time, spread over its epochs
                 r["epoch_time_s"] = float(r.get("epoch_time_s", 0.0)) + (seconds - spent) / max(len(rows), 1)
                 history.append(r)
+                # logged as each control message returns, so `flwr run --stream` shows it then
+                log.info("%s", epoch_line(r, plan.metric))
             failures += list(outcome.get("guest_failures", []))
             bar.update(plan.schedule.num_train_batches() * len(rows))
             if history and history[-1].get("test_metric") is not None:

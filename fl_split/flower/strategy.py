@@ -93,7 +93,9 @@ class VerticalSplitStrategy:
             results = coordinate(self.cfg, self.plan, transport, "flower")
             self._mark("training_end")
         self._mark("reports_done")
-        for h in results["history"]:
+        # the direct data plane logs each epoch as its control message returns (coordinate_direct);
+        # the relay's shared loop returns the history at the end
+        for h in results["history"] if self.cfg.data_plane != "direct" else ():
             log.info("epoch %d: train loss %s, test %s %s (%.2f s)", h["epoch"], _fmt(h.get("train_loss")),
                      results["final"]["metric"], _fmt(h.get("test_metric")), h["epoch_time_s"])
         for party, rep in results.get("privacy", {}).items():

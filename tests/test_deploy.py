@@ -1,0 +1,165 @@
+"""``fl-split certs`` and ``fl-split deploy local``: a real loopback deployment (a SuperLink and one
+SuperNode per party as separate processes, TLS, SuperNode authentication, the direct data plane over
+TLS), its results against the local engine's, a ServerApp that fails, an interrupted deployment —
+and after each, no process it started is left.
+
+A process belongs to a deployment when its environment has ``FLWR_HOME=<workdir>/flwr-home``:
+every process ``fl-split deploy`` starts, and everything they start, inherits it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fl_split.config import RunConfig
+from fl_split.flower.processes import process_table
+
+FLSPLIT = [sys.executable, "-m", "fl_split.cli"]
+SMALL = ["--dataset", "digits", "--guests", "2", "--epochs", "1", "--limit", "150", "--seed", "3",
+         "--defense", "gaussian", "--batch-size", "32"]
+
+
+def _deployment_pids(workdir: Path) -> list[int]:
+    marker = f"FLWR_HOME={workdir.resolve() / 'flwr-home'}".encode()
+    found = []
+    for pid, (state, *_rest) in process_table().items():
+        if state == "Z" or pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if marker in env:
+            found.append(pid)
+    return found
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_certs_command_writes_ca_certificates_and_node_keys(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+
+    out = subprocess.run([*FLSPLIT, "certs", "--out", str(tmp_path), "--hosts", "link.example.org", "10.0.0.5",
+                          "--node-keys", "host", "guest-1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    for name in ("superlink", "dataplane-host"):
+        cert = x509.load_pem_x509_certificate((tmp_path / f"{name}.crt").read_bytes())
+        assert cert.issuer == ca.subject
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert san.get_values_for_type(x509.DNSName) == ["link.example.org"]
+        assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.5"]
+        assert (tmp_path / f"{name}.key").stat().st_mode & 0o077 == 0
+    for party in ("host", "guest-1"):
+        key = load_ssh_private_key((tmp_path / f"auth-{party}.key").read_bytes(), None)
+        pub = load_ssh_public_key((tmp_path / f"auth-{party}.pub").read_bytes())
+        assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+        assert pub.public_numbers() == key.public_key().public_numbers()
+        assert (tmp_path / f"auth-{party}.key").stat().st_mode & 0o077 == 0
+
+
+def test_deploy_refuses_local_engine_options(tmp_path):
+    out = subprocess.run([*FLSPLIT, "deploy", "local", *SMALL, "--engine", "local", "--workdir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "engine" in out.stderr
+
+
+@pytest.mark.slow
+def test_loopback_tls_deployment_with_two_guests(tmp_path):
+    """The whole path as separate processes; same final metric as the local engine with the same
+    public and private seeds; every process gone afterwards."""
+    workdir, out_path = tmp_path / "dep", tmp_path / "results.json"
+    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--tls", *SMALL, "--private-seed", "5",
+                           "--workdir", str(workdir), "--out", str(out_path)],
+                          capture_output=True, text=True, timeout=900)
+    left = _deployment_pids(workdir)
+    _kill(left)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert left == [], f"processes left running: {left}"
+    results = json.loads(out_path.read_text())
+    dep = results["deployment"]
+    assert dep["tls"] and dep["node_auth"]
+    assert set(results["privacy"]) == {"host", "guest-1", "guest-2"}
+    for guest in ("guest-1", "guest-2"):
+        assert results["privacy"][guest]["epsilon"] > 0
+    assert results["final"]["metric"] == "accuracy" and results["final"]["value"] is not None
+    assert "guest-1" in proc.stdout and "final test accuracy" in proc.stdout
+    # the run went through the SuperLink with TLS; the private seed stayed in the node configs
+    assert "https://127.0.0.1" in (workdir / "logs" / "superlink.log").read_text()
+    assert "private-seed" not in (workdir / "run-config.toml").read_text()
+    # the local engine, same options and seeds, in this process
+    from fl_split.cli import build_parser, config_from_args
+    from fl_split.engine import run_experiment
+
+    cfg = config_from_args(build_parser().parse_args(["train", *SMALL]))
+    local = run_experiment(cfg, private_seed=5)
+    assert results["final"]["value"] == local["final"]["value"]
+    assert results["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)
+    for party, rep in local["privacy"].items():
+        assert results["privacy"][party]["epsilon"] == rep["epsilon"]
+
+
+@pytest.mark.slow
+def test_failing_serverapp_gives_one_line_and_nonzero_exit(tmp_path):
+    """Party files exported with other options: the ServerApp fails at setup; the deployment
+    reads the run's status from the SuperLink and raises one line naming the option."""
+    from fl_split.deploy import DeploymentError, LocalDeployment
+    from fl_split.party_files import export_parties
+
+    cfg = RunConfig(dataset="digits", guests=2, epochs=1, limit=150, seed=3, engine="flower")
+    lines: list[str] = []
+    dep = LocalDeployment(cfg, tmp_path / "dep", tls=False, echo=lines.append, timeout=600)
+    try:
+        dep.prepare()
+        export_parties(RunConfig(dataset="digits", guests=2, limit=120, seed=3), dep.parties_dir)  # other limit
+        dep.start_superlink()
+        dep.start_supernodes()
+        with pytest.raises(DeploymentError) as err:
+            dep.run()
+    finally:
+        dep.stop()
+    message = str(err.value)
+    assert "\n" not in message and "failed" in message and "limit" in message, message
+    assert _deployment_pids(tmp_path / "dep") == []
+
+
+@pytest.mark.slow
+def test_interrupted_deployment_ends_every_process(tmp_path):
+    """SIGINT (Ctrl-C) while the SuperNodes run: exit 130, nothing left."""
+    workdir = tmp_path / "dep"
+    proc = subprocess.Popen([*FLSPLIT, "deploy", "local", "--insecure", *SMALL, "--workdir", str(workdir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (workdir / "logs" / "supernode-guest-2.log").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(2)
+        assert _deployment_pids(workdir), "nothing was running"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = _deployment_pids(workdir)
+    _kill(left)
+    assert proc.returncode == 130, err
+    assert "warning: --insecure" in err
+    assert left == []
