@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from fl_split.builder import make_monolithic, make_parties, optimizer_settings
 from fl_split.config import RunConfig
-from fl_split.errors import BudgetExceeded, PartyError, ProtocolError
+from fl_split.errors import BudgetExceeded, ConfigError, PartyError, ProtocolError
 from fl_split.parties import GuestParty, HostParty, batch_metric, resolve_device
 from fl_split.schedule import BatchKey, EvalRound, TrainRound, plan_rounds
 
@@ -299,8 +299,6 @@ class LocalTransport:
         return {"host": self.host, **{g: p for g, p in self.parties.items() if g not in self.dropped}}
 
     def guest_step(self, owed, keys, round_):
-        from fl_split.errors import ConfigError
-
         out: dict[str, list[bytes]] = {}
         failed: dict[str, str] = {}
         for g in owed:

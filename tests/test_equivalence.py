@@ -117,3 +117,39 @@ def test_only_releases_cross():
         raw = guests[g].data.x_train if m.key.phase == "train" else guests[g].data.x_test
         assert tuple(m.tensor.shape[1:]) != tuple(raw.shape[1:])
         assert m.tensor.shape[1:].numel() != 1  # a label column would be one wide
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_party_optimizer_step_is_the_optimizers_step(name):
+    """Issue 10's hot path: a party steps through the optimizer's update function directly (no
+    per-call profiler wrapper). Same numbers as ``optimizer.step()``, bit for bit; with a step hook
+    registered it goes through ``optimizer.step()`` so the hook runs."""
+    import torch
+
+    from fl_split.local_update import OptimizerSettings, OptimizerUpdate
+
+    settings = OptimizerSettings(name=name, lr=0.05, momentum=0.9 if name == "sgd" else 0.0, weight_decay=0.01)
+    torch.manual_seed(0)
+    fast = OptimizerUpdate([torch.nn.Linear(6, 4)], settings)
+    plain = OptimizerUpdate([torch.nn.Linear(6, 4)], settings)
+    plain.modules[0].load_state_dict(fast.modules[0].state_dict())
+    assert fast._update is not None
+    x = torch.randn(8, 6)
+    for _ in range(5):
+        for u, step in ((fast, fast.step), (plain, plain.optimizer.step)):
+            u.zero_grad()
+            u.backward(u.modules[0](x).square().sum())
+            step()
+    for a, b in zip(fast.modules[0].parameters(), plain.modules[0].parameters()):
+        assert torch.equal(a, b)
+    assert all(p.grad is not None for p in fast.modules[0].parameters())
+    fast.zero_grad()
+    assert all(p.grad is None for p in fast.modules[0].parameters())
+    seen = []
+    handle = fast.optimizer.register_step_post_hook(lambda *a: seen.append(1))
+    try:
+        fast.backward(fast.modules[0](x).sum())
+        fast.step()
+    finally:
+        handle.remove()
+    assert seen == [1]

@@ -193,3 +193,83 @@ def test_guest_rejects_bad_gradients_and_keeps_state(parties):
         assert _same(before, _snapshot(g.bottom)) and g.steps == 0 and g.pending_keys == sorted(keys)
     g.apply_gradients(grads["guest-1"])
     assert g.steps == 2 and g.pending_keys == []
+
+
+# -- the receiver's fast path (issue 10: the hot path) ------------------------------------------------------
+def _expected(m: Message, **over) -> dict:
+    kw = dict(kind=m.kind, sender=m.sender, receiver=m.receiver, round_=m.round, key=m.key, rows=m.rows,
+              sample_shape=tuple(m.tensor.shape[1:]), digest=m.digest)
+    kw.update(over)
+    return kw
+
+
+@pytest.mark.parametrize("encoding", ["float32", "bits"])
+def test_fast_path_accepts_exactly_what_decode_and_check_accept(encoding):
+    """``decode_expected`` gives the message ``decode`` + ``check`` give for the expected frame."""
+    from fl_split.protocol import decode_expected
+
+    t = (torch.rand(5, 3, 4, generator=torch.Generator().manual_seed(2)) > 0.5).float()
+    m = _msg(t, encoding=encoding)
+    m.round = 300  # a two-byte varint
+    blob = encode(m)
+    fast = decode_expected(blob, **_expected(m))
+    slow = decode(blob).check(kind=m.kind, sender=m.sender, receiver=m.receiver, key=m.key, ids=IDS,
+                              sample_shape=(3, 4), round_=300)
+    assert fast is not None and torch.equal(fast.tensor, slow.tensor)
+    assert (fast.kind, fast.sender, fast.receiver, fast.round, fast.key, fast.digest, fast.encoding) == \
+        (slow.kind, slow.sender, slow.receiver, slow.round, slow.key, slow.digest, slow.encoding)
+
+
+@pytest.mark.parametrize("case", ["round", "sender", "receiver", "kind", "key", "digest", "rows", "shape", "nan",
+                                  "inf", "huge", "truncated", "extra", "magic", "flags", "not-bytes"])
+def test_fast_path_declines_anything_else(case):
+    """Anything but the exact expected frame gives ``None`` (the caller then runs decode + check,
+    which name the fault); nothing is converted from a frame whose header differs."""
+    from fl_split.protocol import decode_expected
+
+    t = torch.randn(5, 3, generator=torch.Generator().manual_seed(3))
+    m = _msg(t)
+    blob = encode(m)
+    kw = _expected(m)
+    if case in ("nan", "inf", "huge"):
+        bad = t.clone()
+        bad[2, 1] = {"nan": float("nan"), "inf": float("inf"), "huge": 2e9}[case]
+        blob = encode(_msg(bad))
+    elif case == "truncated":
+        blob = blob[:-1]
+    elif case == "extra":
+        blob = blob + b"\0"
+    elif case == "magic":
+        blob = b"F3" + blob[2:]
+    elif case == "flags":
+        blob = blob[:2] + bytes([blob[2] | 0x08]) + blob[3:]
+    elif case == "not-bytes":
+        blob = bytearray(blob)
+    else:
+        kw.update({"round": {"round_": 8}, "sender": {"sender": "guest-2"}, "receiver": {"receiver": "guest-1"},
+                   "kind": {"kind": "gradients"}, "key": {"key": BatchKey("train", 1, 4)},
+                   "digest": {"digest": m.digest ^ 1}, "rows": {"rows": 4}, "shape": {"sample_shape": (4,)}}[case])
+    assert decode_expected(blob, **kw) is None
+
+
+def test_parties_take_the_fast_path_and_train_as_before():
+    """A run's messages all pass the fast path (``decode`` is never needed), and the run equals the
+    monolithic model (``tests/test_equivalence.py`` checks that in detail)."""
+    import fl_split.parties as P
+    from fl_split.engine import LocalEngine
+
+    calls = {"decode": 0}
+    real = P.decode
+
+    def counting(*a, **k):
+        calls["decode"] += 1
+        return real(*a, **k)
+
+    P.decode = counting
+    try:
+        for kw in ({}, {"defense": "rr"}, {"batches_per_round": 3}):
+            LocalEngine(RunConfig(dataset="digits", guests=2, epochs=1, limit=200, progress=False, **kw),
+                        private_seed=1).run()
+    finally:
+        P.decode = real
+    assert calls["decode"] == 0
