@@ -54,6 +54,7 @@ if str(ROOT) not in sys.path:
 RESULTS = Path(__file__).parent / "results"
 PS = 0  # private seed of every compared run (the Flower and local runs must draw the same noise)
 RATIO_GOAL = 1.5
+DATAPLANE_TIMEOUT = 600.0  # scaling part: seconds the host waits for G guests to connect
 CRED = "b3" * 32
 
 
@@ -219,11 +220,17 @@ def bench_ratio(name: str, setup: dict, limit: int = 0) -> dict:
     cfgs = [base, base.replace(epochs_per_message=setup["epochs"])]
     print(f"[ratio] {name}: Flower simulation, direct data plane, K = 1, {setup['epochs']} epochs, "
           f"1 and {setup['epochs']} epochs per control message", flush=True)
+    # the local engine before and after the Flower runs (Ray's start and teardown load the machine
+    # for a while): its per-epoch time is the median over both runs' steady epochs
+    local = LocalEngine(base.replace(engine="local"), PS).run()
+    load_before = os.getloadavg()
     engine = FlowerEngine(base, private_seed=PS)
     flower = engine.run_series(cfgs)
     startup = engine.startup()
-    local = LocalEngine(base.replace(engine="local"), PS).run()
-    l_ep = _steady([h["epoch_time_s"] for h in local["history"]])
+    load_after = os.getloadavg()
+    local_after = LocalEngine(base.replace(engine="local"), PS).run()
+    local_times = [h["epoch_time_s"] for h in local["history"][1:] + local_after["history"][1:]]
+    l_ep = statistics.median(local_times)
     rows = []
     for cfg, f in zip(cfgs, flower):
         f_ep = _steady([h["epoch_time_s"] for h in f["history"]])
@@ -236,7 +243,8 @@ def bench_ratio(name: str, setup: dict, limit: int = 0) -> dict:
     return {"dataset": name, "guests": setup["guests"], "epochs": setup["epochs"],
             "n_train": local["plan"]["n_train"], "batches_per_epoch": local["plan"]["batches_per_epoch"],
             "num_cpus": base.num_cpus, "local_epoch_times": [h["epoch_time_s"] for h in local["history"]],
-            "rows": rows, "startup": startup, "loadavg": os.getloadavg()}
+            "local_epoch_times_after": [h["epoch_time_s"] for h in local_after["history"]],
+            "rows": rows, "startup": startup, "loadavg_before_flower": load_before, "loadavg_after_flower": load_after}
 
 
 # -- wire: randomized response vs float32 ---------------------------------------------------------------
@@ -310,20 +318,29 @@ def bench_scaling(guests_list: list[int], epochs: int = 3) -> dict:
 
     rows = []
     for g in guests_list:
+        # G + 1 actors importing torch on a few shared cores take minutes to reach the data plane:
+        # a generous --dataplane-timeout (the default 60 s failed at G = 8 on the loaded 2-core machine)
         cfg = RunConfig(dataset="breast-cancer", guests=g, epochs=epochs, progress=False, seed=0, engine="flower",
-                        device="cpu", num_cpus=_cpus_each(g + 1))
+                        device="cpu", num_cpus=_cpus_each(g + 1), dataplane_timeout=DATAPLANE_TIMEOUT)
         print(f"[scaling] breast-cancer, G = {g}: {g + 1} ClientApps, --num-cpus {cfg.num_cpus}", flush=True)
         engine = FlowerEngine(cfg, private_seed=PS)
         t0 = time.perf_counter()
-        with PeakMemory() as mem:
-            res = engine.run()
+        try:
+            with PeakMemory() as mem:
+                res = engine.run()
+        except Exception as exc:  # noqa: BLE001 - record it and go on with the next G
+            rows.append({"guests": g, "num_cpus": cfg.num_cpus, "error": f"{type(exc).__name__}: {exc}",
+                         "wall_s": time.perf_counter() - t0, "loadavg": os.getloadavg()})
+            print(f"[scaling] G = {g}: failed: {rows[-1]['error']}", flush=True)
+            continue
         wall = time.perf_counter() - t0
         local = LocalEngine(cfg.replace(engine="local"), PS).run()
         row = {"guests": g, "num_cpus": cfg.num_cpus, "flower_epoch_s": _steady([h["epoch_time_s"] for h in res["history"]]),
                "local_epoch_s": _steady([h["epoch_time_s"] for h in local["history"]]),
                "peak_rss_mb": mem.peak / 2 ** 20, "peak_processes": mem.peak_processes, "wall_s": wall,
                "startup": engine.startup(), "flower_equals_local": _same_training(res, local),
-               "bytes_per_epoch": (res["wire"]["bytes_to_host"] + res["wire"]["bytes_to_guests"]) / epochs}
+               "bytes_per_epoch": (res["wire"]["bytes_to_host"] + res["wire"]["bytes_to_guests"]) / epochs,
+               "loadavg": os.getloadavg()}
         rows.append(row)
         print(f"[scaling] G = {g}: {row['flower_epoch_s']:.3f} s/epoch (local {row['local_epoch_s']:.3f} s), peak "
               f"{row['peak_rss_mb']:.0f} MB over {row['peak_processes']} processes, wall {wall:.0f} s", flush=True)
@@ -336,7 +353,7 @@ def plot_scaling(scaling: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = scaling["rows"]
+    rows = [r for r in scaling["rows"] if "error" not in r]
     g = [r["guests"] for r in rows]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     a.plot(g, [r["flower_epoch_s"] for r in rows], "o-", label="Flower, direct data plane")
@@ -442,6 +459,9 @@ def markdown(report: dict) -> str:
                   "| G | --num-cpus | Flower s/epoch | local s/epoch | peak RSS (MiB) | processes | wall (s) | Flower ≡ local |",
                   "|---:|---:|---:|---:|---:|---:|---:|:---:|"]
         for r in report["scaling"]["rows"]:
+            if "error" in r:
+                lines.append(f"| {r['guests']} | {r['num_cpus']:g} | failed: {r['error'][:120]} | | | | {r['wall_s']:.0f} | |")
+                continue
             lines.append(f"| {r['guests']} | {r['num_cpus']:g} | {r['flower_epoch_s']:.3f} | {r['local_epoch_s']:.3f} "
                          f"| {r['peak_rss_mb']:.0f} | {r['peak_processes']} | {r['wall_s']:.0f} "
                          f"| {'yes' if r['flower_equals_local'] else 'NO'} |")

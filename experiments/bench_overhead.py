@@ -18,6 +18,7 @@ absolute overhead in milliseconds per batch.
 
     python experiments/bench_overhead.py                  # digits, movielens-small, digits-wide
     python experiments/bench_overhead.py --datasets digits --epochs 3 --repeats 5
+    python experiments/bench_overhead.py --profile          # where the split's extra time goes
 """
 
 from __future__ import annotations
@@ -49,8 +50,97 @@ DEFAULTS = {
 
 
 def epoch_times(engine_cls, cfg: RunConfig) -> list[float]:
-    res = engine_cls(cfg).run()
+    # the same private seed on both sides: the same initial weights, so the same training (the
+    # final metrics must agree, a check that both sides did the same work)
+    res = engine_cls(cfg, private_seed=PRIVATE_SEED).run()
     return [h["epoch_time_s"] for h in res["history"]], res["final"]["value"]
+
+
+PRIVATE_SEED = 0
+
+
+class Timers:
+    """Wall time spent inside chosen callables (patched in place; :meth:`restore` undoes it)."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._undo: list = []
+
+    def wrap(self, owner, attr: str, label: str) -> None:
+        fn = getattr(owner, attr)
+        had = attr in vars(owner)  # False: an instance using its class's method (restore = delete)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.total[label] = self.total.get(label, 0.0) + time.perf_counter() - t
+                self.calls[label] = self.calls.get(label, 0) + 1
+
+        setattr(owner, attr, timed)
+        self._undo.append((owner, attr, fn, had))
+
+    def restore(self) -> None:
+        for owner, attr, fn, had in reversed(self._undo):
+            if had:
+                setattr(owner, attr, fn)
+            else:
+                delattr(owner, attr)
+        self._undo = []
+
+
+def profile_breakdown(name: str, epochs: int, limit: int) -> dict:
+    """Per-batch wall time by component, split vs monolithic, in one run each (timers add ~1 µs a
+    call). Components: the torch calls every party makes (backward, optimizer step, zero_grad), the
+    codec (encode; the receiver's check and decode), the forward passes, and the rest (requests,
+    batch lookup, mechanisms, ledger, coordinator)."""
+    import fl_split.parties as parties
+    from fl_split.local_update import OptimizerUpdate
+
+    cfg = RunConfig(**DEFAULTS[name], epochs=epochs, progress=False, limit=limit)
+    out = {}
+    for label in ("split", "mono"):
+        timers = Timers()
+        timers.wrap(torch.Tensor, "backward", "backward")
+        try:
+            if label == "split":
+                eng = LocalEngine(cfg, PRIVATE_SEED)
+                timers.wrap(OptimizerUpdate, "step", "optimizer step")
+                timers.wrap(OptimizerUpdate, "zero_grad", "zero_grad")
+                timers.wrap(parties, "encode", "encode")
+                timers.wrap(parties, "decode_expected", "check + decode")
+                for party in (eng.host, *eng.guests.values()):
+                    for m in party.update.modules:
+                        timers.wrap(m, "forward", "forward")
+            else:
+                eng = MonolithicEngine(cfg, private_seed=PRIVATE_SEED)
+                timers.wrap(eng.optimizer, "step", "optimizer step")
+                timers.wrap(eng.optimizer, "zero_grad", "zero_grad")
+                timers.wrap(eng.model, "forward", "forward")
+            res = eng.run()
+        finally:
+            timers.restore()
+        batches = epochs * res["plan"]["batches_per_epoch"]
+        epoch = statistics.median(h["epoch_time_s"] for h in res["history"])
+        comp = {k: {"ms_per_batch": 1e3 * v / batches, "calls_per_batch": timers.calls[k] / batches,
+                    "us_per_call": 1e6 * v / timers.calls[k]} for k, v in timers.total.items()}
+        # forward calls nest in the split (a bottom inside a Sequential is not wrapped: only party modules)
+        comp["other"] = {"ms_per_batch": 1e3 * res["time_s"] / batches - sum(c["ms_per_batch"] for c in comp.values())}
+        out[label] = {"epoch_s_median": epoch, "ms_per_batch_total": 1e3 * res["time_s"] / batches, "components": comp}
+    return {"dataset": name, "epochs": epochs, "loadavg": os.getloadavg(), **out}
+
+
+def print_breakdown(b: dict) -> None:
+    print(f"  {b['dataset']}: per-batch wall time by component (ms; split vs monolithic)")
+    keys = list(dict.fromkeys([*b["split"]["components"], *b["mono"]["components"]]))
+    for k in keys:
+        s = b["split"]["components"].get(k, {})
+        m = b["mono"]["components"].get(k, {})
+        calls = f"{s['calls_per_batch']:.1f} calls x {s['us_per_call']:.0f} us" if "calls_per_batch" in s else ""
+        print(f"    {k:16s} split {s.get('ms_per_batch', 0.0):7.3f}   mono {m.get('ms_per_batch', 0.0):7.3f}   {calls}")
+    print(f"    {'total':16s} split {b['split']['ms_per_batch_total']:7.3f}   mono {b['mono']['ms_per_batch_total']:7.3f}")
 
 
 def cfg_batches(cfg: RunConfig) -> int:
@@ -93,9 +183,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="use only N shared IDs (0 = all)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 = least noisy)")
     ap.add_argument("--out", default=str(RESULTS / "bench_overhead.json"))
+    ap.add_argument("--profile", action="store_true",
+                    help="instead: per-batch time by component (backward, optimizer step, codec, forward, the rest), "
+                         "split vs monolithic; JSON bench_overhead_profile.json")
     ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. what else ran on the machine)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.profile:
+        report = [profile_breakdown(name, args.epochs, args.limit) for name in args.datasets]
+        for b in report:
+            print_breakdown(b)
+        out = Path(args.out if args.out != ap.get_default("out") else RESULTS / "bench_overhead_profile.json")
+        out.write_text(json.dumps({"meta": {"torch": torch.__version__, "threads": args.threads, "note": args.note},
+                                   "breakdown": report}, indent=2) + "\n")
+        print(f"saved {out}")
+        return 0
     rows = []
     for name in args.datasets:
         t0 = time.perf_counter()
