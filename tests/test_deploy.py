@@ -163,3 +163,30 @@ def test_interrupted_deployment_ends_every_process(tmp_path):
     assert proc.returncode == 130, err
     assert "warning: --insecure" in err
     assert left == []
+
+
+@pytest.mark.slow
+def test_supernode_with_an_unregistered_key_is_refused(tmp_path):
+    """SuperNode authentication: the SuperLink refuses a node whose public key nobody registered,
+    and the deployment names the node that exited."""
+    from fl_split.deploy import DeploymentError, LocalDeployment
+
+    cfg = RunConfig(dataset="digits", guests=1, limit=100, engine="flower")
+    dep = LocalDeployment(cfg, tmp_path / "dep", tls=True, echo=lambda line: None)
+    try:
+        dep.prepare()
+        dep.start_superlink()
+        registered = dep._flwr("supernode", "register", str(dep.certs / "auth-host.pub"), dep.connection)
+        assert registered.returncode == 0, registered.stdout + registered.stderr
+        dep.start_supernodes()
+        deadline = time.monotonic() + 180
+        while not dep.group.exited() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert [name for name, _ in dep.group.exited()] == ["supernode-guest-1"]
+        with pytest.raises(DeploymentError, match="supernode-guest-1 exited"):
+            dep._check_alive()
+        link_log = (dep.group.log_dir / "superlink.log").read_text(errors="replace")
+        assert "No SuperNode found with the given public key" in link_log
+    finally:
+        dep.stop()
+    assert _deployment_pids(tmp_path / "dep") == []
