@@ -141,8 +141,9 @@ def test_failing_serverapp_gives_one_line_and_nonzero_exit(tmp_path):
 
 
 @pytest.mark.slow
-def test_interrupted_deployment_ends_every_process(tmp_path):
-    """SIGINT (Ctrl-C) while the SuperNodes run: exit 130, nothing left."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupted_deployment_ends_every_process(tmp_path, sig):
+    """SIGINT (Ctrl-C) or SIGTERM while the SuperNodes run: exit 130, nothing left."""
     workdir = tmp_path / "dep"
     proc = subprocess.Popen([*FLSPLIT, "deploy", "local", "--insecure", *SMALL, "--workdir", str(workdir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -153,7 +154,7 @@ def test_interrupted_deployment_ends_every_process(tmp_path):
             time.sleep(0.2)
         time.sleep(2)
         assert _deployment_pids(workdir), "nothing was running"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
