@@ -257,10 +257,14 @@ class RunConfig:
         if self.checkpoint_dir and self.monolithic:
             raise ConfigError("checkpoint-dir", self.checkpoint_dir, "empty with --monolithic",
                               reason="checkpoints are of split runs (parties and their ledgers)")
-        if self.checkpoint_dir and self.engine == "flower":
-            raise ConfigError("checkpoint-dir", self.checkpoint_dir, "empty with --engine flower",
-                              reason="checkpoints run in the local engine for now; the Flower nodes' checkpoints "
-                                     "come with the deployment work (issue 11)")
+        if self.checkpoint_dir and self.engine == "flower" and self.data_plane != "direct":
+            raise ConfigError("checkpoint-dir", self.checkpoint_dir, "empty with --data-plane flower",
+                              reason="under Flower, checkpoints are taken at the end of the direct data plane's "
+                                     "control messages (use --data-plane direct, or the local engine)")
+        if self.checkpoint_dir and self.engine == "flower" and self.checkpoint_every != "epoch":
+            raise ConfigError("checkpoint-every", self.checkpoint_every, "epoch with --engine flower",
+                              reason="a Flower node checkpoints when its control message (--epochs-per-message "
+                                     "epochs) ends")
         if self.party_files and (self.engine == "flower" or self.monolithic or self.one_shot):
             what = "--engine flower" if self.engine == "flower" else "--monolithic" if self.monolithic else "--one-shot"
             raise ConfigError("party-files", self.party_files, f"empty with {what}",

@@ -225,10 +225,23 @@ def epoch_line(row: dict[str, Any], metric: str) -> str:
             f"{fmt(row.get('test_metric'))} ({float(row.get('epoch_time_s', 0.0)):.2f} s)")
 
 
+def last_round(plan, cfg: RunConfig, epoch: int) -> int:
+    """The last round (the evaluation) of ``epoch``; 0 for epoch 0."""
+    if epoch < 1:
+        return 0
+    first, per_epoch = _first_round(plan, cfg, epoch)
+    return first + per_epoch - 1
+
+
 def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str = "flower",
-                      timeline: dict | None = None) -> dict[str, Any]:
+                      timeline: dict | None = None, checkpoints=None) -> dict[str, Any]:
     """Run every epoch through ``train.epoch`` control messages; returns the results dictionary
-    (the same as :func:`fl_split.engine.coordinate` produces for the local engine)."""
+    (the same as :func:`fl_split.engine.coordinate` produces for the local engine).
+
+    ``checkpoints`` (``--checkpoint-dir``): a started :class:`fl_split.checkpoint.Checkpointer`.
+    Every party checkpoints itself when its control message ends (on its own node); once every
+    reply is in, the coordinator commits the chunk's last round. A resume starts with the epoch
+    after the committed round (the parties restored that round at setup)."""
     from tqdm.auto import tqdm
 
     from fl_split.engine import make_results
@@ -243,8 +256,17 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
     bar = tqdm(total=cfg.epochs * plan.schedule.num_train_batches(), desc=f"{engine} split training (direct)",
                unit="batch", disable=not cfg.progress, leave=False, dynamic_ncols=True)
     t0 = time.perf_counter()
+    start = 1
+    state = checkpoints.state if checkpoints is not None else None
+    if state is not None and state.round > 0:
+        _, per_epoch0 = _first_round(plan, cfg, 1)
+        start = state.round // per_epoch0 + 1
+        history = [dict(h) for h in state.history]
+        wire.update(state.wire)
+        failures = list(state.guest_failures)
+        bar.update(plan.schedule.num_train_batches() * (start - 1))
     try:
-        for first in range(1, cfg.epochs + 1, cfg.epochs_per_message):
+        for first in range(start, cfg.epochs + 1, cfg.epochs_per_message):
             last = min(cfg.epochs, first + cfg.epochs_per_message - 1)
             round_, per_epoch = _first_round(plan, cfg, first)
             session = secrets.token_hex(8)
@@ -275,6 +297,10 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
             if "stopped" in outcome:
                 stopped = dict(outcome["stopped"])
                 break
+            if checkpoints is not None:  # every party saved the chunk's last round: commit it
+                checkpoints.commit(round=last_round(plan, cfg, last), history=[dict(h) for h in history],
+                                   wire=dict(wire), guest_failures=list(failures),
+                                   checkpoints=checkpoints.state.checkpoints + 1)
     finally:
         bar.close()
     elapsed = time.perf_counter() - t0
@@ -285,5 +311,9 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
     results["privacy"] = {name: rep["privacy"] for name, rep in reports.items() if "privacy" in rep}
     results["guest_failures"] = failures
     results.update(stopped)
+    if checkpoints is not None:
+        checkpoints.commit(finished={"reason": stopped["stopped_reason"],
+                                     "round": checkpoints.state.round})
+        results["checkpoint"] = checkpoints.describe()
     return results
 

@@ -257,8 +257,11 @@ def handle(message: Message, context: Context, private_seed: int | None = None) 
                 raise FederationError(f"the coordinator set this node up as {expected}, but it hosts {role.party}")
             config_json = str(req["config"])
             cfg = RunConfig.from_mapping(R.loads(config_json))
-            party, facts = build_party(cfg, role, private_seed_of(role, context, private_seed))
+            seed = private_seed_of(role, context, private_seed)
+            party, facts = build_party(cfg, role, seed)
             extra = _dataplane_setup(cfg, role, dict(context.node_config))
+            if cfg.checkpoint_dir:
+                _checkpoint_setup(context, role, party, cfg, req, seed)
             _save(context, party, config_json)
             facts_json = facts.to_json() if role.role == "host" else facts.without_labels().to_json()
             return _reply(message, facts=R.dumps(facts_json), **extra)
@@ -322,15 +325,75 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
     from fl_split.flower import direct
 
     cfg = RunConfig.from_mapping(R.loads(config_json))
+    ckpt = context.state.config_records.get(CKPT_META)
+    wal = None
+    if ckpt is not None:  # the log records every release durably before it leaves
+        from fl_split.checkpoint import open_wal
+
+        wal = open_wal(party, str(ckpt["dir"]), str(ckpt["run"]), resume=True)
     try:
         if role.role == "host":
             outcome = direct.host_epochs(party, cfg, plan_of(cfg, role), req, role, dict(context.node_config))
             reply = {"outcome": R.dumps(outcome)}
         else:
             reply = {"served": R.dumps(direct.guest_epochs(party, cfg, req, role, dict(context.node_config)))}
+        if ckpt is not None:
+            from fl_split.checkpoint import save_party
+
+            last = int(req["last-epoch"])
+            save_party(party, str(ckpt["dir"]), direct.last_round(plan_of(cfg, role), cfg, last),
+                       run=str(ckpt["run"]), config=cfg.to_dict())
     finally:
+        _close_wal(party, wal)
         _save(context, party, config_json)
     return _reply(message, **reply)
+
+
+def _close_wal(party, wal) -> None:
+    """Close the log this message opened and detach it (the next message opens it again: in a
+    deployment it may run in another process)."""
+    if wal is not None:
+        wal.close()
+        party.ledger.attach_wal(None)
+
+
+#: context.state key of a node's checkpoint settings (its directory, the run's identity)
+CKPT_META = "fl_split.checkpoint"
+
+
+def checkpoint_dir_of(role: NodeRole, cfg: RunConfig, node_config: dict) -> str:
+    """Where this node's party keeps its checkpoints and log: in a deployment the SuperNode's own
+    ``--node-config "checkpoint-dir='…'"`` (on its own machine; the run-config's is the
+    coordinator's), in a simulation the run's ``--checkpoint-dir``."""
+    if role.mode == "deployment":
+        path = str(node_config.get("checkpoint-dir", "") or "").strip()
+        if not path:
+            raise FederationError(f"{role.party} node-config: no checkpoint-dir; the run checkpoints "
+                                  f"(--checkpoint-dir), and a party keeps its checkpoints on its own machine: "
+                                  f"--node-config \"... checkpoint-dir='/path/private/to/{role.party}'\"")
+        return os.path.expanduser(path)
+    return os.path.expanduser(cfg.checkpoint_dir)
+
+
+def _checkpoint_setup(context: Context, role: NodeRole, party, cfg: RunConfig, req, seed: int | None) -> None:
+    """``--checkpoint-dir`` at setup: a fresh run checkpoints the new party (round 0: its secret and
+    initial weights) and starts its log; a resume restores the committed round and replays the
+    releases logged after it."""
+    from fl_split.checkpoint import open_wal, restore_party, save_party
+
+    try:
+        info = R.loads(str(req["checkpoint"]))
+        run, round_, resume = str(info["run"]), int(info["round"]), bool(info["resume"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"{role.party}: malformed checkpoint settings in setup ({type(exc).__name__})") from None
+    directory = checkpoint_dir_of(role, cfg, dict(context.node_config))
+    os.makedirs(directory, exist_ok=True)
+    if resume:
+        restore_party(party, directory, round_, run=run, config=cfg.to_dict(), private_seed=seed)
+    else:
+        _close_wal(party, open_wal(party, directory, run, resume=False))
+        save_party(party, directory, 0, run=run, config=cfg.to_dict())
+    context.state[CKPT_META] = ConfigRecord({"dir": directory, "run": run})
 
 
 def _expect(role: NodeRole, want: str, mtype: str) -> None:

@@ -55,6 +55,7 @@ class VerticalSplitStrategy:
         self.transport: FlowerTransport | None = None
         self.plan = None
         self.timeline = timeline
+        self.checkpoints = None
 
     def _mark(self, name: str) -> None:
         if self.timeline is not None:
@@ -66,7 +67,14 @@ class VerticalSplitStrategy:
         self.transport = discover(grid, self.cfg, self.poll_interval, on_registered=lambda: self._mark("nodes_registered"))
         self._mark("roles_answered")
         log.info("federation: %s", ", ".join(f"{p} = node {n}" for p, n in self.transport.nodes.items()))
-        self.plan = setup(self.transport, self.cfg)
+        checkpoint = None
+        if self.cfg.checkpoint_dir:
+            from fl_split.checkpoint import Checkpointer
+
+            self.checkpoints = Checkpointer(self.cfg, "flower")
+            state = self.checkpoints.start()
+            checkpoint = {"run": state.run, "round": state.round, "resume": bool(self.cfg.resume)}
+        self.plan = setup(self.transport, self.cfg, checkpoint)
         self._mark("setup_done")
         if self.cfg.data_plane == "direct":
             from fl_split.flower.direct import check_direct
@@ -85,7 +93,7 @@ class VerticalSplitStrategy:
             from fl_split.flower.direct import coordinate_direct
 
             results = coordinate_direct(self.cfg, self.plan, transport, transport.setup_replies.get("host"),
-                                        timeline=self.timeline)
+                                        timeline=self.timeline, checkpoints=self.checkpoints)
         else:
             from fl_split.engine import coordinate
 

@@ -232,12 +232,15 @@ def discover(grid, cfg: RunConfig, poll: float = POLL_INTERVAL, on_registered=No
     return transport
 
 
-def setup(transport: FlowerTransport, cfg: RunConfig):
-    """Build every party from ``cfg``; returns the run plan rebuilt from the host's public facts."""
+def setup(transport: FlowerTransport, cfg: RunConfig, checkpoint: dict | None = None):
+    """Build every party from ``cfg``; returns the run plan rebuilt from the host's public facts.
+    ``checkpoint`` (``--checkpoint-dir``): the run's identity and the round to resume from, which
+    every party needs to find its own checkpoint and log."""
     from fl_split.party_files import PublicFacts, plan_from_facts
 
     config_json = R.dumps(cfg.to_flower())
-    reqs = {p: (R.MSG_SETUP, R.content(config=config_json, party=p)) for p in transport.nodes}
+    extra = {} if checkpoint is None else {"checkpoint": R.dumps(checkpoint)}
+    reqs = {p: (R.MSG_SETUP, R.content(config=config_json, party=p, **extra)) for p in transport.nodes}
     rep = transport.exchange(reqs, 0)
     transport.setup_replies = rep
     facts = {p: PublicFacts.from_json(R.loads(str(r["facts"]))) for p, r in rep.items()}
