@@ -166,7 +166,9 @@ class RunConfig:
     # --- robustness (docs/robustness.md) ----------------------------------------------------
     checkpoint_dir: str = _opt("", "checkpoint every party's whole state, its write-ahead log of releases and the "
                                    "coordinator's round into this directory (a party's files hold its secret: keep "
-                                   "the directory private); empty = no checkpoints. Local engine",
+                                   "the directory private); empty = no checkpoints. Flower: with the direct data plane, at "
+                                   "the end of each control message; a deployment node keeps its own in its node-config "
+                                   "checkpoint-dir",
                                group="robustness")
     checkpoint_every: Any = _opt("epoch", "when to checkpoint: 'epoch' = after each epoch's evaluation, N = every N "
                                           "rounds", kind="int_or_epoch", allowed="'epoch' or an integer >= 1",
