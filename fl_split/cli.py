@@ -303,6 +303,8 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
         raise ConfigError("engine", cfg.engine, "flower (a deployment runs on Flower)")
     if cfg.party_files:
         raise ConfigError("party-files", cfg.party_files, "empty", reason="deploy local exports the party files itself")
+    if cfg.monolithic:
+        raise ConfigError("monolithic", True, "false", reason="a deployment runs the split parties")
     _check_out_path(cfg.out)
     if not ns.tls:
         print("fl-split: warning: --insecure: the SuperLink, the SuperNodes and the data plane talk in plaintext "

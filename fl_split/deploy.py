@@ -4,7 +4,8 @@ What it starts, each in a **session of its own** (``start_new_session=True``) so
 the terminal reaches only this command, which then ends them itself:
 
 1. the party files (``fl-split export-parties``): ``WORKDIR/parties/host.npz``, ``guest-1.npz`` …;
-2. with ``--tls``: a CA, the SuperLink's and the host data plane's certificates and one SuperNode
+2. with ``--tls``: a CA, the SuperLink's and the host data plane's certificates, a data-plane
+   client certificate per guest (the host requires them: mutual TLS) and one SuperNode
    authentication key pair per party (:mod:`fl_split.certs`) in ``WORKDIR/certs``;
 3. a SuperLink (``flower-superlink``: TLS, ``--enable-supernode-auth``,
    ``--disable-runtime-dependency-installation``, its state in ``WORKDIR/superlink.db``);
@@ -160,7 +161,15 @@ def run_config_toml(cfg: RunConfig, out: Path) -> str:
 
     values = {f.name: getattr(cfg, f.name) for f in option_fields() if f.name not in NOT_IN_RUN_CONFIG}
     values.update(out=str(out), engine="flower", progress=False, party_files="")
+    if cfg.checkpoint_dir:  # the coordinator's own; each party's is in its node config
+        values["checkpoint_dir"] = str(checkpoint_dir_of(cfg, "coordinator"))
     return "".join(f"{key_of(name)} = {toml_value(v)}\n" for name, v in values.items())
+
+
+def checkpoint_dir_of(cfg: RunConfig, who: str) -> Path:
+    """``--checkpoint-dir DIR`` of a loopback deployment: ``DIR/coordinator`` for the ServerApp,
+    ``DIR/<party>`` for each SuperNode (in a real deployment each is on its own machine)."""
+    return Path(cfg.checkpoint_dir).expanduser().resolve() / who
 
 
 def _literal(path: Path | str) -> str:
@@ -220,7 +229,10 @@ class LocalDeployment:
         if self.tls:
             from fl_split.certs import write_deployment_certificates
 
-            write_deployment_certificates(self.certs, node_keys=self.parties if self.node_auth else ())
+            # guests get client certificates: the host's data plane requires them (mutual TLS), so
+            # the run's credential alone (which the coordinator forwards) does not open it
+            write_deployment_certificates(self.certs, node_keys=self.parties if self.node_auth else (),
+                                          clients=[p for p in self.parties if p != "host"])
         self.results_path.unlink(missing_ok=True)
         self._mark("prepared")
 
@@ -291,11 +303,16 @@ class LocalDeployment:
                 items.append(f"dataplane-address='127.0.0.1:{self.dataplane_port}'")
                 if self.tls:
                     items += [f"dataplane-certfile={_literal(self.certs / 'dataplane-host.crt')}",
-                              f"dataplane-keyfile={_literal(self.certs / 'dataplane-host.key')}"]
+                              f"dataplane-keyfile={_literal(self.certs / 'dataplane-host.key')}",
+                              f"dataplane-client-ca={_literal(self.certs / 'ca.crt')}"]
             elif self.tls:
-                items.append(f"dataplane-ca={_literal(self.certs / 'ca.crt')}")
+                items += [f"dataplane-ca={_literal(self.certs / 'ca.crt')}",
+                          f"dataplane-certfile={_literal(self.certs / f'{party}.crt')}",
+                          f"dataplane-keyfile={_literal(self.certs / f'{party}.key')}"]
             if not self.tls:
                 items.append("dataplane-insecure=true")
+        if self.cfg.checkpoint_dir:
+            items.append(f"checkpoint-dir={_literal(checkpoint_dir_of(self.cfg, party))}")
         if self.private_seed is not None:
             items.append(f"private-seed={int(self.private_seed)}")
         return " ".join(items)

@@ -96,6 +96,7 @@ def test_loopback_tls_deployment_with_two_guests(tmp_path):
     results = json.loads(out_path.read_text())
     dep = results["deployment"]
     assert dep["tls"] and dep["node_auth"]
+    assert (workdir / "certs" / "guest-1.crt").exists()  # the host's data plane required client certificates
     assert set(results["privacy"]) == {"host", "guest-1", "guest-2"}
     for guest in ("guest-1", "guest-2"):
         assert results["privacy"][guest]["epsilon"] > 0
@@ -138,6 +139,22 @@ def test_failing_serverapp_gives_one_line_and_nonzero_exit(tmp_path):
     message = str(err.value)
     assert "\n" not in message and "failed" in message and "limit" in message, message
     assert _deployment_pids(tmp_path / "dep") == []
+
+
+@pytest.mark.slow
+def test_deploy_command_exits_nonzero_with_one_line_when_the_serverapp_fails(tmp_path):
+    """A flag the ServerApp refuses (pad cannot run on Flower yet): exit 1, one line, nothing left."""
+    workdir = tmp_path / "dep"
+    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--insecure", *SMALL, "--on-guest-failure", "pad",
+                           "--workdir", str(workdir)], capture_output=True, text=True, timeout=600)
+    left = _deployment_pids(workdir)
+    _kill(left)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    failed = [line for line in proc.stderr.splitlines() if line.startswith("fl-split: failed:")]
+    assert len(failed) == 1 and "on-guest-failure" in failed[0] and "ServerApp failed" in failed[0], proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+        line for line in proc.stderr.splitlines() if line.startswith("fl-split: ")]
+    assert left == []
 
 
 @pytest.mark.slow
