@@ -54,7 +54,7 @@ if str(ROOT) not in sys.path:
 RESULTS = Path(__file__).parent / "results"
 PS = 0  # private seed of every compared run (the Flower and local runs must draw the same noise)
 RATIO_GOAL = 1.5
-DATAPLANE_TIMEOUT = 600.0  # scaling part: seconds the host waits for G guests to connect
+DATAPLANE_TIMEOUT = 600.0  # scaling part: seconds to wait for G + 1 actors to start and the guests to connect
 CRED = "b3" * 32
 
 
@@ -311,17 +311,47 @@ class PeakMemory:
         self._thread.join()
 
 
-def bench_scaling(guests_list: list[int], epochs: int = 3) -> dict:
+def flower_worker_threads() -> int:
+    """How many ClientApps Flower's simulation runtime runs at once: its ``vce_api`` hands messages to
+    the backend from a ``ThreadPoolExecutor()`` of Python's default size, ``min(32, cpus + 4)`` (flwr
+    1.41), whatever Ray's resources allow. A direct-data-plane epoch needs all G + 1 at once."""
+    return min(32, (os.cpu_count() or 1) + 4)
+
+
+def _widen_flower_thread_pool(parties: int):
+    """Let the in-process simulation run ``parties`` ClientApps at once (the benchmark's workaround
+    of :func:`flower_worker_threads`; returns the undo)."""
+    import functools
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    old = vce_api.ThreadPoolExecutor
+    vce_api.ThreadPoolExecutor = functools.partial(ThreadPoolExecutor, max_workers=max(parties, flower_worker_threads()))
+
+    def undo() -> None:
+        vce_api.ThreadPoolExecutor = old
+
+    return undo
+
+
+def bench_scaling(guests_list: list[int], epochs: int = 3, out: Path | None = None) -> dict:
     from fl_split.config import RunConfig
     from fl_split.engine import LocalEngine
     from fl_split.flower import FlowerEngine
 
     rows = []
     for g in guests_list:
+        # Flower's simulation runtime runs at most min(32, cpus + 4) ClientApps at once (6 on 2 cores):
+        # beyond that the guests it has not started never reach the data plane and the host times out
+        # (G = 8 did, after --dataplane-timeout). The benchmark widens the pool and says so per row.
+        widened = g + 1 > flower_worker_threads()
+        undo = _widen_flower_thread_pool(g + 1) if widened else (lambda: None)
         # G + 1 actors importing torch on a few shared cores take minutes to reach the data plane:
         # a generous --dataplane-timeout (the default 60 s failed at G = 8 on the loaded 2-core machine)
         cfg = RunConfig(dataset="breast-cancer", guests=g, epochs=epochs, progress=False, seed=0, engine="flower",
-                        device="cpu", num_cpus=_cpus_each(g + 1), dataplane_timeout=DATAPLANE_TIMEOUT)
+                        device="cpu", num_cpus=_cpus_each(g + 1), dataplane_timeout=DATAPLANE_TIMEOUT,
+                        node_timeout=DATAPLANE_TIMEOUT)
         print(f"[scaling] breast-cancer, G = {g}: {g + 1} ClientApps, --num-cpus {cfg.num_cpus}", flush=True)
         engine = FlowerEngine(cfg, private_seed=PS)
         t0 = time.perf_counter()
@@ -330,9 +360,12 @@ def bench_scaling(guests_list: list[int], epochs: int = 3) -> dict:
                 res = engine.run()
         except Exception as exc:  # noqa: BLE001 - record it and go on with the next G
             rows.append({"guests": g, "num_cpus": cfg.num_cpus, "error": f"{type(exc).__name__}: {exc}",
-                         "wall_s": time.perf_counter() - t0, "loadavg": os.getloadavg()})
+                         "wall_s": time.perf_counter() - t0, "loadavg": os.getloadavg(),
+                         "flower_thread_pool_widened": widened})
             print(f"[scaling] G = {g}: failed: {rows[-1]['error']}", flush=True)
             continue
+        finally:
+            undo()
         wall = time.perf_counter() - t0
         local = LocalEngine(cfg.replace(engine="local"), PS).run()
         row = {"guests": g, "num_cpus": cfg.num_cpus, "flower_epoch_s": _steady([h["epoch_time_s"] for h in res["history"]]),
@@ -340,11 +373,14 @@ def bench_scaling(guests_list: list[int], epochs: int = 3) -> dict:
                "peak_rss_mb": mem.peak / 2 ** 20, "peak_processes": mem.peak_processes, "wall_s": wall,
                "startup": engine.startup(), "flower_equals_local": _same_training(res, local),
                "bytes_per_epoch": (res["wire"]["bytes_to_host"] + res["wire"]["bytes_to_guests"]) / epochs,
-               "loadavg": os.getloadavg()}
+               "loadavg": os.getloadavg(), "flower_thread_pool_widened": widened}
         rows.append(row)
         print(f"[scaling] G = {g}: {row['flower_epoch_s']:.3f} s/epoch (local {row['local_epoch_s']:.3f} s), peak "
               f"{row['peak_rss_mb']:.0f} MB over {row['peak_processes']} processes, wall {wall:.0f} s", flush=True)
-    return {"dataset": "breast-cancer", "epochs": epochs, "rows": rows}
+        if out is not None:  # what is done so far, in case a later G fails badly
+            out.write_text(json.dumps({"dataset": "breast-cancer", "epochs": epochs, "rows": rows}, indent=2) + "\n")
+    return {"dataset": "breast-cancer", "epochs": epochs, "rows": rows,
+            "flower_worker_threads": flower_worker_threads()}
 
 
 def plot_scaling(scaling: dict, path: Path) -> None:
@@ -421,6 +457,10 @@ def relay_sweep(out: Path, ks=(1, 4, 16, 64, "epoch")) -> dict:
     return report
 
 
+def _yes(v) -> str:
+    return "—" if v is None else ("yes" if v else "NO")
+
+
 # -- report -----------------------------------------------------------------------------------------------
 def markdown(report: dict) -> str:
     lines = []
@@ -464,7 +504,7 @@ def markdown(report: dict) -> str:
                 continue
             lines.append(f"| {r['guests']} | {r['num_cpus']:g} | {r['flower_epoch_s']:.3f} | {r['local_epoch_s']:.3f} "
                          f"| {r['peak_rss_mb']:.0f} | {r['peak_processes']} | {r['wall_s']:.0f} "
-                         f"| {'yes' if r['flower_equals_local'] else 'NO'} |")
+                         f"| {_yes(r.get('flower_equals_local'))} |")
         lines.append("")
     if "wire" in report:
         w = report["wire"]
@@ -515,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         if "wire" in parts:
             report["wire"] = bench_wire()
         if "scaling" in parts:
-            report["scaling"] = bench_scaling(ns.guests)
+            report["scaling"] = bench_scaling(ns.guests, out=Path(str(ns.out or RESULTS / "bench_flower.json") + ".partial"))
             plot_scaling(report["scaling"], RESULTS / "bench_flower_scaling.png")
         out = Path(ns.out or RESULTS / "bench_flower.json")
     report["versions"]["loadavg_end"] = os.getloadavg()
