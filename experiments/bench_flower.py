@@ -15,13 +15,15 @@
   Ray's daemons and the ClientApp actors, sampled every 0.2 s) vs the number of guests G ∈ {1, 2, 4,
   8, 16} on breast-cancer (30 feature columns, so 16 guests fit), each party reserving
   ``--num-cpus 2/(G+1)`` (rounded down) so that all ClientApps run at once on the machine's cores.
-  JSON and a PNG plot.
+  Flower's simulation runtime runs at most ``min(32, CPUs + 4)`` ClientApps at once (a default-size
+  thread pool in ``vce_api.py``), so for larger G the part widens that pool (said per row), and it
+  gives the G + 1 actors 600 s to start and connect. JSON and a PNG plot.
 * **wire** — 002's 1-bit claim: bytes guest → host of a randomized-response run ÷ the same run in
   float32 (digits, 2 guests, 1 epoch, local engine: every engine sends the same blobs, which the
   ratio part checks), and the same for one full batch's message (goal ≤ 1/30; 1/32 is the payload
   alone).
 
-    python experiments/bench_flower.py                  # everything (~15 min on the 2-core machine)
+    python experiments/bench_flower.py                  # everything (~15-25 min on the 2-core machine)
     python experiments/bench_flower.py --quick          # latency + an in-process direct run (< 1 min)
     python experiments/bench_flower.py --only ratio startup
     python experiments/bench_flower.py --relay-sweep    # the relay's batches-per-round sweep (issue 3)
@@ -555,7 +557,9 @@ def main(argv: list[str] | None = None) -> int:
         if "wire" in parts:
             report["wire"] = bench_wire()
         if "scaling" in parts:
-            report["scaling"] = bench_scaling(ns.guests, out=Path(str(ns.out or RESULTS / "bench_flower.json") + ".partial"))
+            partial = Path(str(ns.out or RESULTS / "bench_flower.json") + ".partial")
+            report["scaling"] = bench_scaling(ns.guests, out=partial)
+            partial.unlink(missing_ok=True)
             plot_scaling(report["scaling"], RESULTS / "bench_flower_scaling.png")
         out = Path(ns.out or RESULTS / "bench_flower.json")
     report["versions"]["loadavg_end"] = os.getloadavg()
