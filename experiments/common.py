@@ -151,6 +151,39 @@ def train(seed: int, **kw: Any) -> dict:
     return LocalEngine(config(seed, **kw), private_seed=seed).run()
 
 
+def trivial_metric(dataset: str, seed: int, test_fraction: float = 0.2, limit: int = 0) -> float:
+    """The test metric of the best *constant* prediction — the most frequent training label
+    (accuracy) or the 10 most frequent (hit@10) — on the run's own split: the level a model that
+    learned nothing from the features reaches (chance on balanced digits, popularity on movielens)."""
+    import numpy as np
+
+    from fl_split.data.base import positions_of, split_ids
+    from fl_split.data.registry import load_dataset
+
+    ds = load_dataset(dataset, _DATA_ROOT[0] if dataset in _SUBSTITUTE.values() else "")
+    train, test = split_ids(ds, test_fraction, seed, limit)
+    y_train = ds.labels[positions_of(ds.ids, train)]
+    y_test = ds.labels[positions_of(ds.ids, test)]
+    k = 10 if ds.metric == "hit@10" else 1
+    top = np.argsort(-np.bincount(y_train, minlength=ds.num_classes), kind="stable")[:k]
+    return float(np.isin(y_test, top).mean())
+
+
+def read_runs(path: Path) -> list[dict]:
+    """``runs.csv`` back as dicts with numbers where numbers were written (for ``--from-runs``)."""
+    def cell(v: str) -> Any:
+        if v == "":
+            return None
+        try:
+            f = float(v)
+        except ValueError:
+            return v
+        return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
+
+    with path.open(newline="") as fh:
+        return [{k: cell(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+
+
 def best_metric(res: dict) -> float | None:
     """The best per-epoch test metric (003 Tables 3 and 10 record the best, not the final one)."""
     vals = [h.get("test_metric") for h in res.get("history", []) if h.get("test_metric") is not None]
