@@ -234,6 +234,8 @@ class LocalDeployment:
             write_deployment_certificates(self.certs, node_keys=self.parties if self.node_auth else (),
                                           clients=[p for p in self.parties if p != "host"])
         self.results_path.unlink(missing_ok=True)
+        for old in self.workdir.glob("superlink.db*"):  # a fresh federation: no nodes or runs of an earlier deployment
+            old.unlink()
         self._mark("prepared")
 
     def party_file(self, party: str) -> Path:
