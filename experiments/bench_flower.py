@@ -16,7 +16,8 @@
   8, 16} on breast-cancer (30 feature columns, so 16 guests fit), each party reserving
   ``--num-cpus 2/(G+1)`` (rounded down) so that all ClientApps run at once on the machine's cores.
   Flower's simulation runtime runs at most ``min(32, CPUs + 4)`` ClientApps at once (a default-size
-  thread pool in ``vce_api.py``), so for larger G the part widens that pool (said per row), and it
+  thread pool in ``vce_api.py``); the in-process engine widens that pool for the direct data plane
+  (``fl_split.flower.resources.widened_worker_pool``; said per row), and the part
   gives the G + 1 actors 600 s to start and connect. JSON and a PNG plot.
 * **wire** — 002's 1-bit claim: bytes guest → host of a randomized-response run ÷ the same run in
   float32 (digits, 2 guests, 1 epoch, local engine: every engine sends the same blobs, which the
@@ -313,42 +314,17 @@ class PeakMemory:
         self._thread.join()
 
 
-def flower_worker_threads() -> int:
-    """How many ClientApps Flower's simulation runtime runs at once: its ``vce_api`` hands messages to
-    the backend from a ``ThreadPoolExecutor()`` of Python's default size, ``min(32, cpus + 4)`` (flwr
-    1.41), whatever Ray's resources allow. A direct-data-plane epoch needs all G + 1 at once."""
-    return min(32, (os.cpu_count() or 1) + 4)
-
-
-def _widen_flower_thread_pool(parties: int):
-    """Let the in-process simulation run ``parties`` ClientApps at once (the benchmark's workaround
-    of :func:`flower_worker_threads`; returns the undo)."""
-    import functools
-    from concurrent.futures import ThreadPoolExecutor
-
-    from flwr.server.superlink.fleet.vce import vce_api
-
-    old = vce_api.ThreadPoolExecutor
-    vce_api.ThreadPoolExecutor = functools.partial(ThreadPoolExecutor, max_workers=max(parties, flower_worker_threads()))
-
-    def undo() -> None:
-        vce_api.ThreadPoolExecutor = old
-
-    return undo
-
-
 def bench_scaling(guests_list: list[int], epochs: int = 3, out: Path | None = None) -> dict:
     from fl_split.config import RunConfig
     from fl_split.engine import LocalEngine
     from fl_split.flower import FlowerEngine
+    from fl_split.flower.resources import flower_worker_threads
 
     rows = []
     for g in guests_list:
-        # Flower's simulation runtime runs at most min(32, cpus + 4) ClientApps at once (6 on 2 cores):
-        # beyond that the guests it has not started never reach the data plane and the host times out
-        # (G = 8 did, after --dataplane-timeout). The benchmark widens the pool and says so per row.
+        # Flower's simulation runtime runs at most min(32, cpus + 4) ClientApps at once (6 on 2 cores);
+        # the engine widens that pool itself (fl_split.flower.resources.widened_worker_pool), said per row
         widened = g + 1 > flower_worker_threads()
-        undo = _widen_flower_thread_pool(g + 1) if widened else (lambda: None)
         # G + 1 actors importing torch on a few shared cores take minutes to reach the data plane:
         # a generous --dataplane-timeout (the default 60 s failed at G = 8 on the loaded 2-core machine)
         cfg = RunConfig(dataset="breast-cancer", guests=g, epochs=epochs, progress=False, seed=0, engine="flower",
@@ -366,8 +342,6 @@ def bench_scaling(guests_list: list[int], epochs: int = 3, out: Path | None = No
                          "flower_thread_pool_widened": widened})
             print(f"[scaling] G = {g}: failed: {rows[-1]['error']}", flush=True)
             continue
-        finally:
-            undo()
         wall = time.perf_counter() - t0
         local = LocalEngine(cfg.replace(engine="local"), PS).run()
         row = {"guests": g, "num_cpus": cfg.num_cpus, "flower_epoch_s": _steady([h["epoch_time_s"] for h in res["history"]]),

@@ -612,3 +612,32 @@ def test_a_clientapp_loads_neither_the_simulation_driver_nor_process_management(
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_flower_thread_pool_limit_is_lifted_in_process_and_named_under_flwr_run(monkeypatch):
+    # Flower's simulation hands messages to ClientApps from a default-size thread pool: min(32, CPUs + 4)
+    # at once. A direct-data-plane epoch needs all G + 1; on 2 cores G = 8 guests never all connected.
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    from fl_split.errors import ConfigError
+    from fl_split.flower import resources
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert resources.flower_worker_threads() == 6
+    resources.check_worker_threads(5)  # 6 ClientApps fit
+    with pytest.raises(ConfigError) as err:
+        resources.check_worker_threads(8)
+    msg = str(err.value)
+    assert "min(32, CPUs + 4) = 6" in msg and "all 9" in msg and "--data-plane flower" in msg and "guests" in msg
+    # the in-process engine widens the pool while its simulation runs, and restores it
+    assert vce_api.ThreadPoolExecutor is ThreadPoolExecutor and not resources.pool_widened_here()
+    with resources.widened_worker_pool(9) as widened:
+        assert widened and resources.pool_widened_here()
+        with vce_api.ThreadPoolExecutor() as pool:
+            assert pool._max_workers == 9
+    assert vce_api.ThreadPoolExecutor is ThreadPoolExecutor and not resources.pool_widened_here()
+    with resources.widened_worker_pool(4) as widened:
+        assert not widened

@@ -197,15 +197,17 @@ def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict) -> dict[st
 def check_direct(cfg: RunConfig, host_setup, guests: int) -> None:
     """Before the first epoch: options the direct plane cannot honour, and whether the simulation
     can run every ClientApp at once (the host's setup reply says what its actor has)."""
-    from fl_split.flower.resources import check_capacity
+    from fl_split.flower.resources import check_capacity, check_worker_threads, pool_widened_here
 
     if cfg.on_guest_failure == "pad":
         raise ConfigError("on-guest-failure", "pad", "stop with --engine flower",
                           reason="a Flower run cannot go on without a guest yet: the next epoch's control "
                                  "message would wait for it")
     cap = host_setup.get("capacity") if host_setup is not None else None
-    if cap:
+    if cap:  # a simulation (a deployment's nodes report no capacity)
         check_capacity(guests, R.loads(str(cap)), " (measured by the host's ClientApp)")
+        if not pool_widened_here():  # `flwr run`: the SuperLink's simulation keeps Flower's thread pool
+            check_worker_threads(guests)
 
 
 def _first_round(plan, cfg: RunConfig, epoch: int) -> tuple[int, int]:

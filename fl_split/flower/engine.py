@@ -223,9 +223,13 @@ class FlowerEngine:
                 started = self._start_ray()
                 timeline["ray_started"] = time.perf_counter()
                 watchdog.start()
-                run_simulation(server_app=make_server_app(list(cfgs), sink, self.poll_interval, done=server_done),
-                               client_app=client_app, num_supernodes=self.num_supernodes,
-                               backend_config=self.backend_config(), verbose_logging=self.verbose)
+                # the direct data plane runs all G + 1 ClientApps at once: past Flower's thread pool
+                from fl_split.flower.resources import widened_worker_pool
+
+                with widened_worker_pool(self.num_supernodes if any(c.data_plane == "direct" for c in cfgs) else 0):
+                    run_simulation(server_app=make_server_app(list(cfgs), sink, self.poll_interval, done=server_done),
+                                   client_app=client_app, num_supernodes=self.num_supernodes,
+                                   backend_config=self.backend_config(), verbose_logging=self.verbose)
                 timeline["simulation_returned"] = time.perf_counter()
         finally:
             finished.set()

@@ -11,12 +11,17 @@ and stops with what was asked, what Ray has and which flag to change.
 * :func:`capacity_here` — measured inside a simulation's ClientApp (the host's setup reply
   carries it): the actor's own reservation and every node's totals;
 * :func:`local_capacity` — for the in-process engine before Ray starts (this machine);
-* :func:`check_capacity` — the verdict and the message.
+* :func:`check_capacity` — the verdict and the message;
+* :func:`flower_worker_threads` / :func:`widened_worker_pool` — Flower's own limit on ClientApps
+  running at once in a simulation (a thread pool, whatever Ray allows), and the in-process
+  engine's way past it; :func:`check_worker_threads` — the message where it cannot be widened.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import sys
 from typing import Any
 
@@ -119,3 +124,50 @@ def _largest_share(amounts: list[float], parties: int) -> float:
             best = share
             break
     return best
+
+
+def flower_worker_threads() -> int:
+    """How many ClientApps Flower's simulation runtime runs at once: ``vce_api`` hands messages to the
+    backend from a ``ThreadPoolExecutor()`` of Python's default size, ``min(32, cpus + 4)`` of the
+    machine running the simulation (flwr 1.41), whatever Ray's resources allow. A direct-data-plane
+    epoch needs all ``G + 1`` at once (measured: on 2 cores, G = 8 guests never all connected)."""
+    return min(32, (os.cpu_count() or 1) + 4)
+
+
+@contextlib.contextmanager
+def widened_worker_pool(parties: int):
+    """In this process, let Flower's simulation run ``parties`` ClientApps at once (the in-process
+    engine; ``flwr run``'s SuperLink is another process: :func:`check_worker_threads`)."""
+    if parties <= flower_worker_threads():
+        yield False
+        return
+    import functools
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    old = vce_api.ThreadPoolExecutor
+    vce_api.ThreadPoolExecutor = functools.partial(ThreadPoolExecutor, max_workers=parties)
+    try:
+        yield True
+    finally:
+        vce_api.ThreadPoolExecutor = old
+
+
+def pool_widened_here() -> bool:
+    """Whether this process runs the simulation with :func:`widened_worker_pool` in force."""
+    vce_api = sys.modules.get("flwr.server.superlink.fleet.vce.vce_api")
+    return vce_api is not None and not isinstance(vce_api.ThreadPoolExecutor, type)
+
+
+def check_worker_threads(guests: int) -> None:
+    """Under ``flwr run`` (the SuperLink runs the simulation, assumed on this machine): refuse a direct
+    data plane whose ``G + 1`` ClientApps exceed Flower's thread pool, instead of timing out."""
+    parties, limit = guests + 1, flower_worker_threads()
+    if parties > limit:
+        raise ConfigError("guests", guests, f"at most {limit - 1} guests with the direct data plane under `flwr run` "
+                          f"on this machine, `fl-split train --engine flower` (which lifts the limit), or "
+                          f"--data-plane flower (one ClientApp at a time)",
+                          reason=f"Flower's simulation runs at most min(32, CPUs + 4) = {limit} ClientApps at once "
+                                 f"(a thread pool in flwr's vce_api), and an epoch needs all {parties}")
+
