@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from fl_split.config import RunConfig, key_of, option_fields
 from fl_split.errors import ConfigError, FlSplitError
-from fl_split.flower.processes import process_table
+from fl_split.flower.processes import alive as _alive, process_table, signal_all as _signal_all
 
 __all__ = ["DeploymentError", "LocalDeployment", "ProcessGroup", "deploy_local", "free_port", "run_config_toml"]
 
@@ -138,19 +138,6 @@ class ProcessGroup:
     def _reap(self) -> None:
         for p in self.procs.values():
             p.poll()
-
-
-def _alive(pids: set[int]) -> set[int]:
-    table = process_table()
-    return {p for p in pids if p in table and table[p][0] != "Z"}
-
-
-def _signal_all(pids: set[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 # -- configuration ------------------------------------------------------------------------------------

@@ -550,6 +550,42 @@ def test_inline_budget_exceeded_stops_cleanly():
     assert sorted(got["parties"]) == ["guest-1", "guest-2", "host"]
 
 
+def _failing_ray_init(monkeypatch, failures: int) -> list[subprocess.Popen]:
+    """Replace ``ray.init`` by one that starts a child process (as Ray's GCS would) and then raises,
+    ``failures`` times, before it succeeds."""
+    import ray
+
+    started: list[subprocess.Popen] = []
+
+    def init(**kw):
+        if len(started) < failures:
+            started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+            raise Exception("The current node timed out during startup.")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    return started
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_ray_start_that_fails_half_way_leaves_nothing_and_is_retried_once(monkeypatch, failures):
+    """A local Ray start that times out half-way (seen on a loaded CI machine): what it started is
+    ended; one more attempt is made; after two failures the run stops with Ray's reason and the
+    ways out, and nothing is left running."""
+    started = _failing_ray_init(monkeypatch, failures)
+    engine = FlowerEngine(_cfg(engine="flower"))
+    if failures == 1:
+        assert engine._start_ray() is True
+    else:
+        with pytest.raises(FederationError, match=r"Ray did not start on this machine \(2 attempts\): The current "
+                                                  r"node timed out during startup\..*--num-cpus.*--ray-address"):
+            engine._start_ray()
+    assert len(started) == failures
+    for p in started:
+        assert p.wait(timeout=10) is not None  # ended by the engine, not by this test
+
+
 def test_inline_direct_capacity_check(monkeypatch):
     """Direct data plane in a simulation: the host's setup reply says what its Ray actor reserved
     and what the cluster has; too little to run every ClientApp at once stops the run before the

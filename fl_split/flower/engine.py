@@ -35,7 +35,7 @@ from typing import Any
 
 from fl_split.config import RunConfig
 from fl_split.errors import ConfigError, FlSplitError
-from fl_split.flower.processes import descendants
+from fl_split.flower.processes import descendants, end_processes
 
 #: environment for an offline, quiet simulation (restored afterwards unless the caller set them)
 OFFLINE_ENV = {
@@ -64,6 +64,9 @@ def offline_env():
 #: ends ClientApp actors that are still busy (a party that never answers would otherwise block
 #: Flower's shutdown, which waits for every running ClientApp)
 STOP_GRACE = 20.0
+
+#: how often a local Ray start is tried before the run gives up (see :meth:`FlowerEngine._start_ray`)
+RAY_START_ATTEMPTS = 2
 
 
 def _end_stuck_actors(server_done: threading.Event, finished: threading.Event, grace: float) -> None:
@@ -163,8 +166,30 @@ class FlowerEngine:
             # only the CPUs the G + 1 ClientApps reserve: the pool then holds G + 1 actors, not one per core
             need = math.ceil(self.num_supernodes * float(cfg.num_cpus) - 1e-9)
             args["num_cpus"] = max(1, min(local_cpus(), need))
-        ray.init(**args)
-        return True
+        if cfg.ray_address:
+            ray.init(**args)
+            return True
+        # A local start can fail half-way on a loaded machine (Ray gives its raylet a fixed 30 s to
+        # register with the GCS): end what that attempt started, so nothing is left running, and
+        # try once more before giving up with Ray's reason.
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            before = set(descendants(os.getpid()))
+            try:
+                ray.init(**args)
+                return True
+            except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception for a timed-out start
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                end_processes(set(descendants(os.getpid())) - before)
+                if attempt == RAY_START_ATTEMPTS:
+                    from fl_split.flower.records import FederationError
+
+                    raise FederationError(
+                        f"Ray did not start on this machine ({attempt} attempts): {exc}. A loaded machine "
+                        "can be too slow for Ray's start-up; fewer CPUs for the run (--num-cpus) or "
+                        "an already running cluster (--ray-address) are the ways out") from exc
+                logging.getLogger("fl_split.flower").warning("Ray did not start (%s); trying again", exc)
+        raise AssertionError("unreachable")
 
     def run(self) -> dict[str, Any]:
         """Run :attr:`cfg`; returns its results dictionary."""

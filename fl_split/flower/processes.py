@@ -1,7 +1,8 @@
 """This process's descendants, read from Linux ``/proc`` (no process is ever found by name).
 
 The in-process simulation's watchdog (:mod:`fl_split.flower.engine`) uses :func:`descendants` to
-end the ClientApp actors of *its own* Ray instance that are still busy after a failed run. Starting
+end the ClientApp actors of *its own* Ray instance that are still busy after a failed run, and
+the processes of a Ray start that failed half-way (:func:`end_processes`). Starting
 and stopping background services (a loopback Ray cluster, a SuperLink) is test machinery:
 ``tests/services.py``.
 """
@@ -9,6 +10,8 @@ and stopping background services (a loopback Ray cluster, a SuperLink) is test m
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 
 def process_table(cmdline: bool = False) -> dict[int, tuple[str, int, int, str]]:
@@ -45,3 +48,27 @@ def descendants(root: int) -> dict[int, str]:
                 out[child] = cmd
                 frontier.append(child)
     return out
+
+
+def alive(pids: set[int]) -> set[int]:
+    """The members of ``pids`` that still run (zombies count as ended)."""
+    table = process_table()
+    return {p for p in pids if p in table and table[p][0] != "Z"}
+
+
+def signal_all(pids: set[int], sig: int) -> None:
+    """Send ``sig`` to each of ``pids``; those already gone (or not ours) are skipped."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def end_processes(pids: set[int], grace: float = 5.0) -> None:
+    """SIGTERM ``pids``, wait up to ``grace`` seconds, then SIGKILL those still running."""
+    signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and alive(pids):
+        time.sleep(0.05)
+    signal_all(alive(pids), signal.SIGKILL)
