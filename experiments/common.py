@@ -184,6 +184,21 @@ def read_runs(path: Path) -> list[dict]:
         return [{k: cell(v) for k, v in row.items()} for row in csv.DictReader(fh)]
 
 
+def merge_earlier(out: "Out", runs: list[dict], key: str, now: Sequence[Any]) -> tuple[list[dict], list[Any]]:
+    """An experiment run in parts (``exp5 --parts``, ``exp8 --datasets``): the rows of the folder's
+    existing ``runs.csv`` whose ``key`` this invocation did not run, put before ``runs``, so the
+    tables and claims cover every part run so far. Returns the merged rows and the ``key`` values
+    kept from before (``run.json`` records them). ``--quick`` and ``--out`` folders start afresh."""
+    path = out.dir / "runs.csv"
+    if out.args.quick or out.args.out or not path.exists():
+        return runs, []
+    kept = [r for r in read_runs(path) if r.get(key) not in set(now)]
+    earlier = list(dict.fromkeys(r.get(key) for r in kept))
+    if earlier:
+        print(f"{out.name}: kept the earlier runs of {key} = {', '.join(map(str, earlier))} from {path}", flush=True)
+    return kept + runs, earlier
+
+
 def best_metric(res: dict) -> float | None:
     """The best per-epoch test metric (003 Tables 3 and 10 record the best, not the final one)."""
     vals = [h.get("test_metric") for h in res.get("history", []) if h.get("test_metric") is not None]

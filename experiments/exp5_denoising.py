@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         for e in rr:
             for dn in new_denoisers:
                 run("rr", e, dict(defense="rr", epsilon=e), dn)
+    families = {"gaussian": ["gaussian"], "laplace": ["laplace"], "new": ["r3elu", "rr"]}
+    runs, earlier = C.merge_earlier(out, runs, "family", [f for p in args.parts for f in families[p]])
     out.csv("runs.csv", runs)
     summary = summarise(runs)
     out.csv("table.csv", summary)
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     out.claims(claims)
     plot(out, summary, denoisers)
     print(text)
-    out.finish({"base": base})
+    out.finish({"base": base, "families_kept_from_an_earlier_run": earlier})
     return 0
 
 

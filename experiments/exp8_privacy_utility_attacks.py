@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             done = [x for x in runs if (x["dataset"], x["defence"], x["epsilon"]) == (ds, defence, eps)]
             C.progress(NAME, t0, ds, defence, eps, "utility", C.fmt_ms([x["utility"] for x in done if x["attack"] == "label"]),
                        {a: C.fmt_ms([x["advantage"] for x in done if x["attack"] == a], 2) for a, _ in ATTACKS})
+    runs, earlier = C.merge_earlier(out, runs, "dataset", args.datasets)
+    args.datasets = [d for d in DATASETS if d in {r["dataset"] for r in runs}]
     out.csv("runs.csv", runs)
     summary = summarise(runs)
     out.csv("table.csv", summary)
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(out, summary, args, epsilons, defences)
     print(text)
     out.finish({"train": TRAIN, "datasets": {d: DATASETS[d] for d in args.datasets}, "beta": BETA,
-                "attack_epochs": args.attack_epochs,
+                "attack_epochs": args.attack_epochs, "datasets_kept_from_an_earlier_run": earlier,
                 "sigmas": {f"{d} ε={e:g}": defence_kwargs(d, e).get("sigma") for d in ("gaussian", "dpsgd") for e in epsilons}})
     return 0
 

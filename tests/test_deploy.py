@@ -143,9 +143,10 @@ def test_failing_serverapp_gives_one_line_and_nonzero_exit(tmp_path):
 
 @pytest.mark.slow
 def test_deploy_command_exits_nonzero_with_one_line_when_the_serverapp_fails(tmp_path):
-    """A flag the ServerApp refuses (pad cannot run on Flower yet): exit 1, one line, nothing left."""
+    """A flag the ServerApp refuses (pad on the relay data plane): exit 1, one line, nothing left."""
     workdir = tmp_path / "dep"
-    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--insecure", *SMALL, "--on-guest-failure", "pad",
+    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--insecure", *SMALL, "--data-plane", "flower",
+                           "--on-guest-failure", "pad",
                            "--workdir", str(workdir)], capture_output=True, text=True, timeout=600)
     left = _deployment_pids(workdir)
     _kill(left)

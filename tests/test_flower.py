@@ -550,6 +550,15 @@ def test_inline_budget_exceeded_stops_cleanly():
     assert sorted(got["parties"]) == ["guest-1", "guest-2", "host"]
 
 
+def test_pad_on_the_relay_is_refused_before_ray_starts():
+    """--on-guest-failure pad needs the direct data plane (a relay round ends at the first error
+    reply and loses the other guests' releases): refused up front, naming the flag and the way out."""
+    with pytest.raises(ConfigError, match=r"^--on-guest-failure: got 'pad' \(a relay round .*pad runs on the direct "
+                                          r"data plane\); allowed: stop with --data-plane flower$"):
+        FlowerEngine.check(_cfg(engine="flower", data_plane="flower", on_guest_failure="pad"))
+    FlowerEngine.check(_cfg(engine="flower", on_guest_failure="pad", num_cpus=_sim_cpus(3)))  # direct: accepted
+
+
 def _failing_ray_init(monkeypatch, failures: int) -> list[subprocess.Popen]:
     """Replace ``ray.init`` by one that starts a child process (as Ray's GCS would) and then raises,
     ``failures`` times, before it succeeds."""
@@ -743,6 +752,43 @@ def test_cli_flower_guest_killed_mid_epoch(tmp_path, capsys, monkeypatch):
     assert not out.exists()
     assert _no_leftovers() == []
     assert time.monotonic() - t0 < 200
+
+
+@pytest.mark.slow
+def test_cli_flower_guest_killed_mid_epoch_pad_goes_on_as_the_local_engine(tmp_path, capsys, monkeypatch):
+    """Direct data plane, --on-guest-failure pad: guest-2's process is SIGKILLed while it serves
+    round 3. The host goes on with guest-2's embedding zero-filled, the coordinator sends guest-2
+    nothing more (epoch 2 runs with the host and guest-1 only), and the results are the local
+    engine's when guest-2 fails in round 3: the same losses, metrics, wire counts and ledgers;
+    guest-2 has no entry in privacy or parties; nothing is left running."""
+    from tests.test_checkpoint import GuestDiesAt
+
+    monkeypatch.setattr(node_mod, "make_client_app", lambda private_seed=None: _fault_app("kill", "guest-2", 3))
+    from fl_split.cli import main
+
+    out = tmp_path / "r.json"
+    cpus = _sim_cpus(3)
+    code = main(["train", "--engine", "flower", "--guests", "2", "--epochs", "2", "--limit", "300", "--seed", "1",
+                 "--no-progress", "--out", str(out), "--num-cpus", str(cpus), "--dataplane-timeout", "60",
+                 "--on-guest-failure", "pad", "--private-seed", str(PS), "--device", "cpu"])
+    assert code == 0, capsys.readouterr().err
+    got = json.loads(out.read_text())
+    assert [(f["guest"], f["round"], f["action"]) for f in got["guest_failures"]] == [("guest-2", 3, "pad")]
+    assert "guest-2" in got["guest_failures"][0]["reason"]
+    assert len(got["history"]) == 2 and got["stopped_reason"] == "completed"
+    assert "guest-2" not in got["privacy"] and "guest-2" not in got["parties"]
+    cfg = _cfg(on_guest_failure="pad", num_cpus=cpus, engine="local")
+    want = LocalEngine(cfg, PS, transport=lambda t: GuestDiesAt(t, "guest-2", 3)).run()
+    got, want = _strip(got), _strip(want)
+    for r in (got, want):
+        for f in r["guest_failures"]:
+            f.pop("reason")  # how the failure showed (a broken stream / a raised ConnectionError)
+        for p in r["parties"].values():
+            p.pop("worker", None)
+    assert got["history"] == want["history"] and got["wire"] == want["wire"]
+    assert got["privacy"] == want["privacy"] and got["guest_failures"] == want["guest_failures"]
+    assert got["final"] == want["final"]
+    assert _no_leftovers() == []
 
 
 @pytest.mark.slow

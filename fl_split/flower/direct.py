@@ -45,7 +45,6 @@ from typing import Any
 
 from fl_split.config import RunConfig
 from fl_split.dataplane.errors import DataPlaneError, PeerFailure
-from fl_split.errors import ConfigError
 from fl_split.flower import records as R
 
 log = logging.getLogger("fl_split.flower")
@@ -151,11 +150,12 @@ def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict) -> di
     if role.mode == "deployment":
         address = _text(node_config, ADDRESS)
         bind = _text(node_config, BIND) or f"0.0.0.0:{address.rsplit(':', 1)[1]}"
-        endpoint = HostEndpoint(party.guests, credential, session, bind, _server_tls(node_config),
+        endpoint = HostEndpoint(party.active_guests, credential, session, bind, _server_tls(node_config),
                                 cfg.dataplane_timeout, advertise=address)
         board = None
     else:
-        endpoint = HostEndpoint(party.guests, credential, session, f"{rendezvous.local_ip()}:0", None,
+        # a guest that failed in an earlier chunk (--on-guest-failure pad) is not waited for
+        endpoint = HostEndpoint(party.active_guests, credential, session, f"{rendezvous.local_ip()}:0", None,
                                 cfg.dataplane_timeout)
         board = rendezvous.board()
         board.publish(session, endpoint.address)
@@ -199,10 +199,6 @@ def check_direct(cfg: RunConfig, host_setup, guests: int) -> None:
     can run every ClientApp at once (the host's setup reply says what its actor has)."""
     from fl_split.flower.resources import check_capacity, check_worker_threads, pool_widened_here
 
-    if cfg.on_guest_failure == "pad":
-        raise ConfigError("on-guest-failure", "pad", "stop with --engine flower",
-                          reason="a Flower run cannot go on without a guest yet: the next epoch's control "
-                                 "message would wait for it")
     cap = host_setup.get("capacity") if host_setup is not None else None
     if cap:  # a simulation (a deployment's nodes report no capacity)
         check_capacity(guests, R.loads(str(cap)), " (measured by the host's ClientApp)")
@@ -267,6 +263,16 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
         wire.update(state.wire)
         failures = list(state.guest_failures)
         bar.update(plan.schedule.num_train_batches() * (start - 1))
+    # --on-guest-failure pad: the guests the run goes on without (guest -> the round it failed in);
+    # they get no further control message, and their error replies do not stop the run
+    absent = {f["guest"]: int(f["round"]) for f in failures if f.get("action") == "pad"}
+    pad = cfg.on_guest_failure == "pad"
+
+    def padded_by_host(party: str, reply) -> set[str]:
+        if party != "host":
+            return set()
+        return {f["guest"] for f in R.loads(str(reply["outcome"])).get("guest_failures", []) if f.get("action") == "pad"}
+
     try:
         for first in range(start, cfg.epochs + 1, cfg.epochs_per_message):
             last = min(cfg.epochs, first + cfg.epochs_per_message - 1)
@@ -279,10 +285,18 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
             t = time.perf_counter()
             if timeline is not None and "training_start" not in timeline:
                 timeline["training_start"] = t
-            replies = transport.exchange({p: (R.MSG_EPOCH, req) for p in transport.nodes}, round_,
-                                         timeout=limit, fail_fast=True)
+            parties = [p for p in transport.nodes if p not in absent]
+            replies = transport.exchange({p: (R.MSG_EPOCH, req) for p in parties}, round_, timeout=limit,
+                                         fail_fast=True, optional=frozenset(parties) - {"host"} if pad else frozenset(),
+                                         release=padded_by_host if pad else None)
             seconds = time.perf_counter() - t
             outcome = R.loads(str(replies["host"]["outcome"]))
+            padded = {str(f["guest"]): int(f["round"]) for f in outcome.get("guest_failures", [])
+                      if f.get("action") == "pad"}
+            for p, rep in replies.items():  # a guest failure the host did not go on without stops the run
+                if isinstance(rep, Exception) and p not in padded:
+                    raise rep
+            absent.update(padded)
             for k in wire:
                 wire[k] += int(outcome["wire"].get(k, 0))
             rows = list(outcome["history"])
@@ -308,7 +322,7 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
     elapsed = time.perf_counter() - t0
     if timeline is not None:
         timeline["training_end"] = time.perf_counter()
-    reports = transport.reports()
+    reports = transport.reports(absent)
     results = make_results(cfg, plan, history, wire, elapsed, engine, parties=reports)
     results["privacy"] = {name: rep["privacy"] for name, rep in reports.items() if "privacy" in rep}
     results["guest_failures"] = failures

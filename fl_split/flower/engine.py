@@ -133,12 +133,11 @@ class FlowerEngine:
         from fl_split.builder import plan_run
         from fl_split.devices import for_simulation
 
-        for_simulation(cfg)
-        if cfg.data_plane == "direct":
-            if cfg.on_guest_failure == "pad":
-                from fl_split.flower.direct import check_direct
+        from fl_split.flower.strategy import check_options
 
-                check_direct(cfg, None, cfg.guests)
+        for_simulation(cfg)
+        check_options(cfg)
+        if cfg.data_plane == "direct":
             if not cfg.ray_address:
                 from fl_split.flower.resources import check_capacity, local_capacity
 

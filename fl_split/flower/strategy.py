@@ -42,6 +42,17 @@ from fl_split.flower.transport import POLL_INTERVAL, FlowerTransport, discover, 
 log = logging.getLogger("fl_split.flower")
 
 
+def check_options(cfg: RunConfig) -> None:
+    """Options the Flower coordinator cannot honour, refused before any node is contacted (the
+    ServerApp in a deployment; the in-process simulation also before Ray starts)."""
+    from fl_split.errors import ConfigError
+
+    if cfg.data_plane == "flower" and cfg.on_guest_failure == "pad":
+        raise ConfigError("on-guest-failure", "pad", "stop with --data-plane flower",
+                          reason="a relay round ends with the first error reply, so the other guests' releases "
+                                 "of the round are lost with a failed guest; pad runs on the direct data plane")
+
+
 class VerticalSplitStrategy:
     """Coordinates one vertical split-learning run over a Flower :class:`Grid`.
 
@@ -64,6 +75,7 @@ class VerticalSplitStrategy:
     def configure(self, grid: Grid) -> FlowerTransport:
         """Discover and validate the federation, set the parties up; returns the transport."""
         self._mark("server_start")
+        check_options(self.cfg)
         self.transport = discover(grid, self.cfg, self.poll_interval, on_registered=lambda: self._mark("nodes_registered"))
         self._mark("roles_answered")
         log.info("federation: %s", ", ".join(f"{p} = node {n}" for p, n in self.transport.nodes.items()))

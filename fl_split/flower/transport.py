@@ -23,7 +23,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from flwr.app import Message, RecordDict
 
@@ -68,13 +68,20 @@ class FlowerTransport:
 
     # -- one exchange ----------------------------------------------------------------------------
     def exchange(self, requests: dict[str, tuple[str, RecordDict]], round_: int | None,
-                 timeout: float | None = None, fail_fast: bool = False) -> dict[str, Any]:
+                 timeout: float | None = None, fail_fast: bool = False, optional: frozenset[str] = frozenset(),
+                 release: Callable[[str, Any], set[str]] | None = None) -> dict[str, Any]:
         """Send ``{party: (message_type, content)}`` together; return ``{party: reply ConfigRecord}``.
 
         An error reply raises (the first failing party in merge order); so does a party that has
         not answered after ``timeout`` seconds (default: ``--node-timeout``). With ``fail_fast`` an
         error reply stops the wait early: the other replies get :data:`ERROR_GRACE` seconds more
-        (a host's reply names the guest at fault better than a guest's own)."""
+        (a host's reply names the guest at fault better than a guest's own).
+
+        ``--on-guest-failure pad`` on the direct data plane: an error reply of an ``optional`` party
+        neither raises nor shortens the wait; its :class:`PartyError` is returned in its place.
+        ``release(party, reply)`` is called with each good reply as it arrives and names parties whose
+        replies are no longer awaited (the host's reply names the guests it went on without); those
+        are left out of the result."""
         t0 = time.perf_counter()
         limit = self.timeout if timeout is None else float(timeout)
         group = str(round_ if round_ is not None else 0)
@@ -88,15 +95,21 @@ class FlowerTransport:
         replies: dict[str, Message] = {}
         deadline = time.monotonic() + limit
         failing = False
+        released: set[str] = set()
         while pending:
             for msg in self.grid.pull_messages(list(pending)):
                 mid = msg.metadata.reply_to_message_id
                 if mid in pending:
                     pending.discard(mid)
-                    replies[party_of[mid]] = msg
-                    if fail_fast and not failing and _is_error(msg):
-                        failing = True
-                        deadline = min(deadline, time.monotonic() + ERROR_GRACE)
+                    party = party_of[mid]
+                    replies[party] = msg
+                    if _is_error(msg):
+                        if fail_fast and not failing and party not in optional:
+                            failing = True
+                            deadline = min(deadline, time.monotonic() + ERROR_GRACE)
+                    elif release is not None:
+                        released |= set(release(party, _check_reply(msg, party, round_)))
+                        pending = {m for m in pending if party_of[m] not in released}
             if not pending:
                 break
             if time.monotonic() > deadline:
@@ -108,9 +121,17 @@ class FlowerTransport:
                                       f"{'' if round_ is None else f' in round {round_}'} "
                                       f"({requests[late[0]][0]}); raise --node-timeout if the party is slow")
             time.sleep(self.poll)
-        out = {}
+        out: dict[str, Any] = {}
         for p in sorted(replies, key=_party_order):
-            out[p] = _check_reply(replies[p], p, round_)
+            if p in released:
+                continue
+            try:
+                out[p] = _check_reply(replies[p], p, round_)
+            except PartyError as exc:
+                if p not in optional:
+                    raise
+                out[p] = exc
+                continue
             w = out[p].get("worker")
             if w:
                 self.stats.workers.add(str(w))
@@ -136,10 +157,13 @@ class FlowerTransport:
         rep = self.exchange({"host": (R.MSG_HOST_EVAL, req)}, round_)["host"]
         return R.loads(str(rep["metrics"]))
 
-    def reports(self):
-        reqs = {p: (R.MSG_REPORT, R.content()) for p in self.nodes}
+    def reports(self, absent=()):
+        """Every party's report but those of the guests the run went on without (``absent``,
+        ``--on-guest-failure pad``): their nodes failed, and their ledgers are their own (as in the
+        local engine, they have no entry)."""
+        reqs = {p: (R.MSG_REPORT, R.content()) for p in self.nodes if p not in absent}
         rep = self.exchange(reqs, None)
-        return {p: R.loads(str(rep[p]["report"])) for p in ["host", *self.guests]}
+        return {p: R.loads(str(rep[p]["report"])) for p in ["host", *self.guests] if p not in absent}
 
 
 def _party_order(p: str) -> tuple[int, int]:
