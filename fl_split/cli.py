@@ -292,9 +292,15 @@ def cmd_export_parties(ns: argparse.Namespace) -> int:
 
 
 def cmd_deploy(ns: argparse.Namespace) -> int:
+    import faulthandler
+    import signal
     from dataclasses import replace
 
     from fl_split.deploy import deploy_local
+
+    # a deployment that seems stuck: `kill -USR1 <pid>` prints every thread's stack to stderr
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     cfg = config_from_args(ns)
     if cfg.engine == "local" and "engine" not in vars(ns):
