@@ -93,14 +93,15 @@ def _guest_failure(exc: Exception, guests: list[str], round_: int) -> GuestFailu
 
 
 def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoints=None,
-               epochs: tuple[int, int] | None = None) -> dict[str, Any]:
+               epochs: tuple[int, int] | None = None, on_epoch=None) -> dict[str, Any]:
     """Run every round of the plan through ``transport``; returns the results dictionary.
 
     ``checkpoints``: a started :class:`fl_split.checkpoint.Checkpointer` (``--checkpoint-dir``); on a
     resume its state says where to go on from (the parties were restored by the engine).
     ``epochs = (first, last)``: play only the rounds of those epochs (the host of the direct data
     plane plays the epochs of one control message, :mod:`fl_split.flower.direct`); the results then
-    cover only them."""
+    cover only them. ``on_epoch(row)`` is called with each epoch's ``history`` row as it is made
+    (the Flower relay logs it then)."""
     schedule = plan.schedule
     owed: dict[str, list[bytes]] = {g: [] for g in transport.guests}
     wire = {"bytes_to_host": 0, "bytes_to_guests": 0, "messages_to_host": 0, "messages_to_guests": 0,
@@ -170,6 +171,8 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoi
                 now = time.perf_counter()
                 history.append(_epoch_record(rnd.epoch, metrics, now - t_epoch))
                 t_epoch = now
+                if on_epoch is not None:
+                    on_epoch(dict(history[-1]))
                 if history[-1].get("test_metric") is not None:
                     bar.set_postfix(epoch=rnd.epoch, test=f"{history[-1]['test_metric']:.4f}", refresh=False)
             if checkpoints is not None and checkpoints.due(rnd):

@@ -350,6 +350,34 @@ def test_inline_relay_equals_local_engine(k, fresh):
 
 
 @pytest.mark.parametrize("plane", ["direct", "flower"])
+def test_inline_epoch_lines_are_logged_as_each_epoch_ends(plane):
+    """`flwr run --stream` shows fl_split's per-epoch lines as each epoch ends, on both data planes:
+    the epoch-1 line is logged before any message of epoch 2 is pushed."""
+    import logging
+
+    grid = InlineGrid(_simulation_nodes(3))
+    seen: list[tuple[str, int]] = []
+
+    class Spy(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("epoch "):
+                seen.append((record.getMessage(), grid.pushed))
+
+    logger = logging.getLogger("fl_split.flower")
+    spy, level = Spy(), logger.level
+    logger.addHandler(spy)
+    logger.setLevel(logging.INFO)
+    try:
+        VerticalSplitStrategy(_cfg(data_plane=plane)).run(grid)
+    finally:
+        logger.removeHandler(spy)
+        logger.setLevel(level)
+    assert [m.split(":")[0] for m, _ in seen] == ["epoch 1", "epoch 2"], seen
+    assert seen[0][1] < seen[1][1], seen  # epoch 2's messages went out after the epoch-1 line
+    assert "train loss" in seen[0][0] and "test accuracy" in seen[0][0]
+
+
+@pytest.mark.parametrize("plane", ["direct", "flower"])
 @pytest.mark.parametrize("kw", [
     {"defense": "laplace", "budget": 40.0},
     {"defense": "gaussian", "protect": "both", "denoise": "mask"},

@@ -108,16 +108,15 @@ class VerticalSplitStrategy:
                                         timeline=self.timeline, checkpoints=self.checkpoints)
         else:
             from fl_split.engine import coordinate
+            from fl_split.flower.direct import epoch_line
 
             self._mark("training_start")
-            results = coordinate(self.cfg, self.plan, transport, "flower")
+            # each epoch is logged as its evaluation round ends (`flwr run --stream` shows it then),
+            # as the direct data plane logs it when its control message returns
+            results = coordinate(self.cfg, self.plan, transport, "flower",
+                                 on_epoch=lambda row: log.info("%s", epoch_line(row, self.plan.metric)))
             self._mark("training_end")
         self._mark("reports_done")
-        # the direct data plane logs each epoch as its control message returns (coordinate_direct);
-        # the relay's shared loop returns the history at the end
-        for h in results["history"] if self.cfg.data_plane != "direct" else ():
-            log.info("epoch %d: train loss %s, test %s %s (%.2f s)", h["epoch"], _fmt(h.get("train_loss")),
-                     results["final"]["metric"], _fmt(h.get("test_metric")), h["epoch_time_s"])
         for party, rep in results.get("privacy", {}).items():
             log.info("%s", privacy_line(party, rep))
         if results.get("stopped_reason", "completed") != "completed":
@@ -128,10 +127,6 @@ class VerticalSplitStrategy:
             write_json_atomic(self.cfg.out, results)
             log.info("results written to %s", self.cfg.out)
         return results
-
-
-def _fmt(v) -> str:
-    return "(kept by the host)" if v is None else f"{v:.4f}"
 
 
 def privacy_line(party: str, rep: dict[str, Any]) -> str:
