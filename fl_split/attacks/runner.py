@@ -81,7 +81,12 @@ def make_session(cfg: RunConfig, opts: AttackOptions, private_seed: int | None =
     """The observed training run ``opts.attack`` needs (not yet run): with the public split if its
     threat model grants public records, with the malicious host if it is one."""
     attack = get_attack(opts.attack)
-    session = Session(cfg, private_seed, public=attack.public)
+    if cfg.engine == "flower":
+        from fl_split.attacks.flower import FlowerSession
+
+        session: Session = FlowerSession(cfg, private_seed, public=attack.public)
+    else:
+        session = Session(cfg, private_seed, public=attack.public)
     _check(attack, session, opts)
     if attack.malicious:
         session.hijack_host(attack.hijacker(opts), attack.grants(session.referee, opts, before_training=True))

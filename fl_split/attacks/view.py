@@ -26,8 +26,8 @@ A malicious host (FSHA, :mod:`fl_split.attacks.fsha`) replaces the honest host i
 (:meth:`Session.hijack_host`); the guests stay honest :class:`~fl_split.parties.GuestParty` objects
 with their defences on.
 
-Only the local engine is supported: a view needs the adversary's own party object, which under
-the Flower engine lives in another process (a Ray actor or a SuperNode).
+Under the Flower engine each party records what it holds on its own node and the attack process
+rebuilds it from that (:mod:`fl_split.attacks.flower`); the view is then the same.
 """
 
 from __future__ import annotations
@@ -362,11 +362,13 @@ class Session:
     the ground truth): attacks get :meth:`view`, never the session.
     """
 
+    #: the engines this session trains with (:class:`fl_split.attacks.flower.FlowerSession`: flower)
+    ENGINES = ("local",)
+
     def __init__(self, cfg: RunConfig, private_seed: int | None = None, *, public: bool = False) -> None:
-        if cfg.engine != "local":
-            raise ConfigError("engine", cfg.engine, "local",
-                              reason="an attack runs every party in this process to hand the adversary its own "
-                                     "party object; under Flower that object lives in another process")
+        if cfg.engine not in self.ENGINES:
+            raise ConfigError("engine", cfg.engine, " or ".join(self.ENGINES),
+                              reason=f"this session trains with the {self.ENGINES[0]} engine")
         if cfg.monolithic:
             raise ConfigError("monolithic", True, "false (an attack needs a split run)")
         self.cfg = cfg
