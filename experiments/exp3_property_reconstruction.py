@@ -24,8 +24,8 @@ would mount it, on what it received during a real training:
 * reconstruction: on digits, a learned inversion decoder on leaked (release, input) pairs of
   50 % of the training records, scored by MSE on the others against the mean-sample MSE (and SSIM);
   on credit, Luo et al.'s generative regression network (``--attack feature``: per-feature MSE
-  against a uniform random guess), because the decoder's target MSE explodes on credit (validation
-  MSE 0.0015, target MSE ≈ 800 against 0.16 for the mean sample; reported to the attacks' owner). 001's GAN attack is not built (``fl_split/attacks/reconstruction.py`` says why) and
+  against a uniform random guess), the attack made for tables (the decoder's target MSE exploded on
+  credit until the attacks' input scaling was fixed: ``docs/attacks.md``). 001's GAN attack is not built (``fl_split/attacks/reconstruction.py`` says why) and
   no attack reconstructs the **host's** data from the guest side, so **001 Table 7 is not
   reproduced**.
 

@@ -52,9 +52,9 @@ EPSILONS = (4.0, 64.0, 1024.0)
 DEFENCES = ("laplace", "r3elu", "gaussian", "rr", "dpsgd")
 ATTACKS = (("property", dict(attack="property")), ("reconstruction", dict(attack="reconstruction")),
            ("label", dict(attack="label-direction")))
-#: the reconstruction attack per dataset: the learned decoder on images; on credit the decoder's
-#: target-record MSE explodes (validation MSE 0.0015, target MSE ≈ 800 vs 0.16 for the mean sample:
-#: reported to the attacks' owner), so the tabular reconstruction is Luo et al.'s GRN (``feature``)
+#: the reconstruction attack per dataset: the learned decoder on images, Luo et al.'s GRN
+#: (``feature``), the attack made for tables, on credit (the decoder exploded there until the
+#: attacks' input scaling was fixed: ``docs/attacks.md``)
 RECONSTRUCTION = {"digits": "reconstruction", "credit": "feature"}
 BETA = 0.5
 CUT_WIDTH = 64  # the default MLP's cut layer (hidden 64,32 cut after layer 1)

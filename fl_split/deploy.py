@@ -421,12 +421,15 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
     is turned into KeyboardInterrupt while it runs."""
     dep = LocalDeployment(cfg, workdir, tls=tls, node_auth=node_auth, private_seed=private_seed,
                           party_format=party_format, echo=echo, timeout=timeout)
-    previous = None
+    previous = previous_int = None
     if threading.current_thread() is threading.main_thread():
         def _on_term(signum, frame):  # noqa: ARG001
             raise KeyboardInterrupt
 
         previous = signal.signal(signal.SIGTERM, _on_term)
+        # Ctrl-C / SIGINT ends the deployment even when this process was started with SIGINT ignored
+        # (a background job of a non-interactive shell inherits SIG_IGN, and Python then keeps it)
+        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         t0 = time.monotonic()
         dep.prepare()
@@ -444,4 +447,6 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
         dep.stop()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 

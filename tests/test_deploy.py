@@ -163,8 +163,11 @@ def test_deploy_command_exits_nonzero_with_one_line_when_the_serverapp_fails(tmp
 def test_interrupted_deployment_ends_every_process(tmp_path, sig):
     """SIGINT (Ctrl-C) or SIGTERM while the SuperNodes run: exit 130, nothing left."""
     workdir = tmp_path / "dep"
+    # started with SIGINT ignored, as a background job of a non-interactive shell is: Ctrl-C must
+    # still end the deployment
     proc = subprocess.Popen([*FLSPLIT, "deploy", "local", "--insecure", *SMALL, "--workdir", str(workdir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 300
         while not (workdir / "logs" / "supernode-guest-2.log").exists() and time.monotonic() < deadline:
