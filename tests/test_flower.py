@@ -30,7 +30,6 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Context, Message, RecordDict
-from flwr.clientapp import ClientApp
 from flwr.common.serde import message_from_proto, message_to_proto, recorddict_from_proto, recorddict_to_proto
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
@@ -644,7 +643,7 @@ def test_inline_direct_capacity_check(monkeypatch):
 # Flower simulation runtime (Ray)
 
 
-def _fault_app(kind: str, party: str, round_: int, seconds: float = 0.0) -> ClientApp:
+def _fault_app(kind: str, party: str, round_: int, seconds: float = 0.0):
     """The fl_split ClientApp with one injected fault in ``round_``: ``raise`` (the ClientApp
     crashes, Flower replies with its own error), ``hang`` (the party never answers) — relay
     messages — or ``kill`` (direct data plane: the party's process is SIGKILLed mid-epoch, while it
@@ -675,11 +674,7 @@ def _fault_app(kind: str, party: str, round_: int, seconds: float = 0.0) -> Clie
             time.sleep(seconds)
         return handle(message, context, PS)
 
-    app = ClientApp()
-    for register in (app.query("role"), app.query("setup"), app.query("report"), app.train("step"),
-                     app.train("host"), app.evaluate("host"), app.train("epoch")):
-        register(h)
-    return app
+    return node_mod.client_app_for(h)
 
 
 def _our_leftovers() -> list[str]:

@@ -96,8 +96,6 @@ def instrument(party, directory: Path) -> Any:
 def recording_client_app(directory: str, private_seed: int | None = None):
     """The fl_split ClientApp whose parties record their inboxes, outboxes and final states under
     ``directory`` (a path on the party's own machine)."""
-    from flwr.clientapp import ClientApp
-
     from fl_split.flower import node as node_mod
     from fl_split.flower import records as R
 
@@ -123,11 +121,7 @@ def recording_client_app(directory: str, private_seed: int | None = None):
             os.replace(tmp, where / f"{party.name}.state")
         return reply
 
-    app = ClientApp()
-    for register in (app.query("role"), app.query("setup"), app.query("report"), app.train("step"),
-                     app.train("host"), app.evaluate("host"), app.train("epoch")):
-        register(handler)
-    return app
+    return node_mod.client_app_for(handler)
 
 
 # -- the attack process's side ----------------------------------------------------------------------

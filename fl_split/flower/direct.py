@@ -231,6 +231,11 @@ def last_round(plan, cfg: RunConfig, epoch: int) -> int:
     return first + per_epoch - 1
 
 
+def _padded(failures: list[dict[str, Any]]) -> dict[str, int]:
+    """The guests of ``failures`` the run went on without (``--on-guest-failure pad``) → their round."""
+    return {str(f["guest"]): int(f["round"]) for f in failures if f.get("action") == "pad"}
+
+
 def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str = "flower",
                       timeline: dict | None = None, checkpoints=None) -> dict[str, Any]:
     """Run every epoch through ``train.epoch`` control messages; returns the results dictionary
@@ -265,13 +270,11 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
         bar.update(plan.schedule.num_train_batches() * (start - 1))
     # --on-guest-failure pad: the guests the run goes on without (guest -> the round it failed in);
     # they get no further control message, and their error replies do not stop the run
-    absent = {f["guest"]: int(f["round"]) for f in failures if f.get("action") == "pad"}
+    absent = _padded(failures)
     pad = cfg.on_guest_failure == "pad"
 
     def padded_by_host(party: str, reply) -> set[str]:
-        if party != "host":
-            return set()
-        return {f["guest"] for f in R.loads(str(reply["outcome"])).get("guest_failures", []) if f.get("action") == "pad"}
+        return set(_padded(R.loads(str(reply["outcome"])).get("guest_failures", []))) if party == "host" else set()
 
     try:
         for first in range(start, cfg.epochs + 1, cfg.epochs_per_message):
@@ -291,8 +294,7 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
                                          release=padded_by_host if pad else None)
             seconds = time.perf_counter() - t
             outcome = R.loads(str(replies["host"]["outcome"]))
-            padded = {str(f["guest"]): int(f["round"]) for f in outcome.get("guest_failures", [])
-                      if f.get("action") == "pad"}
+            padded = _padded(outcome.get("guest_failures", []))
             for p, rep in replies.items():  # a guest failure the host did not go on without stops the run
                 if isinstance(rep, Exception) and p not in padded:
                     raise rep

@@ -132,7 +132,6 @@ class FlowerEngine:
         ClientApp at once."""
         from fl_split.builder import plan_run
         from fl_split.devices import for_simulation
-
         from fl_split.flower.strategy import check_options
 
         for_simulation(cfg)

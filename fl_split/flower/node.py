@@ -410,14 +410,19 @@ def make_client_app(private_seed: int | None = None):
     """The fl_split ClientApp: :func:`handle` registered under every message type the coordinator
     sends. ``private_seed`` is for in-process simulations (``fl-split train --engine flower
     --private-seed S``), whose run-config is empty: it stays in the ClientApp, never in a message."""
-    from flwr.clientapp import ClientApp
-
-    app = ClientApp()
-
     def _handle(message: Message, context: Context) -> Message:
         return handle(message, context, private_seed)
 
+    return client_app_for(_handle)
+
+
+def client_app_for(handler):
+    """A ClientApp with ``handler(message, context)`` registered under every message type the
+    coordinator sends (:func:`make_client_app`, the attacks' recording app, tests' faulty apps)."""
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
     for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_EPOCH):
         category, action = mtype.split(".")
-        getattr(app, category)(action)(_handle)
+        getattr(app, category)(action)(handler)
     return app
