@@ -181,6 +181,13 @@ def test_resume_never_forgets_spent_budget(tmp_path):
     assert (len(g.ledger), g.ledger.epsilon()) == at_crash and at_crash[1] > 0
 
 
+def _released_after_checkpoint(ck: Path) -> bool:
+    """Whether guest-1's write-ahead log holds a release made after its last checkpoint."""
+    records, _, _ = read_wal(wal_path(ck, "guest-1"))
+    header, _ = read_checkpoint(party_checkpoint_path(ck, "guest-1", load_coordinator(ck).round))
+    return len(records) > header["skeleton"]["ledger"]["wal_records"]
+
+
 @pytest.mark.slow
 def test_sigkill_and_resume_from_the_command_line(tmp_path):
     """``fl-split train --checkpoint-dir`` in its own process group, SIGKILLed mid-run, then
@@ -194,15 +201,20 @@ def test_sigkill_and_resume_from_the_command_line(tmp_path):
                              "--out", str(killed_out)], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if (ck / COORDINATOR).exists() and load_coordinator(ck).round >= 30:
-                break
+        # Kill only once a release follows the last checkpoint (what resume must replay). The check is made
+        # with the run stopped (SIGSTOP), so what it sees is what the kill leaves: no timing guess, which
+        # failed on a loaded CI machine when 0.15 s held no release.
+        deadline = time.monotonic() + 180
+        while True:
             assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no release after a checkpoint from round 30 on within 180 s"
+            if (ck / COORDINATOR).exists() and load_coordinator(ck).round >= 30:
+                os.killpg(proc.pid, signal.SIGSTOP)
+                if _released_after_checkpoint(ck):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
+                os.killpg(proc.pid, signal.SIGCONT)
             time.sleep(0.02)
-        time.sleep(0.15)  # a few more rounds released after the checkpoint
-        assert proc.poll() is None, "the run ended before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
@@ -216,9 +228,7 @@ def test_sigkill_and_resume_from_the_command_line(tmp_path):
     assert proc.returncode == -signal.SIGKILL and not killed_out.exists()
     state = load_coordinator(ck)
     assert state.finished is None and state.round >= 30
-    records, _, _ = read_wal(wal_path(ck, "guest-1"))
-    header, _ = read_checkpoint(party_checkpoint_path(ck, "guest-1", state.round))
-    assert len(records) > header["skeleton"]["ledger"]["wal_records"], "no release after the checkpoint"
+    assert _released_after_checkpoint(ck), "no release after the checkpoint"
     t0 = time.monotonic()
     assert main(["train", *args, "--checkpoint-dir", str(ck), "--resume", "--out", str(tmp_path / "res.json")]) == 0
     resume_s = time.monotonic() - t0
