@@ -248,9 +248,22 @@ def _show_party_warnings() -> None:
     engine every party runs in this process, so its log is this console."""
     import logging
 
+    class StderrHandler(logging.StreamHandler):
+        """Writes to whatever ``sys.stderr`` is when a record comes (as logging's last-resort handler
+        does): a party thread that logs after its caller swapped stderr back (a test's capture) must
+        not write into a closed file."""
+
+        @property  # type: ignore[override]
+        def stream(self):
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, _value) -> None:
+            pass
+
     log = logging.getLogger("fl_split")
     if not any(getattr(h, "_fl_split_cli", False) for h in log.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = StderrHandler()
         handler.setLevel(logging.WARNING)
         handler.setFormatter(logging.Formatter("fl-split: warning: %(message)s"))
         handler._fl_split_cli = True  # type: ignore[attr-defined]

@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from fl_split.config import RunConfig, key_of, option_fields
 from fl_split.errors import ConfigError, FlSplitError
-from fl_split.flower.processes import alive as _alive, process_table, signal_all as _signal_all
+from fl_split.flower.processes import end_processes, process_table
 
 __all__ = ["DeploymentError", "LocalDeployment", "ProcessGroup", "deploy_local", "free_port", "run_config_toml"]
 
@@ -122,16 +122,7 @@ class ProcessGroup:
             if not targets:
                 break
             signalled |= targets
-            _signal_all(targets, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and _alive(targets):
-                self._reap()
-                time.sleep(0.1)
-            _signal_all(_alive(targets), signal.SIGKILL)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and _alive(targets):
-                self._reap()
-                time.sleep(0.05)
+            end_processes(targets, grace, while_waiting=self._reap)
         self._reap()
         return signalled
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Callable
 
 
 def process_table(cmdline: bool = False) -> dict[int, tuple[str, int, int, str]]:
@@ -65,10 +66,18 @@ def signal_all(pids: set[int], sig: int) -> None:
             pass
 
 
-def end_processes(pids: set[int], grace: float = 5.0) -> None:
-    """SIGTERM ``pids``, wait up to ``grace`` seconds, then SIGKILL those still running."""
+def end_processes(pids: set[int], grace: float = 5.0, while_waiting: Callable[[], None] | None = None) -> None:
+    """SIGTERM ``pids``, wait up to ``grace`` seconds, SIGKILL those still running and wait up to 5 s
+    for them to go. ``while_waiting`` is called on every poll (a parent reaping its children there
+    lets them leave the table at once instead of lingering as zombies)."""
+    def wait(seconds: float, interval: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and alive(pids):
+            if while_waiting is not None:
+                while_waiting()
+            time.sleep(interval)
+
     signal_all(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and alive(pids):
-        time.sleep(0.05)
+    wait(grace, 0.05)
     signal_all(alive(pids), signal.SIGKILL)
+    wait(5.0, 0.05)
