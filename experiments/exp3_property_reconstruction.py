@@ -29,7 +29,7 @@ would mount it, on what it received during a real training:
   no attack reconstructs the **host's** data from the guest side, so **001 Table 7 is not
   reproduced**.
 
-    .venv/bin/python experiments/exp3_property_reconstruction.py          # ≈ 60 min on one core
+    .venv/bin/python experiments/exp3_property_reconstruction.py          # ≈ 45–85 min on one core
     .venv/bin/python experiments/exp3_property_reconstruction.py --quick  # seconds
 
 Writes ``experiments/results/exp3_property_reconstruction/``: ``runs.csv``, ``table.csv``,
