@@ -123,7 +123,8 @@ def test_only_releases_cross():
 def test_party_optimizer_step_is_the_optimizers_step(name):
     """Issue 10's hot path: a party steps through the optimizer's update function directly (no
     per-call profiler wrapper). Same numbers as ``optimizer.step()``, bit for bit; with a step hook
-    registered it goes through ``optimizer.step()`` so the hook runs."""
+    registered it goes through ``optimizer.step()`` so the hook runs. The multi-tensor (``foreach``)
+    update the parties use equals PyTorch's per-parameter loop (its CPU default) bit for bit."""
     import torch
 
     from fl_split.local_update import OptimizerSettings, OptimizerUpdate
@@ -133,15 +134,23 @@ def test_party_optimizer_step_is_the_optimizers_step(name):
     fast = OptimizerUpdate([torch.nn.Linear(6, 4)], settings)
     plain = OptimizerUpdate([torch.nn.Linear(6, 4)], settings)
     plain.modules[0].load_state_dict(fast.modules[0].state_dict())
-    assert fast._update is not None
+    # PyTorch's CPU default, the per-parameter loop: the parties' multi-tensor update must match it
+    loop_model = torch.nn.Linear(6, 4)
+    loop_model.load_state_dict(fast.modules[0].state_dict())
+    kw = dict(lr=settings.lr, weight_decay=settings.weight_decay, foreach=False)
+    loop_opt = (torch.optim.SGD(loop_model.parameters(), momentum=settings.momentum, **kw) if name == "sgd"
+                else torch.optim.Adam(loop_model.parameters(), **kw))
+    loop = OptimizerUpdate([loop_model], settings)
+    loop.optimizer = loop_opt
+    assert fast._update is not None and fast.optimizer.defaults["foreach"] is True
     x = torch.randn(8, 6)
     for _ in range(5):
-        for u, step in ((fast, fast.step), (plain, plain.optimizer.step)):
+        for u, step in ((fast, fast.step), (plain, plain.optimizer.step), (loop, loop_opt.step)):
             u.zero_grad()
             u.backward(u.modules[0](x).square().sum())
             step()
-    for a, b in zip(fast.modules[0].parameters(), plain.modules[0].parameters()):
-        assert torch.equal(a, b)
+    for a, b, c in zip(fast.modules[0].parameters(), plain.modules[0].parameters(), loop_model.parameters()):
+        assert torch.equal(a, b) and torch.equal(a, c)
     assert all(p.grad is not None for p in fast.modules[0].parameters())
     fast.zero_grad()
     assert all(p.grad is None for p in fast.modules[0].parameters())
