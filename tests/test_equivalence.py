@@ -127,7 +127,7 @@ def test_party_optimizer_step_is_the_optimizers_step(name):
     update the parties use equals PyTorch's per-parameter loop (its CPU default) bit for bit."""
     import torch
 
-    from fl_split.local_update import OptimizerSettings, OptimizerUpdate
+    from fl_split.local_update import LocalUpdate, OptimizerSettings, OptimizerUpdate
 
     settings = OptimizerSettings(name=name, lr=0.05, momentum=0.9 if name == "sgd" else 0.0, weight_decay=0.01)
     torch.manual_seed(0)
@@ -140,8 +140,7 @@ def test_party_optimizer_step_is_the_optimizers_step(name):
     kw = dict(lr=settings.lr, weight_decay=settings.weight_decay, foreach=False)
     loop_opt = (torch.optim.SGD(loop_model.parameters(), momentum=settings.momentum, **kw) if name == "sgd"
                 else torch.optim.Adam(loop_model.parameters(), **kw))
-    loop = OptimizerUpdate([loop_model], settings)
-    loop.optimizer = loop_opt
+    loop = LocalUpdate([loop_model], loop_opt)
     assert fast._update is not None and fast.optimizer.defaults["foreach"] is True
     x = torch.randn(8, 6)
     for _ in range(5):
