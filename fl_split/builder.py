@@ -212,6 +212,12 @@ def _uses_importance(cfg: RunConfig, role: str) -> bool:
     return cfg.defense == "r3elu" and cfg.allocation != "uniform" and protected
 
 
+def allocation_epsilon(cfg: RunConfig) -> float:
+    """ε of each release of an R3eLU importance allocation (``--allocation-epsilon``; auto = a tenth
+    of ``--epsilon``)."""
+    return float(cfg.epsilon) / 10.0 if cfg.allocation_epsilon == AUTO else float(cfg.allocation_epsilon)
+
+
 def _layer(module: nn.Module, last: bool) -> nn.Module:
     """The first (``last=False``) or last Linear/Conv layer of ``module``."""
     found = [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
@@ -240,10 +246,10 @@ def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = N
     width = int(np.prod(plan.cut_shapes[name]))
     importance = None
     if _uses_importance(cfg, "guest"):
-        from fl_split.privacy.r3elu import ImportanceTracker
+        from fl_split.privacy.r3elu import AllocationRelease, ImportanceTracker
 
-        importance = Importance(ImportanceTracker(_layer(update.modules[0], last=True), side="output"),
-                                cfg.importance_refresh)
+        tracker = ImportanceTracker(_layer(update.modules[0], last=True), side="output")
+        importance = Importance(tracker, AllocationRelease(tracker.n, allocation_epsilon(cfg)), cfg.importance_refresh)
     return GuestParty(name, data, plan.schedule, update=update, cut_shape=plan.cut_shapes[name],
                       mechanisms=_mechanisms(plan, lambda i: privacy_factory.forward_mechanism(cfg, width, i)),
                       secret=secret, ledger=make_ledger(cfg, name), sample_rate=plan.sample_rate,
@@ -255,7 +261,7 @@ def _host_importance(plan: RunPlan, top: nn.Module):
     """001 Eq. 8–10 for the host's backward releases: the importance of each cut-layer feature the
     host receives, from the parameters of its top's first layer connected to it (the host owns
     those, not the guest's cut layer), and per guest the part that scores its features."""
-    from fl_split.privacy.r3elu import ImportanceTracker
+    from fl_split.privacy.r3elu import AllocationRelease, ImportanceTracker
 
     cfg = plan.cfg
     layer = _layer(top, last=False)
@@ -278,7 +284,7 @@ def _host_importance(plan: RunPlan, top: nn.Module):
         raise ConfigError("allocation", cfg.allocation, "uniform with --protect host for this model",
                           reason=f"the top's first layer has {n} inputs, which do not map onto the guests' "
                                  f"cut-layer features")
-    return Importance(tracker, cfg.importance_refresh), parts
+    return Importance(tracker, AllocationRelease(n, allocation_epsilon(cfg)), cfg.importance_refresh), parts
 
 
 def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, private_seed: int | None = None,

@@ -204,6 +204,10 @@ class RunConfig:
                                       "Eq. 8-10 and Cor. 6 as published; importance-tight = same proportions, "
                                       "smallest scales costing the same epsilon (ours)",
                            choices=("uniform", "importance", "importance-tight"), group="privacy")
+    allocation_epsilon: Any = _opt(AUTO, "R3eLU importance allocation: epsilon of each release of the allocation "
+                                         "(noisy importance shares, charged to every training record at each "
+                                         "refresh: the receiver can read the allocation back); auto = epsilon / 10",
+                                   kind="float_or_auto", allowed="'auto' or a number > 0", group="privacy")
     schedule: str = _opt("constant", "per-iteration budget schedule (001 §3.4: geometric eps_T/2^i)",
                          choices=("constant", "geometric"), group="privacy")
     denoise: str = _opt("none", "post-processing of noisy releases (003): scale = lambda*x, "

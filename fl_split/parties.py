@@ -45,6 +45,7 @@ of the parameters after it — goes to the log, fsynced (``fl_split.checkpoint``
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -73,7 +74,7 @@ from fl_split.state import flatten, unflatten
 
 if TYPE_CHECKING:
     from fl_split.privacy.ledger import Charge, Ledger, LedgerEntry
-    from fl_split.privacy.r3elu import ImportanceTracker
+    from fl_split.privacy.r3elu import AllocationRelease, ImportanceTracker
 
 HIT_AT = 10
 
@@ -144,7 +145,8 @@ class MechanismSchedule:
 
 
 class Importance:
-    """001 §3.4's neuron importances ``U`` for R3eLU's allocation (Eq. 8–10), and when they change.
+    """001 §3.4's neuron importances ``U`` for R3eLU's allocation (Eq. 8–10), when they change, and
+    their release.
 
     ``tracker`` folds the gradients of every backward into the running mean of Eq. 9; releases use
     a snapshot taken before the epoch begins (the paper) or before each release (``refresh =
@@ -152,40 +154,109 @@ class Importance:
     release never depends on that batch's records (only, like the weights, on earlier ones).
     The host's tracker scores the merged input of its top: :meth:`apply` takes the function that
     picks one guest's cut-layer features out of it.
+
+    **A snapshot is a release** (issue 16; DESIGN.md privacy principle 2). The receiver can read
+    the allocation back from the releases (per-element grid steps, noise spread and activation
+    rates), and ``U`` comes from this party's data, so each snapshot is released through
+    ``allocation`` (:class:`~fl_split.privacy.r3elu.AllocationRelease`: noisy importance shares)
+    and charged to every training record, *before* any release that uses it leaves. The mechanism
+    only ever sees the released shares: what it derives from them is post-processing, public, and
+    in the party's report. Before the first update ``U = 0`` is data-independent: nothing is
+    released and the mechanism is ``uniform``.
     """
 
-    def __init__(self, tracker: "ImportanceTracker", refresh: str = "epoch") -> None:
+    def __init__(self, tracker: "ImportanceTracker", allocation: "AllocationRelease", refresh: str = "epoch") -> None:
         if refresh not in ("epoch", "batch"):
             raise ValueError(f"importance refresh must be 'epoch' or 'batch', got {refresh!r}")
         self.tracker = tracker
+        self.allocation = allocation
         self.refresh = refresh
         self._snapshot: torch.Tensor | None = None
         self._epoch = 0
+        #: how many allocations were released, and the last one (public: the receiver can read it)
+        self.releases = 0
+        self.last_released: torch.Tensor | None = None
 
-    def values_for(self, key: BatchKey) -> torch.Tensor:
-        if self.refresh == "batch" or self._snapshot is None or (key.phase == "train" and key.epoch != self._epoch):
-            self._snapshot = self.tracker.values.clone()
+    def _due(self, key: BatchKey, have: bool, epoch: int) -> bool:
+        return self.refresh == "batch" or not have or (key.phase == "train" and key.epoch != epoch)
+
+    def plan(self, keys, updates_per_key: int) -> set[BatchKey]:
+        """The keys of a request at which a new allocation is released (and must be charged first).
+
+        ``updates_per_key``: how many tracker updates happen between two keys of the request (0 for a
+        guest, which applies its gradients before it releases; 1 for the host, which updates after
+        each batch's backward). A snapshot taken while no update has happened is ``U = 0``: no
+        release."""
+        out: set[BatchKey] = set()
+        have, epoch = self._snapshot is not None, self._epoch
+        for i, key in enumerate(keys):
+            if self._due(key, have, epoch):
+                if self.tracker.count + i * updates_per_key > 0:
+                    out.add(key)
+                have, epoch = True, (key.epoch if key.phase == "train" else epoch)
+        return out
+
+    def entry(self, round_: int, key: BatchKey, train_ids: np.ndarray) -> "LedgerEntry":
+        """The ledger entry of the allocation released at ``key``: one release for every training
+        record (``U`` is a running mean over all updates so far)."""
+        from fl_split.privacy.ledger import LedgerEntry
+
+        return LedgerEntry(round_, ("allocation", key.epoch, key.index), "allocation", self.allocation.cost(),
+                           np.asarray(train_ids), None)
+
+    def values_for(self, key: BatchKey, gen: Callable[[], torch.Generator | None] | None = None,
+                   release: bool = False) -> torch.Tensor:
+        """The allocation in force for ``key``. At a refresh that :meth:`plan` charged (``release``)
+        a new allocation is released with the generator ``gen()``."""
+        if self._due(key, self._snapshot is not None, self._epoch):
+            if release:
+                self._snapshot = self.allocation.release(self.tracker.values, gen() if gen is not None else None)
+                self.releases += 1
+                self.last_released = self._snapshot.clone()
+            elif self.tracker.count == 0:
+                self._snapshot = torch.zeros_like(self.tracker.values)
+            else:  # pragma: no cover - plan() charges every refresh after an update
+                raise RuntimeError(f"importance snapshot at {key} after {self.tracker.count} updates was not charged")
             self._epoch = key.epoch if key.phase == "train" else self._epoch
         return self._snapshot
 
-    def apply(self, mech: Mechanism, key: BatchKey, part: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
-        """Give ``mech`` the importances of ``key`` (mechanisms without an allocation ignore it)."""
+    def take(self, key: BatchKey, gen: Callable[[], torch.Generator | None] | None = None,
+                release: bool = False) -> tuple[torch.Tensor, bytes | None]:
+        """The allocation in force for ``key`` (call once per key), and the bytes of a newly
+        released allocation (for the write-ahead log) or ``None``."""
+        fresh = release and self._due(key, self._snapshot is not None, self._epoch)
+        u = self.values_for(key, gen, release)
+        return u, (u.numpy().tobytes() if fresh else None)
+
+    @staticmethod
+    def give(mech: Mechanism, u: torch.Tensor, part: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """Hand the allocation ``u`` (or the ``part`` of it for one guest) to ``mech``; mechanisms
+        without an allocation ignore it."""
         if hasattr(mech, "set_importance"):
-            u = self.values_for(key)
             mech.set_importance(part(u) if part is not None else u)
 
     def update(self) -> None:
         self.tracker.update()
 
+    def describe(self) -> dict:
+        """Public: the allocation mechanism, how many allocations were released and the last one
+        (the receiver can read it back from the releases, so nothing here is private)."""
+        return {**self.allocation.describe(), "refresh": self.refresh, "releases": self.releases,
+                "last_shares": None if self.last_released is None else [round(float(v), 6) for v in self.last_released]}
+
     def state_dict(self) -> dict:
         return {"tracker": self.tracker.state_dict(), "epoch": self._epoch,
-                "snapshot": None if self._snapshot is None else self._snapshot.clone()}
+                "snapshot": None if self._snapshot is None else self._snapshot.clone(), "releases": self.releases,
+                "last_released": None if self.last_released is None else self.last_released.clone()}
 
     def load_state_dict(self, state: dict) -> None:
         self.tracker.load_state_dict(state["tracker"])
         self._epoch = int(state["epoch"])
         snap = state.get("snapshot")
         self._snapshot = None if snap is None else torch.as_tensor(snap).clone()
+        self.releases = int(state.get("releases", 0))
+        last = state.get("last_released")
+        self.last_released = None if last is None else torch.as_tensor(last).clone()
 
 
 @dataclass
@@ -316,6 +387,21 @@ class _Party:
         if charge is not None:
             self.ledger.settle(charge, digests or [])
 
+    def _allocation_report(self, mechs: dict[str, tuple[Mechanism, Callable | None]]) -> dict[str, Any]:
+        """The released importance allocation and, per receiver, the per-feature noise scales it
+        implies (public: the receiver can read both back from the releases), if this party has one."""
+        imp = getattr(self, "importance", None)
+        if imp is None:
+            return {}
+        scales: dict[str, list[float]] = {}
+        if imp.last_released is not None:
+            for name, (mech, part) in mechs.items():
+                if hasattr(mech, "set_importance"):
+                    m = copy.deepcopy(mech)  # the party's own mechanism keeps its state
+                    m.set_importance(part(imp.last_released) if part is not None else imp.last_released)
+                    scales[name] = [round(float(v), 6) for v in m.noise_scales()]
+        return {"allocation": {**imp.describe(), "last_noise_scales": scales or None}}
+
     def _params_digest(self) -> str:
         """Digest of the party's parameters (what a DP-SGD step releases, for the write-ahead log)."""
         h = hashlib.blake2b(digest_size=16)
@@ -387,16 +473,28 @@ class GuestParty(_Party):
             if key.phase == "train" and key in self._pending:
                 raise ProtocolError(f"{self.name}: {key} was already released and awaits its gradient")
         costs = [self.mechanisms(key).cost() for key in keys]
-        charge = self._charge([self._entry(round_, key, "forward", c) for key, c in zip(keys, costs) if c is not None])
+        # an importance allocation released at a key is charged before that key's release
+        alloc = self.importance.plan(keys, updates_per_key=0) if self.importance is not None else set()
+        entries, digests = [], []
+        for key, c in zip(keys, costs):
+            if key in alloc:
+                entries.append(self.importance.entry(round_, key, self.data.train_ids))
+            if c is not None:
+                entries.append(self._entry(round_, key, "forward", c))
+        charge = self._charge(entries)
         blobs = []
-        for key in keys:
+        for key, cost in zip(keys, costs):
             if key.phase == "test" and key.index == 0:
                 self.diagnostics.check(key.epoch, self.mechanisms(key).name)  # the epoch's training is over
             train = key.phase == "train" and self.update.trains
             x = self.rows(key)
             mech = self.mechanisms(key)
             if self.importance is not None:
-                self.importance.apply(mech, key)
+                u, shares = self.importance.take(key, lambda k=key: self._gen("allocation", *k.as_tuple()),
+                                                    release=key in alloc)
+                self.importance.give(mech, u)
+                if shares is not None:
+                    digests.append(value_digest(shares))
             set_mode(self.bottom, train)
             if train and self.update.keeps_release_graph:
                 v = self.bottom(x)
@@ -409,13 +507,14 @@ class GuestParty(_Party):
             self.diagnostics.add(key.epoch, rel.stats)
             blobs.append(encode(Message("activations", self.name, "host", round_, key, self.digest(key),
                                         rel.value, rel.encoding)))
+            if cost is not None:
+                digests.append(value_digest(blobs[-1]))
             self.released["batches"] += 1
             self.released["records"] += len(v)
             if train:
                 self._pending[key] = _Pending(round_, self.steps, rel.ctx,
                                               v if self.update.keeps_release_graph else None)
-        if charge is not None:
-            self._settle(charge, [value_digest(b) for b, c in zip(blobs, costs) if c is not None])
+        self._settle(charge, digests)
         return blobs
 
     # -- backward ---------------------------------------------------------------------------
@@ -511,6 +610,7 @@ class GuestParty(_Party):
         mech = self.mechanism
         dp = self.update.describe() if self.update.cost() is not None else None
         return {"role": "guest", "optimizer_steps": self.steps, "mechanism": mech.describe(),
+                **self._allocation_report({"host": (mech, None)}),
                 "postprocess": self.grad_postprocess.describe(), "released": dict(self.released),
                 "privacy": party_privacy_report(role="guest", ledger=self.ledger, mechanism=mech, update=dp,
                                                 released=self.released, cut_width=int(np.prod(self.cut_shape)),
@@ -673,10 +773,12 @@ class HostParty(_Party):
         return self.top(self.merge(parts)), leaves
 
     # -- training ----------------------------------------------------------------------------
-    def _entries(self, keys, round_: int) -> list["LedgerEntry"]:
+    def _entries(self, keys, round_: int, alloc: set[BatchKey] = frozenset()) -> list["LedgerEntry"]:
         entries = []
         update_cost = self.update.cost()
         for key in keys:
+            if key in alloc:  # the importance allocation released before this batch's backward
+                entries.append(self.importance.entry(round_, key, self.data.train_ids))
             if not self.one_shot:
                 for g in self.active_guests:
                     cost = self.backward_mechanisms[g](key).cost()
@@ -692,8 +794,10 @@ class HostParty(_Party):
         keys = self._request(keys, round_, phase="train")
         msgs = self._received(keys, blobs_by_guest, round_)
         active = self.active_guests
+        alloc = (self.importance.plan(keys, updates_per_key=1)
+                 if self.importance is not None and not self.one_shot else set())
         # BudgetExceeded here: nothing trained, nothing released
-        charge = self._charge(self._entries(keys, round_))
+        charge = self._charge(self._entries(keys, round_, alloc))
         digests: list[str] | None = [] if charge is not None else None
         grads: dict[str, list[bytes]] = {g: [] for g in active}
         dpsgd = self.update.cost() is not None
@@ -703,9 +807,13 @@ class HostParty(_Party):
         for i, key in enumerate(keys):
             y = self.labels(key)
             mechs = {g: self.backward_mechanisms[g](key) for g in active}
-            if self.importance is not None and not self.one_shot:
-                for g, mech in mechs.items():  # before this batch's backward (see Importance)
-                    self.importance.apply(mech, key, self.importance_parts.get(g))
+            if self.importance is not None and not self.one_shot:  # before this batch's backward (see Importance)
+                u, shares = self.importance.take(key, lambda k=key: self._gen("allocation", *k.as_tuple()),
+                                                    release=key in alloc)
+                if shares is not None and digests is not None:
+                    digests.append(value_digest(shares))
+                for g, mech in mechs.items():
+                    self.importance.give(mech, u, self.importance_parts.get(g))
             logits, leaves = self._forward(key, {g: msgs[g][i] for g in active}, train=True)
             loss = F.cross_entropy(logits, y)
             loss_value = loss.item()
@@ -779,6 +887,7 @@ class HostParty(_Party):
         dp = self.update.describe() if self.update.cost() is not None else None
         return {"role": "host", "optimizer_steps": self.steps,
                 "mechanisms": {g: m.describe() for g, m in first.items()},
+                **self._allocation_report({g: (m, self.importance_parts.get(g)) for g, m in first.items()}),
                 "postprocess": self.act_postprocess.describe(), "released": dict(self.released),
                 "privacy": party_privacy_report(role="host", ledger=self.ledger, mechanism=mech, update=dp,
                                                 released=self.released, cut_width=width,

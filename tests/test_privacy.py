@@ -273,12 +273,18 @@ def test_importance_tight_allocation_from_the_cli_config():
         res = engine.run()
         assert res["stopped_reason"] == "completed"
         reps[alloc] = res["privacy"]["guest-1"]
-        # the importance-derived scales are the guest's private diagnostics, not in its report
         local[alloc] = engine.guests["guest-1"].mechanism.local_diagnostics()
         assert local[alloc]["importance_active"]  # importances were learned and used
         assert "importance_active" not in reps[alloc]["mechanism"]
+        # the scales follow the *released* allocation (issue 16): public, in the party's report
+        released = res["parties"]["guest-1"]["allocation"]
+        assert released["releases"] == 1
+        assert released["last_noise_scales"]["host"] == pytest.approx(
+            engine.guests["guest-1"].mechanism.noise_scales().tolist(), rel=1e-5)
     assert reps["importance"]["epsilon"] == pytest.approx(reps["importance-tight"]["epsilon"], rel=1e-6)
-    assert reps["importance"]["epsilon"] == pytest.approx(2 * 8.0, rel=1e-6)
+    # two epochs of 8-DP releases, and the allocation released once (before epoch 2; U = 0 before
+    # epoch 1 is data-independent) at --allocation-epsilon auto = 8/10, charged to every record
+    assert reps["importance"]["epsilon"] == pytest.approx(2 * 8.0 + 0.8, rel=1e-6)
     assert local["importance-tight"]["noise_scale_mean"] < local["importance"]["noise_scale_mean"]
 
 

@@ -228,7 +228,11 @@ EVAL_KEYS = {"epoch", *AGGREGATES}
 #: ``device`` / ``accelerator``: where the party's tensors live (``cpu``, ``cuda:0``; the GPU's name and the
 #: GPU IDs Ray assigned) — facts about its machine, nothing derived from data (issue 10)
 REPORT_KEYS = {"role", "optimizer_steps", "mechanism", "mechanisms", "postprocess", "released", "privacy",
-               "device", "accelerator"}
+               "device", "accelerator", "allocation"}
+#: an R3eLU importance allocation is a charged release (issue 16): the released shares and the noise
+#: scales they imply are public, nothing else
+ALLOCATION_KEYS = {"name", "epsilon", "width", "sensitivity_l1", "noise_scale", "grid", "sampler", "signal_free",
+                   "refresh", "releases", "last_shares", "last_noise_scales"}
 PRIVACY_KEYS = {"mechanism", "private_randomness", "release_diagnostics", "releases", "batches",
                 "releases_per_record", "delta", "epsilon", "accountant", "epsilons", "budget", "amplification",
                 "assumptions", "mechanisms", "by_direction", "pld_interval", "neighbouring_relation",
@@ -255,6 +259,7 @@ def _audit_blob(blob: bytes, seen: dict) -> None:
 
 def _audit_report(rep: dict) -> None:
     assert set(rep) <= REPORT_KEYS, set(rep) - REPORT_KEYS
+    assert set(rep.get("allocation", {})) <= ALLOCATION_KEYS
     priv = rep["privacy"]
     assert set(priv) <= PRIVACY_KEYS, set(priv) - PRIVACY_KEYS
     diag = priv["release_diagnostics"]

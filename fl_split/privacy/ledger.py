@@ -84,7 +84,7 @@ from fl_split.privacy.events import (  # noqa: F401  (re-exported: mechanisms im
 ACCOUNTANTS = accountant_names()
 #: the accountants every report lists ("opacus" is added for Gaussian-only ledgers)
 REPORTED = tuple(n for n in ACCOUNTANTS if n != "opacus")
-DIRECTIONS = ("forward", "backward", "update")
+DIRECTIONS = ("forward", "backward", "update", "allocation")
 #: slack of the budget comparison (floating-point sums of equal epsilons)
 BUDGET_SLACK = 1e-9
 #: release counts up to this are composed exactly in the budget pre-check; above it they are
@@ -111,7 +111,7 @@ class LedgerEntry:
 
     round: int
     key: tuple  # BatchKey.as_tuple() = (phase, epoch, index)
-    direction: str  # "forward" | "backward" | "update" (a DP-SGD step)
+    direction: str  # "forward" | "backward" | "update" (a DP-SGD step) | "allocation" (R3eLU importance shares)
     cost: PrivacyCost
     ids: np.ndarray
     sample_rate: float | None = None  # B/N of the training split (amplification and the paper accountant)

@@ -3,8 +3,10 @@ the importance tracker its dynamic budget allocation reads (§3.4, Eq. 8–9).
 
 The mechanism observes nothing by itself: the party that owns it keeps an
 :class:`ImportanceTracker` on a layer, calls :meth:`ImportanceTracker.update` after each backward,
-and hands :attr:`ImportanceTracker.values` to :meth:`R3eLU.set_importance` when it decides (before
-each epoch as 001 does, or per batch as an option); the mechanism uses the last ``U`` it was given.
+and, when it decides (before each epoch as 001 does, or per batch as an option), releases the
+allocation through :class:`AllocationRelease` (charged: the receiver can read the allocation back)
+and hands the *released* shares to :meth:`R3eLU.set_importance`; the mechanism uses the last ``U``
+it was given.
 
 The Laplace part is drawn as discrete Laplace noise on a power-of-two grid
 (:mod:`fl_split.privacy.sampling`), calibrated so that the claimed epsilon holds *including* the
@@ -293,8 +295,8 @@ class R3eLU(Mechanism):
         return self._grid if (self._grid is not None and self._uses_importance()) else self._uniform
 
     def noise_scales(self) -> torch.Tensor:
-        """Per-feature Laplace scales ``b_i = γ_i·t_i`` (private under an importance allocation:
-        they derive from ``U``).
+        """Per-feature Laplace scales ``b_i = γ_i·t_i`` (under an importance allocation they derive
+        from the ``U`` last given, which a party gives only as a released :class:`AllocationRelease`).
 
         * ``uniform`` (or no importance yet): ``≈ 2KC/ε_l`` for every element (Alg. 1/2);
         * ``importance`` (Cor. 6 / Eq. 16 as published): ``C/(ε_l·w_i)`` forward,
@@ -377,7 +379,7 @@ class R3eLU(Mechanism):
                 "snr_bound": 0.0 if self.signal_free else self.c * math.sqrt(self.k / self.width) / sd}
 
     def local_diagnostics(self) -> dict:
-        """Importance-derived values (private: ``U`` comes from this party's gradients)."""
+        """Importance-derived values (from the released allocation the party gave the mechanism)."""
         s = self.noise_scales()
         return {"importance_active": self._uses_importance(), "noise_scale_mean": float(s.mean()),
                 "noise_scale_min": float(s.min()), "noise_scale_max": float(s.max())}
@@ -401,6 +403,77 @@ class R3eLU(Mechanism):
                                    ("allocation", self.allocation), ("grid", self.gamma), ("t", self.t),
                                    ("sensitivity_units", int(self.sensitivity_units)),
                                    ("sampler_slack", max(slack, 0.0))))
+
+
+# -- the allocation as a release (issue 16; DESIGN.md privacy principle 2) ------------------------
+class AllocationRelease:
+    """The importance allocation of 001 §3.4 made a charged release.
+
+    Under ``--allocation importance`` / ``importance-tight`` the per-feature noise scales (Cor. 6)
+    and activation probabilities (Eq. 10) follow the importances ``U`` of Eq. 8–9, which come from
+    the party's own gradients, so from its data. A receiver reads them back from the releases
+    (each element's grid step and noise spread, each element's activation rate): the allocation is
+    itself a data-dependent release. It is therefore released *through its own mechanism* and
+    charged, and the R3eLU mechanism only ever sees the released value, so everything it derives
+    from it is post-processing (and public: the report shows it).
+
+    Mechanism: the shares ``s = U/ΣU`` lie in the simplex, so two neighbouring datasets — one
+    record's values replaced, and that record may dominate the gradients — give shares at most 2
+    apart in L1. ``s`` is snapped to a power-of-two grid ``γ`` (``n_i = round(s_i/γ)``, so
+    ``Σ|n_i − n'_i| ≤ 2/γ + d`` grid steps: each rounding adds at most one) and released as
+    ``γ·(n + DLap(t))`` with the exact discrete Laplace sampler of :mod:`fl_split.privacy.sampling`
+    calibrated to ``ε_U`` *including* the sampler's slack; negative values are set to 0
+    (post-processing). The U of a snapshot is a running mean over every update so far, so each
+    release is charged to every training record of the party (direction ``allocation``); before
+    the first update ``U = 0`` is data-independent and nothing is released (the mechanism is then
+    ``uniform``).
+    """
+
+    name = "allocation"
+    random = True
+
+    def __init__(self, width: int, epsilon: float) -> None:
+        self.width = check_width(width)
+        self.epsilon = positive("allocation-epsilon", epsilon)
+        b_nom = 2.0 / self.epsilon  # L1 sensitivity 2 of the simplex
+        self.gamma = choose_grid(b_nom, 1.0)
+        self.units = grid_units(1.0, self.gamma)
+        delta = min(int(round(2.0 / self.gamma)) + self.width, self.width * self.units)
+        self.noise, self.epsilon_bound, self.signal_free = calibrate(delta, self.epsilon, self.width, b_nom / self.gamma)
+        self.sensitivity_units = 0 if self.signal_free else delta
+        self.scale = self.gamma * self.noise.t
+
+    def release(self, u: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+        """The released allocation for importances ``u ≥ 0`` (``width`` entries): non-negative
+        noisy shares, float32 on the CPU (what the mechanism then uses as its ``U``)."""
+        u = torch.as_tensor(u).detach().reshape(-1).to(torch.float64).cpu()
+        if u.numel() != self.width:
+            raise ValueError(f"allocation release: {u.numel()} importances for a width of {self.width}")
+        total = float(u.sum())
+        shares = u / total if total > 0 else torch.full_like(u, 1.0 / self.width)
+        n = torch.zeros_like(shares) if self.signal_free else snap(shares, self.gamma, 0, self.units)
+        dev = gen.device if gen is not None else torch.device("cpu")  # the party's generator, on its device
+        y = self.noise.sample((self.width,), gen, dev).to("cpu", torch.float64).add_(n)
+        return (y * self.gamma).clamp_min_(0.0).float()
+
+    def cost(self) -> PrivacyCost:
+        """One ``ε_U``-DP release per record (discrete Laplace on the grid, slack included)."""
+        if self.signal_free:  # the shares were not used: input-independent noise, costs 0
+            event = dp_accounting.dp_event.NoOpDpEvent()
+        else:
+            event = dp_accounting.dp_event.DiscreteLaplaceDpEvent(noise_parameter=1.0 / self.noise.t,
+                                                                  sensitivity=int(self.sensitivity_units))
+        slack = self.epsilon_bound - (self.sensitivity_units / self.noise.t if not self.signal_free else 0.0)
+        return PrivacyCost("allocation", event, epsilon=self.epsilon, sensitivity_l1=2.0,
+                           params=(("width", self.width), ("grid", self.gamma), ("t", float(self.noise.t)),
+                                   ("sensitivity_units", int(self.sensitivity_units)),
+                                   ("sampler_slack", max(slack, 0.0))))
+
+    def describe(self) -> dict:
+        """Parameters only (public)."""
+        return {"name": self.name, "epsilon": self.epsilon, "width": self.width, "sensitivity_l1": 2.0,
+                "noise_scale": self.scale, "grid": self.gamma, "sampler": "discrete-laplace",
+                "signal_free": self.signal_free}
 
 
 # -- importance (001 §3.4, Eq. 8–9) -------------------------------------------------------------------
@@ -489,5 +562,5 @@ class ImportanceTracker:
         self.count = int(state["count"])
 
 
-__all__ = ["ALLOCATIONS", "SIDES", "ImportanceTracker", "R3eLU", "activation_probability", "clip_k",
+__all__ = ["ALLOCATIONS", "SIDES", "AllocationRelease", "ImportanceTracker", "R3eLU", "activation_probability", "clip_k",
            "geometric_epsilon", "keep_probability"]
