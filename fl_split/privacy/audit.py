@@ -145,8 +145,9 @@ def canary_pair(mech: Mechanism) -> tuple[torch.Tensor, torch.Tensor]:
     * R3eLU forward: ``C`` on the ``K`` elements of smallest noise scale (the first ``K`` under
       ``uniform``) vs ``C`` on the ``K`` of largest scale (``−C`` elsewhere, clipped to 0): ``2K``
       elements differ by ``C`` and the activation probabilities swap between ``q`` and ``½``
-      (Eq. 4) — the rising elements carry the loss, the output being cut at 0 below; backward: ``+C`` vs ``−C`` on the first ``K`` (same magnitudes, so
-      the same activation probabilities; the Laplace part sees ``2KC``).
+      (Eq. 4) — the rising elements carry the loss, the output being cut at 0 below; backward:
+      ``+C`` vs ``−C`` on the ``K`` elements of smallest noise scale (same magnitudes, so the same
+      activation probabilities; the Laplace part sees ``2KC``).
     """
     m = _inner(mech)
     d = int(m.width)
@@ -173,7 +174,7 @@ def canary_pair(mech: Mechanism) -> tuple[torch.Tensor, torch.Tensor]:
             x0[0, order[d - k:]] = c
             return x0, x1
         x1 = torch.zeros(1, d)
-        x1[0, :k] = c
+        x1[0, torch.argsort(m.noise_scales().double(), stable=True)[:k]] = c
         return -x1, x1
     raise ValueError(f"audit: no canary for mechanism {m.name!r}; allowed: laplace, gaussian, rr, r3elu")
 
@@ -442,9 +443,6 @@ def default_importance(width: int) -> torch.Tensor:
     return (torch.arange(width, dtype=torch.float32) + 1.0) ** 2
 
 
-__all__ = ["AuditResult", "MisAccounted", "audit_dpsgd", "audit_mechanism", "audit_statistics", "canary_pair",
-           "choose_threshold", "claimed_epsilons", "clopper_pearson", "default_importance", "epsilon_lower_bound",
-           "log_likelihood_ratio", "mechanisms_for"]
 
 
 # -- one audit run (what ``fl-split audit`` does) -------------------------------------------------
@@ -503,3 +501,8 @@ def progress_steps(cfg, releases: list[int], trials: int) -> int:
         for k in releases:
             n += 2 * (trials // 256) if direction == "update" else 2 * k
     return n
+
+
+__all__ = ["AuditResult", "MisAccounted", "audit_dpsgd", "audit_mechanism", "audit_statistics", "canary_pair",
+           "choose_threshold", "claimed_epsilons", "clopper_pearson", "default_importance", "directions_of",
+           "epsilon_lower_bound", "log_likelihood_ratio", "mechanisms_for", "progress_steps", "run_audit"]
