@@ -227,3 +227,13 @@ def test_cli_bad_input_names_the_flag_and_writes_nothing(tmp_path, capsys, argv,
     assert rc == 2
     assert flag in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_geometric_schedule_past_exhaustion_is_audited():
+    """Past ``ε/2^i < ε·2^-40`` the party releases zeros (``Exhausted``, no charge): the audit treats
+    those releases as carrying nothing, and the ledger's claim stays below ``ε_T``."""
+    cfg = RunConfig(defense="laplace", epsilon=1.0, schedule="geometric")
+    mechs = audit.mechanisms_for(cfg, 2, 42, "forward")
+    assert mechs[-1].name == "exhausted" and mechs[-1].cost() is None
+    res = audit.audit_mechanism(mechs, 2000, secret("exhausted"), delta=DELTA, alpha=0.05, label="exhausted")
+    assert res.claimed["basic"] < 1.0 and res.violated == []
