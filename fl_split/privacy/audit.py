@@ -189,17 +189,16 @@ def _dlap_logpmf(z: torch.Tensor, t) -> torch.Tensor:
 def _r3elu_loglik(m, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``log P(release = y | input x)`` per element of R3eLU (Alg. 1/2 on its grid), ``(N, d)``."""
     from fl_split.privacy.r3elu import clip_k
+    from fl_split.privacy.sampling import snap
 
-    grid = m._active_grid()
-    gamma, units = grid.gamma, grid.units
+    grid = m._active_grid()  # the uniform grid, or the one the importances U gave
+    gamma, units = grid.on(x.device)
     t = grid.noise.t
-    gamma_t = torch.as_tensor(gamma, dtype=torch.float64)
-    k = torch.round(y.double() / gamma_t)
+    k = torch.round(y.double() / gamma)
     if m.direction == "forward":
         vhat = clip_k(x, m.c, m.k)
         p = m._probabilities64(vhat).double()
-        n = torch.clamp(torch.round(vhat.double() / gamma_t), torch.zeros_like(torch.as_tensor(units, dtype=torch.float64)),
-                        torch.as_tensor(units, dtype=torch.float64))
+        n = snap(vhat, gamma, 0, units)
         tt = torch.as_tensor(t, dtype=torch.float64)
         r = torch.exp(-1.0 / tt)
         # out = 0: not activated, or activated with n + Z <= 0 (P(Z <= -n) = r^n/(1+r) for n >= 0)
@@ -208,8 +207,7 @@ def _r3elu_loglik(m, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return torch.where(k > 0, pos, torch.log(p_zero).expand_as(pos))
     mag = clip_k(x.abs(), m.c, m.k)
     p = m._probabilities64(mag).double()
-    units_t = torch.as_tensor(units, dtype=torch.float64)
-    n = torch.clamp(torch.round((torch.sign(x) * mag).double() / gamma_t), -units_t, units_t)
+    n = snap(torch.sign(x) * mag, gamma, -units, units)
     a = torch.log(p) + _dlap_logpmf(k - n, t)
     b = torch.log1p(-p) + _dlap_logpmf(k, t)
     return torch.logaddexp(a, b)
