@@ -38,15 +38,18 @@ COMMANDS = [
     ("rr-geometric", "--defense rr --epsilon 2 --schedule geometric --releases 1,5"),
     *[(f"r3elu-{sched}-{alloc}", f"--defense r3elu --epsilon 1 --schedule {sched} --allocation {alloc} --releases 1,5")
       for sched in ("constant", "geometric") for alloc in ("uniform", "importance", "importance-tight")],
-    ("r3elu-importance-tight-width4", "--defense r3elu --epsilon 1 --allocation importance-tight --width 4 --releases 1"),
-    ("r3elu-importance-width4", "--defense r3elu --epsilon 1 --allocation importance --width 4 --releases 1"),
+    # K < d/2: importance-tight differs from importance only where the 2K largest shares are not all
+    ("r3elu-importance-tight-width4-k1", "--defense r3elu --epsilon 1 --allocation importance-tight --width 4 "
+                                        "--top-k 1 --releases 1"),
+    ("r3elu-importance-width4-k1", "--defense r3elu --epsilon 1 --allocation importance --width 4 --top-k 1 "
+                                  "--releases 1"),
     ("r3elu-backward-uniform", "--defense r3elu --epsilon 1 --protect host --releases 1,5"),
     ("r3elu-backward-importance", "--defense r3elu --epsilon 1 --protect host --allocation importance --releases 1,5"),
     ("dpsgd-sigma1", "--defense dpsgd --sigma 1 --releases 1,5"),
     ("dpsgd-sigma4", "--defense dpsgd --sigma 4 --releases 1"),
 ]
 
-COLUMNS = ("mechanism", "schedule", "allocation", "width", "releases", "trials_per_record", "claimed_basic",
+COLUMNS = ("mechanism", "schedule", "allocation", "width", "k", "releases", "trials_per_record", "claimed_basic",
            "claimed_pld", "claimed_rdp", "empirical_epsilon_lower", "ci_upper", "ratio_to_claim", "violation")
 
 
@@ -66,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dpsgd-trials", type=int, default=4000, help="trials per record of DP-SGD (one Opacus step each)")
     ap.add_argument("--quick", action="store_true", help="10x fewer trials")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--reuse", action="store_true", help="keep the JSON of a command already in --out (run the rest)")
     args = ap.parse_args(argv)
     trials, dp_trials = (args.trials // 10, args.dpsgd_trials // 10) if args.quick else (args.trials, args.dpsgd_trials)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -74,15 +78,17 @@ def main(argv: list[str] | None = None) -> int:
         n = dp_trials if "dpsgd" in flags else trials
         argv_ = ["audit", *flags.split(), "--trials", str(n), "--private-seed", SEED, "--out", str(args.out / f"{name}.json")]
         print("fl-split " + " ".join(argv_[:-2]), flush=True)
-        rc = cli(argv_)
-        if rc not in (0, 1):
-            return rc
-        failed |= rc == 1
+        if not (args.reuse and (args.out / f"{name}.json").exists()):
+            rc = cli(argv_)
+            if rc not in (0, 1):
+                return rc
         doc = json.loads((args.out / f"{name}.json").read_text())
+        failed |= bool(doc["violations"])
         for r in doc["results"]:
             c = r["claimed_epsilon_by_accountant"]
             rows.append({"command": "fl-split " + " ".join(argv_[:-2]), "mechanism": r["mechanism"],
                          "schedule": r["schedule"], "allocation": r["allocation"], "width": r["width"],
+                         "k": r["mechanism_parameters"].get("k"),
                          "releases": r["releases"], "trials_per_record": r["trials_per_record"],
                          "claimed_basic": c.get("basic"), "claimed_pld": c.get("pld"), "claimed_rdp": c.get("rdp"),
                          "empirical_epsilon_lower": r["empirical_epsilon_lower"],
