@@ -242,6 +242,14 @@ def log_likelihood_ratio(mech: Mechanism, y: torch.Tensor, x0: torch.Tensor, x1:
         ll = lambda b: torch.where(y == b, lq, lnq)  # noqa: E731
         return (ll(b1) - ll(b0)).sum(dim=1)
     if m.name == "r3elu":
+        if not (hasattr(m, "_active_grid") and hasattr(m, "_probabilities64")):
+            # R3eLU's internals changed: any statistic still gives a valid (weaker) bound; this one
+            # is linear in the release along the canary's difference
+            import warnings
+
+            warnings.warn("audit: R3eLU has no _active_grid/_probabilities64; using a linear statistic "
+                          "(a valid but weaker test) instead of the exact likelihood ratio", stacklevel=2)
+            return (y * torch.sign(x1 - x0).double()).sum(dim=1)
         return (_r3elu_loglik(m, y, x1) - _r3elu_loglik(m, y, x0)).sum(dim=1)
     raise ValueError(f"audit: no likelihood ratio for mechanism {m.name!r}")
 
