@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_attack_parser(sub, _add_train_flags, _add_private_seed)  # fl-split attack (docs/attacks.md)
     _add_deploy_parser(sub)
+    from fl_split.privacy.audit_cli import add_parser as _add_audit_parser
+
+    _add_audit_parser(sub, _add_train_flags, _add_private_seed)  # fl-split audit (docs/accounting.md)
     certs = sub.add_parser("certs", help="make a CA, TLS certificates and SuperNode keys for a deployment",
                            description="Write ca.crt/ca.key, superlink.crt/.key and dataplane-host.crt/.key (server "
                                        "certificates for --hosts), and with --node-keys an ECDSA P-384 key pair "
@@ -401,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_attack(ns)
         if ns.command == "deploy":
             return cmd_deploy(ns)
+        if ns.command == "audit":
+            from fl_split.privacy.audit_cli import cmd_audit
+
+            ns.argv = list(sys.argv[1:] if argv is None else argv)
+            return cmd_audit(ns)
         if ns.command == "certs":
             return cmd_certs(ns)
         if ns.command == "datasets":
