@@ -47,6 +47,15 @@ if str(ROOT) not in sys.path:  # run as `python experiments/expN.py` from the re
 HOLDS, PARTLY, FAILS = "holds", "partly holds", "does not hold"
 #: a measurement no paper made (an open question answered), and a claim we could not measure
 NEW, NOT_MEASURED = "new", "not measured"
+#: the claim cannot be judged here: the model is at its trivial level, the undefended attack does not
+#: beat its baseline (so no defence can be judged), or the comparison is equal by construction
+UNINFORMATIVE = "uninformative"
+#: the difference that decides the claim is within the seed spread (paired test p ≥ 0.05, or a margin
+#: under 2 standard deviations)
+INCONCLUSIVE = "inconclusive"
+VERDICTS = (HOLDS, PARTLY, FAILS, NEW, NOT_MEASURED, UNINFORMATIVE, INCONCLUSIVE)
+#: significance level of the paired tests every verdict on a difference uses
+ALPHA = 0.05
 
 
 # -- setup -------------------------------------------------------------------------------------------
@@ -75,6 +84,9 @@ def parser(doc: str, seeds: Sequence[int] = (0, 1, 2)) -> argparse.ArgumentParse
                          "(e.g. mnist, from --data-root), same models and options; repeatable. Results go to "
                          "experiments/results/<name>+REAL/ so the committed offline numbers stay as they are")
     ap.add_argument("--data-root", default="", help="where the downloadable datasets are (see `fl-split datasets`)")
+    ap.add_argument("--from-runs", action="store_true",
+                    help="train nothing: rebuild the tables, claims and plots from the output folder's runs.csv "
+                         "(after a change to a verdict rule)")
     return ap
 
 
@@ -110,6 +122,29 @@ def mean_sd(xs: Iterable[float | None]) -> tuple[float, float]:
     if not v:
         return float("nan"), float("nan")
     return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
+
+
+def paired(a: Sequence[float], b: Sequence[float]) -> dict:
+    """Per-seed paired comparison of ``a`` against ``b`` (same seeds, same order): the mean
+    difference, its SD over seeds, a paired t-test p-value (``nan`` with fewer than 2 pairs) and
+    ``clear``: the difference is outside the seed spread (p < :data:`ALPHA`). Verdicts on a
+    difference use this, never the sign alone (issue 19)."""
+    d = [float(x) - float(y) for x, y in zip(a, b)]
+    m, sd = mean_sd(d)
+    if len(d) < 2:
+        p = float("nan")
+    elif sd == 0:
+        p = 0.0 if m != 0 else 1.0
+    else:
+        from scipy import stats
+
+        p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    return {"diff": m, "sd": sd, "n": len(d), "p": p, "clear": p == p and p < ALPHA}
+
+
+def margin_clear(margin: float, sd: float) -> bool:
+    """A margin counts when it is at least two standard deviations of the seed spread."""
+    return abs(margin) >= 2.0 * (sd or 0.0)
 
 
 def fmt(m: float, s: float | None = None, digits: int = 3, pct: bool = False) -> str:
@@ -174,6 +209,8 @@ def read_runs(path: Path) -> list[dict]:
     def cell(v: str) -> Any:
         if v == "":
             return None
+        if v in ("True", "False"):
+            return v == "True"
         try:
             f = float(v)
         except ValueError:
@@ -339,6 +376,8 @@ class Out:
     def csv(self, fname: str, rows: list[dict], fields: Sequence[str] | None = None) -> Path:
         fields = list(fields or dict.fromkeys(k for r in rows for k in r))
         p = self.path(fname)
+        if fname == "runs.csv" and getattr(self.args, "from_runs", False):
+            return p  # the measured runs are the input of a rebuild, never rewritten by it
         with p.open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
             w.writeheader()
@@ -368,10 +407,21 @@ class Out:
     def claims(self, claims: list[dict]) -> Path:
         for c in claims:
             c.setdefault("experiment", self.name)
-            assert c["verdict"] in (HOLDS, PARTLY, FAILS, NEW, NOT_MEASURED), c
+            assert c["verdict"] in VERDICTS, c
+            assert c.get("rule"), f"claim {c['id']} has no rule (issue 19: every verdict states its rule)"
         return self.json("claims.json", claims)
 
     def finish(self, extra: dict | None = None) -> dict:
+        prior = self.dir / "run.json"
+        if getattr(self.args, "from_runs", False) and prior.exists():
+            # the numbers are the earlier run's: keep its provenance, record the rebuild beside it
+            meta = json.loads(prior.read_text())
+            meta["rebuilt_from_runs"] = {
+                "command": " ".join([".venv/bin/python", f"experiments/{self.script}", *sys.argv[1:]]),
+                "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "versions": _versions()}
+            prior.write_text(json.dumps(meta, indent=1, default=_jsonable) + "\n")
+            print(f"[{self.name}] rebuilt tables and claims from runs.csv in {self.dir}", flush=True)
+            return meta
         meta = {
             "experiment": self.name,
             "command": " ".join([".venv/bin/python", f"experiments/{self.script}", *sys.argv[1:]])
@@ -445,10 +495,27 @@ def plt():
     return _plt
 
 
-def claim(cid: str, source: str, claim_text: str, paper: str, ours: str, verdict: str, note: str = "") -> dict:
-    """One row of the claim table."""
+def claim(cid: str, source: str, claim_text: str, paper: str, ours: str, verdict: str, note: str = "", *,
+          rule: str) -> dict:
+    """One row of the claim table. ``rule``: how the verdict is decided — the statistic, the
+    threshold and the seeds (printed in the table beside the verdict)."""
     return {"id": cid, "source": source, "claim": claim_text, "paper": paper, "ours": ours, "verdict": verdict,
-            "note": note}
+            "note": note, "rule": rule}
+
+
+def runs_or_train(out: "Out", args: argparse.Namespace) -> list[dict] | None:
+    """``--from-runs``: the output folder's ``runs.csv`` (nothing is trained; tables, claims and plots
+    are rebuilt from it), else ``None``."""
+    if not getattr(args, "from_runs", False):
+        return None
+    path = out.dir / "runs.csv"
+    if not path.exists():
+        raise SystemExit(f"{out.name}: --from-runs needs {path} (run the experiment once first)")
+    runs = read_runs(path)
+    seeds = sorted({int(r["seed"]) for r in runs if r.get("seed") is not None})
+    if seeds:
+        args.seeds = seeds
+    return runs
 
 
 def progress(name: str, t0: float, *what: Any) -> None:
