@@ -84,6 +84,10 @@ def parser(doc: str, seeds: Sequence[int] = (0, 1, 2)) -> argparse.ArgumentParse
                          "(e.g. mnist, from --data-root), same models and options; repeatable. Results go to "
                          "experiments/results/<name>+REAL/ so the committed offline numbers stay as they are")
     ap.add_argument("--data-root", default="", help="where the downloadable datasets are (see `fl-split datasets`)")
+    ap.add_argument("--verify", action="store_true",
+                    help="re-run seed 0 at the current code into a temporary folder and compare every cell with the "
+                         "committed runs.csv (tolerance: the larger of 2 sd over the committed seeds and 0.005 + 2 %% "
+                         "of the value); exit 1 if any cell drifted. Combine with --datasets / --parts for a subset")
     ap.add_argument("--from-runs", action="store_true",
                     help="train nothing: rebuild the tables, claims and plots from the output folder's runs.csv "
                          "(after a change to a verdict rule)")
@@ -359,7 +363,14 @@ class Out:
         self.t0 = time.perf_counter()
         subs = use_datasets(getattr(args, "substitute", []), getattr(args, "data_root", ""))
         folder = name + "".join(f"+{real}" for real in subs.values())
-        if args.out:
+        self.committed = RESULTS / folder
+        if getattr(args, "verify", False):
+            if args.quick or getattr(args, "from_runs", False):
+                raise SystemExit(f"{name}: --verify re-runs the committed configuration; it does not combine with "
+                                 "--quick or --from-runs")
+            args.seeds = [0]
+            self.dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"fl_split_verify_{name}_"))
+        elif args.out:
             self.dir = Path(args.out)
         elif args.quick:
             self.dir = Path(tempfile.gettempdir()) / "fl_split_experiments_quick" / folder
@@ -411,22 +422,28 @@ class Out:
             assert c.get("rule"), f"claim {c['id']} has no rule (issue 19: every verdict states its rule)"
         return self.json("claims.json", claims)
 
+    def command(self) -> str:
+        """The command line that reproduces this invocation."""
+        if Path(sys.argv[0]).name == self.script:
+            return " ".join([".venv/bin/python", f"experiments/{self.script}", *sys.argv[1:]])
+        return f".venv/bin/python experiments/{self.script} " + " ".join(_argv_of(self.args))
+
     def finish(self, extra: dict | None = None) -> dict:
+        if getattr(self.args, "verify", False):
+            return self._verify()
         prior = self.dir / "run.json"
         if getattr(self.args, "from_runs", False) and prior.exists():
             # the numbers are the earlier run's: keep its provenance, record the rebuild beside it
             meta = json.loads(prior.read_text())
             meta["rebuilt_from_runs"] = {
-                "command": " ".join([".venv/bin/python", f"experiments/{self.script}", *sys.argv[1:]]),
+                "command": self.command(),
                 "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "versions": _versions()}
             prior.write_text(json.dumps(meta, indent=1, default=_jsonable) + "\n")
             print(f"[{self.name}] rebuilt tables and claims from runs.csv in {self.dir}", flush=True)
             return meta
         meta = {
             "experiment": self.name,
-            "command": " ".join([".venv/bin/python", f"experiments/{self.script}", *sys.argv[1:]])
-            if Path(sys.argv[0]).name == self.script else f".venv/bin/python experiments/{self.script} "
-            + " ".join(_argv_of(self.args)),
+            "command": self.command(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "seconds": round(time.perf_counter() - self.t0, 1),
             "quick": bool(self.args.quick),
@@ -439,6 +456,71 @@ class Out:
         (self.dir / "run.json").write_text(json.dumps(meta, indent=1, default=_jsonable) + "\n")
         print(f"[{self.name}] wrote {len(set(self.files))} files to {self.dir} in {meta['seconds']:.0f} s", flush=True)
         return meta
+
+
+    def _verify(self) -> dict:
+        """``--verify``: compare this seed-0 re-run with the committed runs (see :func:`verify_runs`)."""
+        report = {"experiment": self.name, "command": self.command(), "versions": _versions(),
+                  "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "committed": str(self.committed), "files": {}}
+        drifted = 0
+        for fname, (keys, values) in VERIFY_KEYS[self.name].items():
+            new, old = self.dir / fname, self.committed / fname
+            if not new.exists():
+                continue
+            if not old.exists():
+                raise SystemExit(f"{self.name}: --verify has nothing to compare with: {old} does not exist")
+            cells = verify_runs(read_runs(new), read_runs(old), keys, values)
+            report["files"][fname] = cells
+            drifted += sum(not c["ok"] for c in cells)
+            for c in cells:
+                flag = "ok   " if c["ok"] else "DRIFT"
+                print(f"[{self.name} verify] {flag} {fname} {c['cell']} {c['field']}: committed {c['committed']:.6g} "
+                      f"now {c['now']:.6g} (|Δ| {c['diff']:.3g}, tolerance {c['tolerance']:.3g})", flush=True)
+        report["drifted"] = drifted
+        report["cells"] = sum(len(v) for v in report["files"].values())
+        (self.dir / "verify.json").write_text(json.dumps(report, indent=1, default=_jsonable) + "\n")
+        print(f"[{self.name} verify] {report['cells'] - drifted} of {report['cells']} cells reproduce the committed "
+              f"seed-0 numbers; report {self.dir / 'verify.json'}", flush=True)
+        if drifted:
+            raise SystemExit(1)
+        return report
+
+
+#: per experiment, per runs file: the columns that name a cell and the measured columns compared by --verify
+VERIFY_KEYS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+    "exp1_merge_padding": {"runs.csv": (("dataset", "padding", "merge"), ("value",))},
+    "exp2_utility_epsilon": {"runs.csv": (("dataset", "defence", "direction", "epsilon"), ("value",))},
+    "exp3_property_reconstruction": {"runs.csv": (("dataset", "defence", "direction", "epsilon", "attack"),
+                                                  ("value", "utility"))},
+    "exp4_fsha": {"runs.csv": (("config",), ("mse", "ssim"))},
+    "exp5_denoising": {"runs.csv": (("family", "level", "denoise"), ("best",))},
+    "exp6_rr_vs_laplace": {"runs.csv": (("cut", "mechanism", "eps_per_element"), ("accuracy", "ssim", "f1"))},
+    "exp7_cut_layer_labels": {"cut_runs.csv": (("padding", "cut"), ("value",)),
+                              "label_runs.csv": (("dataset", "defence", "attack"), ("value", "utility"))},
+    "exp8_privacy_utility_attacks": {"runs.csv": (("dataset", "defence", "epsilon", "attack"), ("value", "utility"))},
+}
+
+
+def verify_runs(new: list[dict], old: list[dict], keys: Sequence[str], values: Sequence[str]) -> list[dict]:
+    """Each re-run cell (seed 0) against the committed seed-0 run of the same cell. A cell reproduces
+    when ``|now − committed|`` is within the larger of 2 sd over the committed seeds (the seed spread
+    the verdicts are judged with) and ``0.005 + 2 %`` of the committed value (numerical drift)."""
+    out = []
+    for r in new:
+        cell = tuple(r.get(k) for k in keys)
+        same = [o for o in old if tuple(o.get(k) for k in keys) == cell]
+        base = [o for o in same if o.get("seed") == r.get("seed")]
+        for f in values:
+            now, ref = r.get(f), (base[0].get(f) if base else None)
+            if now is None or ref is None:
+                continue
+            sd = mean_sd(o.get(f) for o in same)[1] if len(same) > 1 else 0.0
+            tol = max(2 * sd, 0.005 + 0.02 * abs(float(ref)))
+            diff = abs(float(now) - float(ref))
+            out.append({"cell": dict(zip(keys, cell)), "field": f, "committed": float(ref), "now": float(now),
+                        "diff": diff, "tolerance": tol, "ok": diff <= tol})
+    return out
 
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
