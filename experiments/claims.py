@@ -1,8 +1,9 @@
 """Gather every experiment's ``claims.json`` into one claim table (``results/claims.md``).
 
 Each ``experiments/expN_*.py`` writes ``results/<name>/claims.json``: per paper claim, its source,
-the paper's number, ours (mean ± sd over seeds, on our datasets), and the verdict — holds, partly
-holds, does not hold (or "new" for a question no paper answered). This script only collects them,
+the paper's number, ours (mean ± sd over seeds, on our datasets), the verdict — holds, partly
+holds, does not hold, uninformative (cannot be judged here), inconclusive (within the seed spread), or
+"new" for a question no paper answered — and the rule that decided it. This script only collects them,
 in experiment order, so the table at the top of ``experiments/README.md`` can be regenerated:
 
     .venv/bin/python experiments/claims.py                 # writes experiments/results/claims.md
@@ -36,14 +37,20 @@ def table(rows: list[dict]) -> str:
     def esc(s: str) -> str:
         return str(s).replace("|", "\\|").replace("\n", " ")
 
-    lines = ["| # | experiment | source | claim | paper | ours | verdict |", "|---|---|---|---|---|---|---|"]
+    lines = ["| # | experiment | source | claim | paper | ours | verdict | rule |", "|---|---|---|---|---|---|---|---|"]
     for c in rows:
         exp = c["experiment"].split("_")[0].replace("exp", "")
         lines.append(f"| {esc(c['id'])} | [{exp}](#{c['experiment'].replace('_', '-')}) | {esc(c['source'])} | "
-                     f"{esc(c['claim'])} | {esc(c['paper'])} | {esc(c['ours'])} | **{esc(c['verdict'])}** |")
+                     f"{esc(c['claim'])} | {esc(c['paper'])} | {esc(c['ours'])} | **{esc(c['verdict'])}** | "
+                     f"{esc(c.get('rule') or '(no rule recorded)')} |")
     n = Counter(c["verdict"] for c in rows)
     lines.append("")
     lines.append("Verdicts: " + ", ".join(f"{k} {v}" for k, v in n.most_common()) + ".")
+    lines.append("")
+    lines.append("*uninformative*: the claim cannot be judged here (the model is at its constant prediction, the "
+                 "undefended attack does not beat its baseline, or the comparison is equal by construction); "
+                 "*inconclusive*: the difference that decides it is within the seed spread. Seeds, statistic and "
+                 "threshold of each verdict are in its rule.")
     return "\n".join(lines)
 
 

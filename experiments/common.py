@@ -47,6 +47,15 @@ if str(ROOT) not in sys.path:  # run as `python experiments/expN.py` from the re
 HOLDS, PARTLY, FAILS = "holds", "partly holds", "does not hold"
 #: a measurement no paper made (an open question answered), and a claim we could not measure
 NEW, NOT_MEASURED = "new", "not measured"
+#: the claim cannot be judged here: the model is at its trivial level, the undefended attack does not
+#: beat its baseline (so no defence can be judged), or the comparison is equal by construction
+UNINFORMATIVE = "uninformative"
+#: the difference that decides the claim is within the seed spread (paired test p ≥ 0.05, or a margin
+#: under 2 standard deviations)
+INCONCLUSIVE = "inconclusive"
+VERDICTS = (HOLDS, PARTLY, FAILS, NEW, NOT_MEASURED, UNINFORMATIVE, INCONCLUSIVE)
+#: significance level of the paired tests every verdict on a difference uses
+ALPHA = 0.05
 
 
 # -- setup -------------------------------------------------------------------------------------------
@@ -75,6 +84,13 @@ def parser(doc: str, seeds: Sequence[int] = (0, 1, 2)) -> argparse.ArgumentParse
                          "(e.g. mnist, from --data-root), same models and options; repeatable. Results go to "
                          "experiments/results/<name>+REAL/ so the committed offline numbers stay as they are")
     ap.add_argument("--data-root", default="", help="where the downloadable datasets are (see `fl-split datasets`)")
+    ap.add_argument("--verify", action="store_true",
+                    help="re-run seed 0 at the current code into a temporary folder and compare every cell with the "
+                         "committed runs.csv (tolerance: the larger of 2 sd over the committed seeds and 0.005 + 2 %% "
+                         "of the value); exit 1 if any cell drifted. Combine with --datasets / --parts for a subset")
+    ap.add_argument("--from-runs", action="store_true",
+                    help="train nothing: rebuild the tables, claims and plots from the output folder's runs.csv "
+                         "(after a change to a verdict rule)")
     return ap
 
 
@@ -110,6 +126,29 @@ def mean_sd(xs: Iterable[float | None]) -> tuple[float, float]:
     if not v:
         return float("nan"), float("nan")
     return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
+
+
+def paired(a: Sequence[float], b: Sequence[float]) -> dict:
+    """Per-seed paired comparison of ``a`` against ``b`` (same seeds, same order): the mean
+    difference, its SD over seeds, a paired t-test p-value (``nan`` with fewer than 2 pairs) and
+    ``clear``: the difference is outside the seed spread (p < :data:`ALPHA`). Verdicts on a
+    difference use this, never the sign alone (issue 19)."""
+    d = [float(x) - float(y) for x, y in zip(a, b)]
+    m, sd = mean_sd(d)
+    if len(d) < 2:
+        p = float("nan")
+    elif sd == 0:
+        p = 0.0 if m != 0 else 1.0
+    else:
+        from scipy import stats
+
+        p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    return {"diff": m, "sd": sd, "n": len(d), "p": p, "clear": p == p and p < ALPHA}
+
+
+def margin_clear(margin: float, sd: float) -> bool:
+    """A margin counts when it is at least two standard deviations of the seed spread."""
+    return abs(margin) >= 2.0 * (sd or 0.0)
 
 
 def fmt(m: float, s: float | None = None, digits: int = 3, pct: bool = False) -> str:
@@ -174,6 +213,8 @@ def read_runs(path: Path) -> list[dict]:
     def cell(v: str) -> Any:
         if v == "":
             return None
+        if v in ("True", "False"):
+            return v == "True"
         try:
             f = float(v)
         except ValueError:
@@ -322,7 +363,14 @@ class Out:
         self.t0 = time.perf_counter()
         subs = use_datasets(getattr(args, "substitute", []), getattr(args, "data_root", ""))
         folder = name + "".join(f"+{real}" for real in subs.values())
-        if args.out:
+        self.committed = RESULTS / folder
+        if getattr(args, "verify", False):
+            if args.quick or getattr(args, "from_runs", False):
+                raise SystemExit(f"{name}: --verify re-runs the committed configuration; it does not combine with "
+                                 "--quick or --from-runs")
+            args.seeds = [0]
+            self.dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"fl_split_verify_{name}_"))
+        elif args.out:
             self.dir = Path(args.out)
         elif args.quick:
             self.dir = Path(tempfile.gettempdir()) / "fl_split_experiments_quick" / folder
@@ -339,6 +387,8 @@ class Out:
     def csv(self, fname: str, rows: list[dict], fields: Sequence[str] | None = None) -> Path:
         fields = list(fields or dict.fromkeys(k for r in rows for k in r))
         p = self.path(fname)
+        if fname == "runs.csv" and getattr(self.args, "from_runs", False):
+            return p  # the measured runs are the input of a rebuild, never rewritten by it
         with p.open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
             w.writeheader()
@@ -368,15 +418,32 @@ class Out:
     def claims(self, claims: list[dict]) -> Path:
         for c in claims:
             c.setdefault("experiment", self.name)
-            assert c["verdict"] in (HOLDS, PARTLY, FAILS, NEW, NOT_MEASURED), c
+            assert c["verdict"] in VERDICTS, c
+            assert c.get("rule"), f"claim {c['id']} has no rule (issue 19: every verdict states its rule)"
         return self.json("claims.json", claims)
 
+    def command(self) -> str:
+        """The command line that reproduces this invocation."""
+        if Path(sys.argv[0]).name == self.script:
+            return " ".join([".venv/bin/python", f"experiments/{self.script}", *sys.argv[1:]])
+        return f".venv/bin/python experiments/{self.script} " + " ".join(_argv_of(self.args))
+
     def finish(self, extra: dict | None = None) -> dict:
+        if getattr(self.args, "verify", False):
+            return self._verify()
+        prior = self.dir / "run.json"
+        if getattr(self.args, "from_runs", False) and prior.exists():
+            # the numbers are the earlier run's: keep its provenance, record the rebuild beside it
+            meta = json.loads(prior.read_text())
+            meta["rebuilt_from_runs"] = {
+                "command": self.command(),
+                "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "versions": _versions()}
+            prior.write_text(json.dumps(meta, indent=1, default=_jsonable) + "\n")
+            print(f"[{self.name}] rebuilt tables and claims from runs.csv in {self.dir}", flush=True)
+            return meta
         meta = {
             "experiment": self.name,
-            "command": " ".join([".venv/bin/python", f"experiments/{self.script}", *sys.argv[1:]])
-            if Path(sys.argv[0]).name == self.script else f".venv/bin/python experiments/{self.script} "
-            + " ".join(_argv_of(self.args)),
+            "command": self.command(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "seconds": round(time.perf_counter() - self.t0, 1),
             "quick": bool(self.args.quick),
@@ -389,6 +456,71 @@ class Out:
         (self.dir / "run.json").write_text(json.dumps(meta, indent=1, default=_jsonable) + "\n")
         print(f"[{self.name}] wrote {len(set(self.files))} files to {self.dir} in {meta['seconds']:.0f} s", flush=True)
         return meta
+
+
+    def _verify(self) -> dict:
+        """``--verify``: compare this seed-0 re-run with the committed runs (see :func:`verify_runs`)."""
+        report = {"experiment": self.name, "command": self.command(), "versions": _versions(),
+                  "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "committed": str(self.committed), "files": {}}
+        drifted = 0
+        for fname, (keys, values) in VERIFY_KEYS[self.name].items():
+            new, old = self.dir / fname, self.committed / fname
+            if not new.exists():
+                continue
+            if not old.exists():
+                raise SystemExit(f"{self.name}: --verify has nothing to compare with: {old} does not exist")
+            cells = verify_runs(read_runs(new), read_runs(old), keys, values)
+            report["files"][fname] = cells
+            drifted += sum(not c["ok"] for c in cells)
+            for c in cells:
+                flag = "ok   " if c["ok"] else "DRIFT"
+                print(f"[{self.name} verify] {flag} {fname} {c['cell']} {c['field']}: committed {c['committed']:.6g} "
+                      f"now {c['now']:.6g} (|Δ| {c['diff']:.3g}, tolerance {c['tolerance']:.3g})", flush=True)
+        report["drifted"] = drifted
+        report["cells"] = sum(len(v) for v in report["files"].values())
+        (self.dir / "verify.json").write_text(json.dumps(report, indent=1, default=_jsonable) + "\n")
+        print(f"[{self.name} verify] {report['cells'] - drifted} of {report['cells']} cells reproduce the committed "
+              f"seed-0 numbers; report {self.dir / 'verify.json'}", flush=True)
+        if drifted:
+            raise SystemExit(1)
+        return report
+
+
+#: per experiment, per runs file: the columns that name a cell and the measured columns compared by --verify
+VERIFY_KEYS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+    "exp1_merge_padding": {"runs.csv": (("dataset", "padding", "merge"), ("value",))},
+    "exp2_utility_epsilon": {"runs.csv": (("dataset", "defence", "direction", "epsilon"), ("value",))},
+    "exp3_property_reconstruction": {"runs.csv": (("dataset", "defence", "direction", "epsilon", "attack"),
+                                                  ("value", "utility"))},
+    "exp4_fsha": {"runs.csv": (("config",), ("mse", "ssim"))},
+    "exp5_denoising": {"runs.csv": (("family", "level", "denoise"), ("best",))},
+    "exp6_rr_vs_laplace": {"runs.csv": (("cut", "mechanism", "eps_per_element"), ("accuracy", "ssim", "f1"))},
+    "exp7_cut_layer_labels": {"cut_runs.csv": (("padding", "cut"), ("value",)),
+                              "label_runs.csv": (("dataset", "defence", "attack"), ("value", "utility"))},
+    "exp8_privacy_utility_attacks": {"runs.csv": (("dataset", "defence", "epsilon", "attack"), ("value", "utility"))},
+}
+
+
+def verify_runs(new: list[dict], old: list[dict], keys: Sequence[str], values: Sequence[str]) -> list[dict]:
+    """Each re-run cell (seed 0) against the committed seed-0 run of the same cell. A cell reproduces
+    when ``|now − committed|`` is within the larger of 2 sd over the committed seeds (the seed spread
+    the verdicts are judged with) and ``0.005 + 2 %`` of the committed value (numerical drift)."""
+    out = []
+    for r in new:
+        cell = tuple(r.get(k) for k in keys)
+        same = [o for o in old if tuple(o.get(k) for k in keys) == cell]
+        base = [o for o in same if o.get("seed") == r.get("seed")]
+        for f in values:
+            now, ref = r.get(f), (base[0].get(f) if base else None)
+            if now is None or ref is None:
+                continue
+            sd = mean_sd(o.get(f) for o in same)[1] if len(same) > 1 else 0.0
+            tol = max(2 * sd, 0.005 + 0.02 * abs(float(ref)))
+            diff = abs(float(now) - float(ref))
+            out.append({"cell": dict(zip(keys, cell)), "field": f, "committed": float(ref), "now": float(now),
+                        "diff": diff, "tolerance": tol, "ok": diff <= tol})
+    return out
 
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
@@ -445,10 +577,27 @@ def plt():
     return _plt
 
 
-def claim(cid: str, source: str, claim_text: str, paper: str, ours: str, verdict: str, note: str = "") -> dict:
-    """One row of the claim table."""
+def claim(cid: str, source: str, claim_text: str, paper: str, ours: str, verdict: str, note: str = "", *,
+          rule: str) -> dict:
+    """One row of the claim table. ``rule``: how the verdict is decided — the statistic, the
+    threshold and the seeds (printed in the table beside the verdict)."""
     return {"id": cid, "source": source, "claim": claim_text, "paper": paper, "ours": ours, "verdict": verdict,
-            "note": note}
+            "note": note, "rule": rule}
+
+
+def runs_or_train(out: "Out", args: argparse.Namespace) -> list[dict] | None:
+    """``--from-runs``: the output folder's ``runs.csv`` (nothing is trained; tables, claims and plots
+    are rebuilt from it), else ``None``."""
+    if not getattr(args, "from_runs", False):
+        return None
+    path = out.dir / "runs.csv"
+    if not path.exists():
+        raise SystemExit(f"{out.name}: --from-runs needs {path} (run the experiment once first)")
+    runs = read_runs(path)
+    seeds = sorted({int(r["seed"]) for r in runs if r.get("seed") is not None})
+    if seeds:
+        args.seeds = seeds
+    return runs
 
 
 def progress(name: str, t0: float, *what: Any) -> None:

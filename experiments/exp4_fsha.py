@@ -56,11 +56,20 @@ CONFIGS = [
     ("R3eLU ε=1", dict(defense="r3elu", epsilon=1.0, allocation="importance")),
     ("R3eLU ε=4", dict(defense="r3elu", epsilon=4.0, allocation="importance")),
 ]
+#: issue 19: at σ = 0.7 noise alone already breaks FSHA on digits, so masking vs scaling (4c, 4d) cannot
+#: be compared there; the sweep measures them at smaller σ, where FSHA still works under noise alone
+SWEEP_SIGMAS = (0.1, 0.3)
+SWEEP = [cfg for sg in SWEEP_SIGMAS for cfg in (
+    (f"noise σ={sg:g}", dict(defense="gaussian", sigma=sg)),
+    (f"noise σ={sg:g} + mask p=0.2", dict(defense="gaussian", sigma=sg, denoise="mask", denoise_param=0.2)),
+    (f"noise σ={sg:g} + scale λ=0.2", dict(defense="gaussian", sigma=sg, denoise="scale", denoise_param=0.2)))]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = C.parser(__doc__)
     ap.add_argument("--no-long", action="store_true", help="skip the longer no-defence run")
+    ap.add_argument("--sweep-only", action="store_true",
+                    help="run only the σ sweep of 4c-σ / 4d-σ and merge it with the folder's earlier runs")
     args = ap.parse_args(argv)
     C.setup()
     if args.quick:
@@ -68,13 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         args.no_long = True
     out = C.Out(NAME, args, "exp4_fsha.py")
     base = {**BASE, **(dict(epochs=2, limit=400) if args.quick else {})}
-    configs = [CONFIGS[0], CONFIGS[2]] if args.quick else CONFIGS
+    configs = [CONFIGS[0], CONFIGS[2]] if args.quick else [*CONFIGS, *SWEEP]
     if not args.no_long:
         configs = [*configs, (f"no defence, {LONG_EPOCHS} epochs", dict(epochs=LONG_EPOCHS))]
+    if args.sweep_only:
+        configs = SWEEP
     t0 = time.perf_counter()
-    runs, curves = [], {}
+    runs, curves = C.runs_or_train(out, args) or [], {}
     grids = {}
-    for label, kw in configs:
+    for label, kw in ([] if args.from_runs else configs):
         for seed in args.seeds:
             grid = out.dir / f"grid_{_slug(label)}.png" if seed == args.seeds[0] else None
             r = C.run_fsha(seed, dict(fsha_every=50, **({"grid": str(grid)} if grid else {})), **{**base, **kw})
@@ -90,6 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         rs = [x for x in runs if x["config"] == label]
         C.progress(NAME, t0, label, "mse", C.fmt_ms([x["mse"] for x in rs], 4), "ssim", C.fmt_ms([x["ssim"] for x in rs]),
                    "baseline", C.fmt_ms([x["baseline_mse"] for x in rs], 4))
+    if args.sweep_only:
+        runs, _ = C.merge_earlier(out, runs, "config", [c for c, _ in configs])
+    if args.from_runs or args.sweep_only:  # every configuration the runs hold, in the scripts' order
+        order = [c for c, _ in [*CONFIGS, *SWEEP]] + [f"no defence, {LONG_EPOCHS} epochs"]
+        present = list(dict.fromkeys(r["config"] for r in runs))
+        configs = [(c, None) for c in sorted(present, key=lambda c: order.index(c) if c in order else len(order))]
+        grids = {c: out.dir / f"grid_{_slug(c)}.png" for c, _ in configs if (out.dir / f"grid_{_slug(c)}.png").exists()}
     out.csv("runs.csv", runs)
     summary = []
     for label, _ in configs:
@@ -99,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             row[f + "_mean"], row[f + "_sd"] = C.mean_sd(x[f] for x in rs)
         summary.append(row)
     out.csv("table.csv", summary)
-    claims = make_claims(summary)
+    claims = make_claims(summary, runs)
     rows = [[s["config"], s["iterations"], C.fmt(s["mse_mean"], s["mse_sd"], 4), C.fmt(s["mse_pm1_mean"], s["mse_pm1_sd"], 4),
              C.fmt(s["baseline_mse_mean"], digits=4), C.fmt(s["ssim_mean"], s["ssim_sd"]), C.fmt(s["baseline_ssim_mean"]),
              C.sig(s["guest_epsilon"])] for s in summary]
@@ -125,7 +143,12 @@ def _slug(label: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in label).strip("_").lower()
 
 
-def make_claims(summary) -> list[dict]:
+RULE_WORKS = ("FSHA works: mean MSE ≤ 0.6 × the mean-sample MSE and SSIM ≥ the mean sample's + 0.15 (means over "
+              "seeds)")
+RULE_BROKEN = "FSHA broken: mean MSE ≥ 0.9 × the mean-sample MSE and SSIM ≤ the mean sample's + 0.05"
+
+
+def make_claims(summary, runs) -> list[dict]:
     by = {s["config"]: s for s in summary}
     claims = []
 
@@ -147,30 +170,79 @@ def make_claims(summary) -> list[dict]:
                               + f" (mean sample {C.fmt(4 * nd['baseline_mse_mean'], digits=3)}); SSIM "
                                 f"{C.fmt(nd['ssim_mean'], nd['ssim_sd'])} vs {C.fmt(nd['baseline_ssim_mean'])}",
                               C.HOLDS if works(nd) else (C.PARTLY if nd["mse_mean"] < nd["baseline_mse_mean"] else C.FAILS),
-                              "digits 8×8 vs MNIST 28×28: fewer pixels, fewer records"))
+                              "digits 8×8 vs MNIST 28×28: fewer pixels, fewer records",
+                              rule=RULE_WORKS + "; holds if it works, partly if the MSE is below the baseline, else does "
+                                                "not hold"))
     ns, mk, sc = by.get("noise σ=0.7"), by.get("noise + mask p=0.2"), by.get("noise + scale λ=0.2")
     if ns:
         claims.append(C.claim("4b", "003 §4.3, Fig. 5", "with noise σ = 0.7 alone, FSHA's reconstructions stay recognisable",
                               "digits recognisable (images only)",
                               f"SSIM {C.fmt(ns['ssim_mean'], ns['ssim_sd'])} (mean sample {C.fmt(ns['baseline_ssim_mean'])}), "
                               f"MSE {C.fmt(ns['mse_mean'], ns['mse_sd'], 4)} vs {C.fmt(ns['baseline_mse_mean'], digits=4)}",
-                              C.HOLDS if works(ns) else (C.FAILS if broken(ns) else C.PARTLY)))
+                              C.HOLDS if works(ns) else (C.FAILS if broken(ns) else C.PARTLY),
+                              rule=f"{RULE_WORKS}; {RULE_BROKEN}; holds if it works, does not hold if broken, else partly"))
     if mk:
         claims.append(C.claim("4c", "003 §4.3, Fig. 5", "noise + masking (p = 0.2) breaks FSHA",
                               "reconstructions 'severely degraded' (images only)",
                               f"SSIM {C.fmt(mk['ssim_mean'], mk['ssim_sd'])} (mean sample {C.fmt(mk['baseline_ssim_mean'])}), "
                               f"MSE {C.fmt(mk['mse_mean'], mk['mse_sd'], 4)} vs {C.fmt(mk['baseline_mse_mean'], digits=4)}",
-                              C.HOLDS if broken(mk) else (C.FAILS if works(mk) else C.PARTLY),
+                              C.UNINFORMATIVE if ns and broken(ns) else
+                              (C.HOLDS if broken(mk) else (C.FAILS if works(mk) else C.PARTLY)),
                               "the mask is applied by the receiving host, i.e. by the attacker; a host that skips it "
-                              "gets the noise-only row"))
+                              "gets the noise-only row" + ("; noise alone already breaks FSHA here, so masking adds "
+                                                           "nothing measurable: see the σ sweep (4c-σ, 4d-σ)"
+                                                           if ns and broken(ns) else ""),
+                              rule=f"{RULE_BROKEN}; uninformative when noise alone already breaks it (nothing left for "
+                                   "masking to break); holds if broken, does not hold if it still works, else partly"))
     if sc and ns:
         d = abs(sc["ssim_mean"] - ns["ssim_mean"])
         claims.append(C.claim("4d", "003 §4.3, Fig. 5", "scaling (λ = 0.2) has almost no effect on FSHA",
                               "'almost no effect, regardless of the scaling factor' (images only)",
                               f"SSIM {C.fmt(sc['ssim_mean'], sc['ssim_sd'])} with scaling vs {C.fmt(ns['ssim_mean'], ns['ssim_sd'])} "
                               f"noise only (|Δ| = {d:.3f})",
-                              C.HOLDS if d <= max(0.05, 2 * max(sc["ssim_sd"], ns["ssim_sd"])) else
-                              (C.PARTLY if not broken(sc) else C.FAILS)))
+                              C.UNINFORMATIVE if broken(ns) else
+                              (C.HOLDS if d <= max(0.05, 2 * max(sc["ssim_sd"], ns["ssim_sd"])) else
+                               (C.PARTLY if not broken(sc) else C.FAILS)),
+                              "noise alone already breaks FSHA here: scaling cannot be compared with it; see the σ "
+                              "sweep (4d-σ)" if broken(ns) else "",
+                              rule="|SSIM(noise + scaling) − SSIM(noise)| ≤ max(0.05, 2 sd): holds; uninformative when "
+                                   "noise alone already breaks FSHA (both at the baseline, equal for no reason of "
+                                   "scaling's); else partly if scaling leaves FSHA working, does not hold if it breaks it"))
+    # 4c-σ / 4d-σ: masking vs scaling at the largest swept σ where FSHA still works under noise alone
+    swept = [sg for sg in SWEEP_SIGMAS if all(k in by for k in (f"noise σ={sg:g}", f"noise σ={sg:g} + mask p=0.2",
+                                                                  f"noise σ={sg:g} + scale λ=0.2"))]
+    if swept:
+        alive = [sg for sg in swept if not broken(by[f"noise σ={sg:g}"])]
+        sg = max(alive) if alive else max(swept)
+        ns_, mk_, sc_ = (by[f"noise σ={sg:g}"], by[f"noise σ={sg:g} + mask p=0.2"], by[f"noise σ={sg:g} + scale λ=0.2"])
+        seeds = lambda label: {r["seed"]: r["ssim"] for r in runs if r["config"] == label}  # noqa: E731
+        n_s, m_s, c_s = seeds(ns_["config"]), seeds(mk_["config"]), seeds(sc_["config"])
+        common = sorted(set(n_s) & set(m_s) & set(c_s))
+        mask_cmp = C.paired([m_s[k] for k in common], [n_s[k] for k in common])
+        scale_cmp = C.paired([c_s[k] for k in common], [n_s[k] for k in common])
+        where = ", ".join(f"σ={x:g}: SSIM {C.fmt(by[f'noise σ={x:g}']['ssim_mean'], by[f'noise σ={x:g}']['ssim_sd'])}"
+                          for x in swept)
+        claims.append(C.claim("4c-σ", "003 §4.3, Fig. 5", "noise + masking (p = 0.2) breaks FSHA where noise alone does not",
+                              "reconstructions 'severely degraded' (images only, σ = 0.7 on MNIST)",
+                              f"σ = {sg:g}: SSIM noise {C.fmt(ns_['ssim_mean'], ns_['ssim_sd'])}, + mask "
+                              f"{C.fmt(mk_['ssim_mean'], mk_['ssim_sd'])} (Δ {mask_cmp['diff']:+.3f}, paired p = "
+                              f"{mask_cmp['p']:.2g}); mean sample {C.fmt(mk_['baseline_ssim_mean'])}; noise alone: {where}",
+                              C.UNINFORMATIVE if not alive else (C.HOLDS if broken(mk_) else
+                                                                 C.FAILS if works(mk_) or not mask_cmp["clear"] else C.PARTLY),
+                              rule=f"at the largest swept σ where noise alone does not break FSHA ({RULE_BROKEN}); "
+                                   "uninformative if there is none; holds if masking breaks it, does not hold if FSHA "
+                                   "still works or masking does not change SSIM clearly (paired over seeds), else partly"))
+        claims.append(C.claim("4d-σ", "003 §4.3, Fig. 5", "scaling (λ = 0.2) has almost no effect on FSHA, where noise "
+                              "alone does not break it", "'almost no effect, regardless of the scaling factor'",
+                              f"σ = {sg:g}: SSIM noise {C.fmt(ns_['ssim_mean'], ns_['ssim_sd'])}, + scale "
+                              f"{C.fmt(sc_['ssim_mean'], sc_['ssim_sd'])} (Δ {scale_cmp['diff']:+.3f}, paired p = "
+                              f"{scale_cmp['p']:.2g})",
+                              C.UNINFORMATIVE if not alive else (
+                                  C.HOLDS if abs(scale_cmp["diff"]) <= 0.05 and not (scale_cmp["clear"] and broken(sc_))
+                                  else C.FAILS if scale_cmp["clear"] else C.INCONCLUSIVE),
+                              rule="at the same σ as 4c-σ: holds if |ΔSSIM| ≤ 0.05 (and scaling does not break FSHA); "
+                                   "does not hold if the change is larger and clear (paired t-test p < 0.05), else "
+                                   "inconclusive; uninformative if noise alone breaks FSHA at every swept σ"))
     r3 = [by[k] for k in ("R3eLU ε=0.1", "R3eLU ε=1", "R3eLU ε=4") if k in by]
     if r3:
         claims.append(C.claim("4e", "001 §5.2.3, Fig. 3, Table 8", "R3eLU frustrates FSHA even at ε = 4",
@@ -179,7 +251,8 @@ def make_claims(summary) -> list[dict]:
                                         f"{C.fmt(s['ssim_mean'], s['ssim_sd'])}" for s in r3)
                               + f" (mean sample {C.fmt(4 * r3[0]['baseline_mse_mean'], digits=3)} / "
                                 f"{C.fmt(r3[0]['baseline_ssim_mean'])})",
-                              C.HOLDS if all(broken(s) for s in r3) else (C.PARTLY if any(broken(s) for s in r3) else C.FAILS)))
+                              C.HOLDS if all(broken(s) for s in r3) else (C.PARTLY if any(broken(s) for s in r3) else C.FAILS),
+                              rule=f"{RULE_BROKEN}; holds if broken at every ε, partly at some, else does not hold"))
     return claims
 
 
@@ -201,6 +274,8 @@ def plot(out: C.Out, grids, curves, summary) -> None:
                 ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8)
             fig.suptitle("FSHA on digits: private test inputs and the malicious host's reconstructions (seed 0)", fontsize=9)
             out.figure("fsha_grid.png", fig)
+    if not curves:  # rebuilt from runs.csv: the curves are not in it, the earlier figure stays
+        return
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for label, cs in curves.items():
         pts = {}

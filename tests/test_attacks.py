@@ -400,3 +400,19 @@ def test_cli_attack_refuses_bad_flags(argv, flag, tmp_path, capsys, monkeypatch)
     assert len(lines) == 1 and lines[0].startswith("fl-split: error: ") and flag in lines[0], stderr
     assert "Traceback" not in stderr
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_fsha_defaults_pick_the_guest_it_works_on():
+    """issue 19: against the default ``mlp`` stripe FSHA decodes the wrong records (worse than the mean
+    image), so ``--attack fsha`` with ``--model auto`` trains a convolutional guest cut after its first
+    block, says so in the results, and leaves an explicit ``--model`` alone."""
+    from fl_split.attacks.runner import attack_defaults
+
+    cfg, chosen = attack_defaults(RunConfig(dataset="digits"), AttackOptions(attack="fsha"))
+    assert (cfg.model, cfg.cut_layer) == ("cnn-stripe", 1) and chosen == {"model": "cnn-stripe", "cut_layer": 1}
+    cfg, chosen = attack_defaults(RunConfig(dataset="digits", model="mlp"), AttackOptions(attack="fsha"))
+    assert cfg.model == "mlp" and chosen == {}
+    cfg, chosen = attack_defaults(RunConfig(dataset="digits"), AttackOptions(attack="property"))
+    assert cfg.model == "auto" and chosen == {}
+    cfg, chosen = attack_defaults(RunConfig(dataset="credit"), AttackOptions(attack="fsha"))
+    assert chosen == {}  # a table: no image decoder to aim at

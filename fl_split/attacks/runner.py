@@ -9,6 +9,8 @@ public split, or a malicious host).
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import time
 from typing import Any
@@ -19,7 +21,7 @@ import torch
 from fl_split.attacks.base import Attack
 from fl_split.attacks.options import ATTACK_NAMES, AttackOptions
 from fl_split.attacks.view import NotObserved, Session
-from fl_split.config import RunConfig
+from fl_split.config import AUTO, RunConfig
 from fl_split.errors import ConfigError, FlSplitError
 
 
@@ -77,9 +79,36 @@ def _check(attack: Attack, session: Session, opts: AttackOptions) -> None:
     attack.check(session.referee, session.plan, opts)
 
 
+#: FSHA aligns the guest's feature space with its pilot's only through a convolutional guest here
+#: (docs/attacks.md, "Measured"): with ``--model auto`` it trains the setting where it works
+FSHA_IMAGE_DEFAULT = {"model": "cnn-stripe", "cut_layer": 1}
+
+
+def attack_defaults(cfg: RunConfig, opts: AttackOptions) -> tuple[RunConfig, dict[str, Any]]:
+    """The attack's own defaults for options left at ``auto``: FSHA on an image dataset gets a
+    convolutional guest cut after its first block (against the default ``mlp`` stripe the attack
+    decodes plausible digits of the wrong records — worse than the mean image). Returns the config
+    to train and what was chosen (recorded in the results)."""
+    if opts.attack != "fsha" or cfg.model != AUTO:
+        return cfg, {}
+    from fl_split.data.registry import dataset_info
+    from fl_split.models.catalog import model_entry
+
+    default = dataset_info(cfg.dataset).default_model
+    if model_entry(default).inputs == "image":
+        chosen = {"model": default, "cut_layer": 1 if cfg.cut_layer == AUTO else cfg.cut_layer}
+    elif cfg.dataset == "digits":  # 8×8 images whose default model is the vector MLP
+        chosen = {"model": FSHA_IMAGE_DEFAULT["model"],
+                  "cut_layer": FSHA_IMAGE_DEFAULT["cut_layer"] if cfg.cut_layer == AUTO else cfg.cut_layer}
+    else:
+        return cfg, {}
+    return dataclasses.replace(cfg, **chosen), chosen
+
+
 def make_session(cfg: RunConfig, opts: AttackOptions, private_seed: int | None = None) -> Session:
     """The observed training run ``opts.attack`` needs (not yet run): with the public split if its
     threat model grants public records, with the malicious host if it is one."""
+    cfg, _ = attack_defaults(cfg, opts)
     attack = get_attack(opts.attack)
     if cfg.engine == "flower":
         from fl_split.attacks.flower import FlowerSession
@@ -101,6 +130,7 @@ def run_attack(cfg: RunConfig, opts: AttackOptions, private_seed: int | None = N
     ``baseline``, ``threat_model``, ``details``, the training's ``final`` metric and ``privacy``
     report, ``training`` (config, plan, history, wire) and ``time_s``."""
     attack = get_attack(opts.attack)
+    _, chosen = attack_defaults(cfg, opts)
     if session is None:
         session = make_session(cfg, opts, private_seed)
     else:
@@ -142,6 +172,7 @@ def run_attack(cfg: RunConfig, opts: AttackOptions, private_seed: int | None = N
         "baseline_name": scored.baseline_name or attack.baseline_name,
         "threat_model": threat,
         "options": {k: v for k, v in opts.to_dict().items()},
+        "defaults_chosen": chosen,
         "details": _plain({**guess.details, **scored.details}),
         "final": results["final"],
         "privacy": results.get("privacy", {}),
