@@ -48,6 +48,9 @@ def _add_train_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = 
             # a "--no-x" flag sets the option to false: its help says what the flag does
             g.add_argument(flag, dest=f.name, action=action, default=argparse.SUPPRESS,
                            help=meta["flag_help"] if action == "store_false" else meta["help"])
+        elif f.name == "data":  # --data host=PATH --data guest-1=PATH …: joined with ';' (config_from_args)
+            g.add_argument(flag, dest=f.name, metavar="PARTY=PATH", action="append", default=argparse.SUPPRESS,
+                           help=f"{meta['help']} [{allowed_text(f)}; default: none]")
         else:
             g.add_argument(flag, dest=f.name, metavar=key_of(f.name).upper().replace("-", "_"),
                            default=argparse.SUPPRESS,
@@ -86,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "of that party (node-config data-path). A guest's file holds no labels.")
     from fl_split.config import DATA_KEYS
 
-    _add_train_flags(export, only=(*DATA_KEYS, "data_root"))
+    OWN_DATA_KEYS = ("data", "id_column", "label_column", "align", "data_name")
+
+    _add_train_flags(export, only=(*DATA_KEYS, "data_root", *OWN_DATA_KEYS))
     export.add_argument("--out", dest="out_dir", metavar="DIR", required=True,
                         help="directory to write host.npz, guest-1.npz, ... into (created if missing)")
     export.add_argument("--format", dest="file_format", choices=("npz", "csv", "parquet"), default="npz",
@@ -150,6 +155,8 @@ def config_from_args(ns: argparse.Namespace) -> RunConfig:
     values: dict[str, Any] = {}
     for name, raw in vars(ns).items():
         if name in fields:
+            if isinstance(raw, list):  # an appending flag (--data)
+                raw = ";".join(raw)
             values[name] = raw if isinstance(raw, bool) else coerce(fields[name], raw)
     return RunConfig(**values)
 
@@ -191,7 +198,7 @@ def print_summary(results: dict[str, Any]) -> None:
     console = _console()
     cfg, final = results["config"], results["final"]
     engine = results["plan"]["engine"]
-    title = (f"{cfg['dataset']} · {engine} · {cfg['guests']} guest(s)"
+    title = (f"{cfg.get('data_name') if cfg.get('data') else cfg['dataset']} · {engine} · {cfg['guests']} guest(s)"
              f"{'' if cfg['host_features'] else ' · host without features'} · model {cfg['model']} "
              f"(cut {cfg['cut_layer']}) · merge {cfg['merge']} · defense {cfg['defense']}"
              + (f" ({cfg['protect']})" if cfg["defense"] != "none" else "")

@@ -262,6 +262,10 @@ def make_results(cfg: RunConfig, plan, history: list[dict], wire: dict, elapsed:
              "train_loss": last.get("train_loss", float("nan"))}
     if kept:
         final.update(value=None, train_loss=None, kept_by_host=cfg.host_metrics)
+    if cfg.data:  # own data: how the shared ID list was agreed (its size and the PSI traffic, never an ID)
+        from fl_split.builder import prepare_data
+
+        extra = {"alignment": prepare_data(cfg).alignment, **extra}
     return {
         "config": config,
         "plan": {
