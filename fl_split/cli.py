@@ -322,13 +322,19 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
 
+    # --party-files DIR: the parties' own files (export-parties) instead of an export by the deployment
+    party_dir = vars(ns).pop("party_files", None) or None
     cfg = config_from_args(ns)
     if cfg.engine == "local" and "engine" not in vars(ns):
         cfg = replace(cfg, engine="flower")
     if cfg.engine != "flower":
         raise ConfigError("engine", cfg.engine, "flower (a deployment runs on Flower)")
-    if cfg.party_files:
-        raise ConfigError("party-files", cfg.party_files, "empty", reason="deploy local exports the party files itself")
+    if party_dir and cfg.data:
+        raise ConfigError("party-files", party_dir, "empty with --data",
+                          reason="deploy local exports your tables itself; --party-files names files already exported")
+    if party_dir and not Path(party_dir).expanduser().is_dir():
+        raise ConfigError("party-files", party_dir, "a directory holding host.npz|csv|parquet, guest-1.… "
+                          "(fl-split export-parties)", reason="no such directory")
     if cfg.monolithic:
         raise ConfigError("monolithic", True, "false", reason="a deployment runs the split parties")
     _check_out_path(cfg.out)
@@ -336,7 +342,7 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
         print("fl-split: warning: --insecure: the SuperLink, the SuperNodes and the data plane talk in plaintext "
               "and nodes are not authenticated; use this on loopback only", file=sys.stderr)
     results = deploy_local(cfg, ns.workdir, tls=ns.tls, node_auth=ns.node_auth, private_seed=ns.private_seed,
-                           party_format=ns.party_format, timeout=ns.deploy_timeout)
+                           party_format=ns.party_format, timeout=ns.deploy_timeout, party_files=party_dir)
     if cfg.out:
         write_json_atomic(cfg.out, results)
     print_summary(results)

@@ -226,3 +226,51 @@ def test_data_option_errors_need_no_file(tmp_path):
         RunConfig(data=f"host={tmp_path / 'a.csv'};guest-1={tmp_path / 'b.csv'}", party_files=str(tmp_path))
     with pytest.raises(DataError, match="does not exist"):
         prepare_data(RunConfig(data=f"host={tmp_path / 'a.csv'};guest-1={tmp_path / 'b.csv'}"))
+
+
+def test_deploy_party_files_must_be_a_directory(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", "--guests", "2",
+                           "--party-files", str(tmp_path / "nope"), "--workdir", str(tmp_path / "dep")],
+                          capture_output=True, text=True, timeout=300)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "party-files" in err and "no such directory" in err
+    assert not (tmp_path / "dep").exists()
+
+
+@pytest.mark.slow
+def test_deploy_local_party_files_from_own_tables(tmp_path):
+    """Own tables with partly overlapping IDs, aligned by PSI and exported (one file per party), run
+    as a loopback deployment from those files (``deploy local --party-files``): the same numbers as
+    the local engine on the same files and seeds."""
+    import subprocess
+    import sys
+
+    ids = np.sort(load_dataset("breast-cancer").ids)
+    keep = {p: ids[ids % k != 0] for p, k in (("host", 5), ("guest-1", 7), ("guest-2", 11))}
+    inter = _distinct(np.intersect1d(np.intersect1d(keep["host"], keep["guest-1"]), keep["guest-2"]))
+    paths = write_party_tables(tmp_path, keep=keep, id_map=_distinct)
+    parties = tmp_path / "parties"
+    assert main(["export-parties", *data_flags(paths), "--align", "psi", "--guests", "2", "--seed", str(SEED),
+                 "--out", str(parties)]) == 0
+    from fl_split.party_files import load_party
+
+    for p in ("host", "guest-1", "guest-2"):
+        data, _ = load_party(parties / f"{p}.npz", p)
+        np.testing.assert_array_equal(np.sort(np.concatenate([data.train_ids, data.test_ids])), inter)
+    run = ["--guests", "2", "--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed", "7"]
+    workdir, out = tmp_path / "dep", tmp_path / "dep.json"
+    proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", *run,
+                           "--party-files", str(parties), "--workdir", str(workdir), "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not (workdir / "parties").exists()  # the given files were used, nothing exported
+    local_out = tmp_path / "local.json"
+    assert main(["train", *run, "--party-files", str(parties), "--no-progress", "--out", str(local_out)]) == 0
+    dep, local = json.loads(out.read_text()), json.loads(local_out.read_text())
+    assert dep["plan"]["n_train"] + dep["plan"]["n_test"] == len(inter)
+    assert dep["final"]["value"] == local["final"]["value"]
+    assert dep["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)
