@@ -274,3 +274,47 @@ def test_deploy_local_party_files_from_own_tables(tmp_path):
     assert dep["plan"]["n_train"] + dep["plan"]["n_test"] == len(inter)
     assert dep["final"]["value"] == local["final"]["value"]
     assert dep["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)
+
+
+def test_psi_messages_from_a_hostile_peer_are_refused():
+    """DESIGN "Privacy principles" 7: a party checks each PSI frame (kind, sender, receiver, size) and
+    a guest accepts as the intersection only IDs it holds itself; nothing else escapes."""
+    from fl_split.errors import ProtocolError
+    from fl_split.psi import PsiParty, decode, encode
+
+    host, guest = PsiParty("host", np.arange(0, 50)), PsiParty("guest-1", np.arange(25, 80))
+    req = host.request("guest-1")
+    setup, response = guest.answer(req)
+    with pytest.raises(ProtocolError, match="request from host to guest-1, expected host to guest-2"):
+        PsiParty("guest-2", np.arange(10)).answer(req)  # another guest's request
+    with pytest.raises(ProtocolError, match="expected 'request'"):
+        guest.answer(setup)
+    for junk in (b"", b"P1", b"XX\x00\x00\x01", encode("request", "host", "guest-1", b"\xff" * 40), "text"):
+        with pytest.raises(ProtocolError):
+            guest.answer(junk)
+    with pytest.raises(ProtocolError):
+        host.receive("guest-1", setup, encode("response", "guest-1", "host", b"\x01\x02garbage"))
+    with pytest.raises(ProtocolError, match="without a request"):
+        host.receive("guest-1", setup, response)  # the request was consumed by the failed answer above
+    host = PsiParty("host", np.arange(0, 50))
+    setup, response = guest.answer(host.request("guest-1"))
+    assert host.receive("guest-1", setup, response) == 25
+    np.testing.assert_array_equal(host.intersection, np.arange(25, 50))
+    np.testing.assert_array_equal(guest.receive_shared(host.shared_ids("guest-1")), np.arange(25, 50))
+    # a host that claims IDs the guest does not hold (probing its membership) is refused
+    probe = encode("shared-ids", "host", "guest-1", np.asarray([1, 30], "<i8").tobytes())
+    with pytest.raises(ProtocolError, match="does not hold"):
+        guest.receive_shared(probe)
+    with pytest.raises(ProtocolError, match="not sorted"):
+        guest.receive_shared(encode("shared-ids", "host", "guest-1", np.asarray([31, 30], "<i8").tobytes()))
+    with pytest.raises(ProtocolError, match="not int64s"):
+        guest.receive_shared(encode("shared-ids", "host", "guest-1", b"\x00" * 9))
+    assert decode(encode("setup", "guest-1", "host", b"abc"), kind="setup", sender="guest-1", receiver="host") == b"abc"
+
+
+def test_psi_with_no_common_id_is_one_line(tmp_path, capsys):
+    ids = np.sort(load_dataset("breast-cancer").ids)
+    keep = {"host": ids[:300], "guest-1": ids[300:], "guest-2": ids}
+    paths = write_party_tables(tmp_path, keep=keep)
+    err = _bad(tmp_path, capsys, [*data_flags(paths), "--align", "psi"])
+    assert "no ID in common" in err
