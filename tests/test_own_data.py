@@ -318,3 +318,20 @@ def test_psi_with_no_common_id_is_one_line(tmp_path, capsys):
     paths = write_party_tables(tmp_path, keep=keep)
     err = _bad(tmp_path, capsys, [*data_flags(paths), "--align", "psi"])
     assert "no ID in common" in err
+
+
+def test_host_with_labels_only(tmp_path):
+    """--no-host-features: the host's table holds IDs and labels; a host table with features needs the
+    flag off, and one without them needs it on (one line each)."""
+    paths = write_party_tables(tmp_path)
+    host = pd.read_csv(paths["host"])
+    labels_only = tmp_path / "labels.csv"
+    host[["ID", "Y"]].to_csv(labels_only, index=False)
+    spec = f"host={labels_only};guest-1={paths['guest-1']};guest-2={paths['guest-2']}"
+    prepared = prepare_data(RunConfig(data=spec, id_column="ID", label_column="Y", host_features=False, guests=2))
+    assert prepared.parties["host"].x_train is None and prepared.parties["host"].y_train is not None
+    with pytest.raises(DataError, match="--no-host-features"):
+        prepare_data(RunConfig(data=spec, id_column="ID", label_column="Y", guests=2))
+    with pytest.raises(DataError, match="but --no-host-features"):
+        prepare_data(RunConfig(data=";".join(f"{p}={v}" for p, v in paths.items()), id_column="ID", label_column="Y",
+                               host_features=False, guests=2))
