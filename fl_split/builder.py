@@ -54,20 +54,36 @@ class PreparedData:
     #: one-shot mode: each party's *public* records (pretraining only), as PartyData whose
     #: train split is the public records
     public: dict[str, PartyData] = dataclasses.field(default_factory=dict)
+    #: own data (``--data``): how the shared ID list was agreed (public / psi, its size, PSI traffic)
+    alignment: dict = dataclasses.field(default_factory=dict)
 
 
 def _data_key(cfg: RunConfig) -> tuple:
     return (cfg.dataset, cfg.data_root, cfg.guests, cfg.host_features, cfg.columns, cfg.padding,
-            cfg.test_fraction, cfg.limit, cfg.seed, cfg.public_fraction if cfg.one_shot else 0.0)
+            cfg.test_fraction, cfg.limit, cfg.seed, cfg.public_fraction if cfg.one_shot else 0.0,
+            (cfg.data, cfg.id_column, cfg.label_column, cfg.align, cfg.data_name) if cfg.data else ())
 
 
 @functools.lru_cache(maxsize=4)
 def _prepare(key: tuple) -> PreparedData:
-    dataset, root, guests, host_features, columns, padding, test_fraction, limit, seed, public_fraction = key
-    ds = load_dataset(dataset, root)
-    train_ids, test_ids = split_ids(ds, test_fraction, seed, limit)
-    slices = partition(ds, guests, host_features, columns, seed=seed)
-    parties = {name: prepare_party(sl, train_ids, test_ids) for name, sl in slices.items()}
+    dataset, root, guests, host_features, columns, padding, test_fraction, limit, seed, public_fraction, own = key
+    alignment: dict = {}
+    if own:  # --data: the user's tables (fl_split.data.own), aligned by ID as --align says
+        from fl_split.data.own import load_own
+
+        data, id_column, label_column, align, data_name = own
+        loaded = load_own(RunConfig(data=data, id_column=id_column, label_column=label_column, align=align,
+                                    data_name=data_name, guests=guests, host_features=host_features, columns=columns,
+                                    test_fraction=test_fraction, limit=limit, seed=seed))
+        dataset, task, metric, num_classes = loaded["name"], loaded["task"], loaded["metric"], loaded["num_classes"]
+        parties, train_ids, test_ids = loaded["parties"], loaded["train_ids"], loaded["test_ids"]
+        alignment = loaded["alignment"]
+    else:
+        ds = load_dataset(dataset, root)
+        dataset, task, metric, num_classes = ds.name, ds.task, ds.metric, ds.num_classes
+        train_ids, test_ids = split_ids(ds, test_fraction, seed, limit)
+        slices = partition(ds, guests, host_features, columns, seed=seed)
+        parties = {name: prepare_party(sl, train_ids, test_ids) for name, sl in slices.items()}
     if padding:
         parties = apply_padding(parties)
     public: dict[str, PartyData] = {}
@@ -82,8 +98,8 @@ def _prepare(key: tuple) -> PreparedData:
         public = {p: _train_subset(d, is_pub) for p, d in parties.items()}
         parties = {p: _train_subset(d, ~is_pub) for p, d in parties.items()}
         train_ids = train_ids[~is_pub]
-    return PreparedData(dataset=ds.name, task=ds.task, metric=ds.metric, num_classes=ds.num_classes,
-                        parties=parties, train_ids=train_ids, test_ids=test_ids, public=public)
+    return PreparedData(dataset=dataset, task=task, metric=metric, num_classes=num_classes,
+                        parties=parties, train_ids=train_ids, test_ids=test_ids, public=public, alignment=alignment)
 
 
 def _train_subset(d: PartyData, keep: np.ndarray) -> PartyData:
@@ -126,7 +142,9 @@ class RunPlan:
 
 
 def model_name(cfg: RunConfig) -> str:
-    return dataset_info(cfg.dataset).default_model if cfg.model == AUTO else cfg.model
+    if cfg.model != AUTO:
+        return cfg.model
+    return "mlp" if cfg.data else dataset_info(cfg.dataset).default_model  # own data: tables, the generic MLP
 
 
 def _architecture(cfg: RunConfig):

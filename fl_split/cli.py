@@ -48,6 +48,9 @@ def _add_train_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = 
             # a "--no-x" flag sets the option to false: its help says what the flag does
             g.add_argument(flag, dest=f.name, action=action, default=argparse.SUPPRESS,
                            help=meta["flag_help"] if action == "store_false" else meta["help"])
+        elif f.name == "data":  # --data host=PATH --data guest-1=PATH …: joined with ';' (config_from_args)
+            g.add_argument(flag, dest=f.name, metavar="PARTY=PATH", action="append", default=argparse.SUPPRESS,
+                           help=f"{meta['help']} [{allowed_text(f)}; default: none]")
         else:
             g.add_argument(flag, dest=f.name, metavar=key_of(f.name).upper().replace("-", "_"),
                            default=argparse.SUPPRESS,
@@ -86,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "of that party (node-config data-path). A guest's file holds no labels.")
     from fl_split.config import DATA_KEYS
 
-    _add_train_flags(export, only=(*DATA_KEYS, "data_root"))
+    OWN_DATA_KEYS = ("data", "id_column", "label_column", "align", "data_name")
+
+    _add_train_flags(export, only=(*DATA_KEYS, "data_root", *OWN_DATA_KEYS))
     export.add_argument("--out", dest="out_dir", metavar="DIR", required=True,
                         help="directory to write host.npz, guest-1.npz, ... into (created if missing)")
     export.add_argument("--format", dest="file_format", choices=("npz", "csv", "parquet"), default="npz",
@@ -153,6 +158,8 @@ def config_from_args(ns: argparse.Namespace) -> RunConfig:
     values: dict[str, Any] = {}
     for name, raw in vars(ns).items():
         if name in fields:
+            if isinstance(raw, list):  # an appending flag (--data)
+                raw = ";".join(raw)
             values[name] = raw if isinstance(raw, bool) else coerce(fields[name], raw)
     return RunConfig(**values)
 
@@ -194,7 +201,7 @@ def print_summary(results: dict[str, Any]) -> None:
     console = _console()
     cfg, final = results["config"], results["final"]
     engine = results["plan"]["engine"]
-    title = (f"{cfg['dataset']} · {engine} · {cfg['guests']} guest(s)"
+    title = (f"{cfg.get('data_name') if cfg.get('data') else cfg['dataset']} · {engine} · {cfg['guests']} guest(s)"
              f"{'' if cfg['host_features'] else ' · host without features'} · model {cfg['model']} "
              f"(cut {cfg['cut_layer']}) · merge {cfg['merge']} · defense {cfg['defense']}"
              + (f" ({cfg['protect']})" if cfg["defense"] != "none" else "")
@@ -318,13 +325,19 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
 
+    # --party-files DIR: the parties' own files (export-parties) instead of an export by the deployment
+    party_dir = vars(ns).pop("party_files", None) or None
     cfg = config_from_args(ns)
     if cfg.engine == "local" and "engine" not in vars(ns):
         cfg = replace(cfg, engine="flower")
     if cfg.engine != "flower":
         raise ConfigError("engine", cfg.engine, "flower (a deployment runs on Flower)")
-    if cfg.party_files:
-        raise ConfigError("party-files", cfg.party_files, "empty", reason="deploy local exports the party files itself")
+    if party_dir and cfg.data:
+        raise ConfigError("party-files", party_dir, "empty with --data",
+                          reason="deploy local exports your tables itself; --party-files names files already exported")
+    if party_dir and not Path(party_dir).expanduser().is_dir():
+        raise ConfigError("party-files", party_dir, "a directory holding host.npz|csv|parquet, guest-1.… "
+                          "(fl-split export-parties)", reason="no such directory")
     if cfg.monolithic:
         raise ConfigError("monolithic", True, "false", reason="a deployment runs the split parties")
     _check_out_path(cfg.out)
@@ -332,7 +345,7 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
         print("fl-split: warning: --insecure: the SuperLink, the SuperNodes and the data plane talk in plaintext "
               "and nodes are not authenticated; use this on loopback only", file=sys.stderr)
     results = deploy_local(cfg, ns.workdir, tls=ns.tls, node_auth=ns.node_auth, private_seed=ns.private_seed,
-                           party_format=ns.party_format, timeout=ns.deploy_timeout)
+                           party_format=ns.party_format, timeout=ns.deploy_timeout, party_files=party_dir)
     if cfg.out:
         write_json_atomic(cfg.out, results)
     print_summary(results)

@@ -105,6 +105,22 @@ class RunConfig:
     party_files: str = _opt("", "local engine: build each party from its own data file in this directory (written "
                                 "by `fl-split export-parties`: host.npz|csv|parquet, guest-1.…) instead of preparing "
                                 "the dataset; every file is checked before training; empty = prepare the dataset")
+    data: str = _opt("", "your own data instead of --dataset: one CSV or Parquet table per party, "
+                         "'host=PATH;guest-1=PATH;…' (the flag may be repeated: --data host=PATH --data guest-1=PATH), "
+                         "or one table PATH whose columns --columns assigns (docs/datasets.md); empty = --dataset",
+                     check=lambda v: isinstance(v, str) and "\n" not in v,
+                     allowed="'party=PATH;…' or one PATH")
+    id_column: str = _opt("id", "with --data: the name of every table's ID column (integer IDs)",
+                          check=lambda v: isinstance(v, str) and v.strip() != "", allowed="a column name")
+    label_column: str = _opt("label", "with --data: the name of the label column (the host's table only)",
+                             check=lambda v: isinstance(v, str) and v.strip() != "", allowed="a column name")
+    align: str = _opt("public", "with --data: how the parties' rows are aligned by ID: public = the host's IDs "
+                                "are the shared list, sent to every party, and every guest must hold each of them; "
+                                "psi = private set intersection (ECDH-PSI): the run trains on the intersection "
+                                "and no party learns another's IDs outside it", choices=("public", "psi"))
+    data_name: str = _opt("own", "with --data: the data's name in the results; with --seed it keys the "
+                                 "train/test split draw", check=lambda v: isinstance(v, str) and v.strip() != "",
+                          allowed="a non-empty name")
 
     # --- model ----------------------------------------------------------------------------
     model: str = _opt(AUTO, "architecture name (see `fl-split models`); auto = the dataset's default",
@@ -276,6 +292,10 @@ class RunConfig:
             raise ConfigError("party-files", self.party_files, f"empty with {what}",
                               reason="party files are read by the local engine's parties (a Flower deployment node "
                                      "reads its own through node-config data-path)")
+        if self.data:
+            from fl_split.data.own import check_data_option
+
+            check_data_option(self)
         if self.on_guest_failure == "pad" and self.merge == "mul":
             raise ConfigError("on-guest-failure", "pad", "stop with --merge mul",
                               reason="a zero-filled embedding makes a product merge zero for every sample")

@@ -3,7 +3,9 @@
 What it starts, each in a **session of its own** (``start_new_session=True``) so that a Ctrl-C at
 the terminal reaches only this command, which then ends them itself:
 
-1. the party files (``fl-split export-parties``): ``WORKDIR/parties/host.npz``, ``guest-1.npz`` …;
+1. the party files (``fl-split export-parties``): ``WORKDIR/parties/host.npz``, ``guest-1.npz`` … —
+   or, with ``--party-files DIR``, the files already in ``DIR`` (exported earlier, e.g. from your own
+   tables with ``--data``), each checked against the run before any process starts;
 2. with ``--tls``: a CA, the SuperLink's and the host data plane's certificates, a data-plane
    client certificate per guest (the host requires them: mutual TLS) and one SuperNode
    authentication key pair per party (:mod:`fl_split.certs`) in ``WORKDIR/certs``;
@@ -172,16 +174,19 @@ class LocalDeployment:
 
     def __init__(self, cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True, node_auth: bool = True,
                  private_seed: int | None = None, party_format: str = "npz",
-                 echo: Callable[[str], None] | None = None, timeout: float = 1800.0, grace: float = 10.0) -> None:
+                 echo: Callable[[str], None] | None = None, timeout: float = 1800.0, grace: float = 10.0,
+                 party_files: str | os.PathLike | None = None) -> None:
         self.cfg, self.tls, self.node_auth = cfg, tls, node_auth and tls
         self.private_seed, self.party_format = private_seed, party_format
+        #: ``--party-files DIR``: the parties' files exist already (export-parties); used where they are
+        self.given_parties = Path(party_files).expanduser().resolve() if party_files else None
         self.workdir = Path(workdir).expanduser().resolve()
         self.echo = echo or (lambda line: print(line, flush=True))
         self.timeout, self.grace = timeout, grace
         self.group = ProcessGroup(self.workdir / "logs")
         self.flwr_home = self.workdir / "flwr-home"
         self.certs = self.workdir / "certs"
-        self.parties_dir = self.workdir / "parties"
+        self.parties_dir = self.given_parties or self.workdir / "parties"
         self.results_path = self.workdir / "run-results.json"
         self.connection = "fl-split-local"
         self.run_id: int | None = None
@@ -203,7 +208,14 @@ class LocalDeployment:
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.flwr_home.mkdir(parents=True, exist_ok=True)
-        export_parties(replace(self.cfg, out=""), self.parties_dir, self.party_format)
+        if self.given_parties is None:
+            export_parties(replace(self.cfg, out=""), self.parties_dir, self.party_format)
+        else:  # every file checked against the run and against each other before anything starts
+            from fl_split.party_files import load_parties
+
+            load_parties(self.cfg, self.given_parties)
+            self._given_files = {p: next(self.given_parties / f"{p}.{f}" for f in ("npz", "csv", "parquet")
+                                         if (self.given_parties / f"{p}.{f}").is_file()) for p in self.parties}
         if self.tls:
             from fl_split.certs import write_deployment_certificates
 
@@ -217,6 +229,8 @@ class LocalDeployment:
         self._mark("prepared")
 
     def party_file(self, party: str) -> Path:
+        if self.given_parties is not None:
+            return self._given_files[party]
         return self.parties_dir / f"{party}.{self.party_format}"
 
     def start_superlink(self) -> None:
@@ -405,13 +419,14 @@ def _one_line(text: str) -> str:
 
 def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True, node_auth: bool = True,
                  private_seed: int | None = None, party_format: str = "npz",
-                 echo: Callable[[str], None] | None = None, timeout: float = 1800.0) -> dict[str, Any]:
+                 echo: Callable[[str], None] | None = None, timeout: float = 1800.0,
+                 party_files: str | os.PathLike | None = None) -> dict[str, Any]:
     """Run ``cfg`` as a loopback deployment (module docstring); returns the results dictionary
     (``results["deployment"]`` adds the run ID, the workdir and the phases' seconds). Every
     process started is ended before this returns or raises, also on KeyboardInterrupt; SIGTERM
     is turned into KeyboardInterrupt while it runs."""
     dep = LocalDeployment(cfg, workdir, tls=tls, node_auth=node_auth, private_seed=private_seed,
-                          party_format=party_format, echo=echo, timeout=timeout)
+                          party_format=party_format, echo=echo, timeout=timeout, party_files=party_files)
     previous = previous_int = None
     if threading.current_thread() is threading.main_thread():
         def _on_term(signum, frame):  # noqa: ARG001

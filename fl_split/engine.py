@@ -497,9 +497,16 @@ def run_experiment(cfg: RunConfig, private_seed: int | None = None) -> dict[str,
     ``private_seed`` (``--private-seed``) makes every party's private randomness reproducible; it
     is not part of the (public) configuration and never appears in the results."""
     if cfg.monolithic:
-        return MonolithicEngine(cfg, private_seed=private_seed).run()
-    if cfg.engine == "flower":
+        results = MonolithicEngine(cfg, private_seed=private_seed).run()
+    elif cfg.engine == "flower":
         from fl_split.flower import FlowerEngine
 
-        return FlowerEngine(cfg, private_seed=private_seed).run()
-    return LocalEngine(cfg, private_seed).run()
+        results = FlowerEngine(cfg, private_seed=private_seed).run()
+    else:
+        results = LocalEngine(cfg, private_seed).run()
+    if cfg.data:  # own data, prepared in this process: how the shared ID list was agreed (sizes, PSI traffic;
+        # never an ID). A deployment's coordinator never reads data and does not come here.
+        from fl_split.builder import prepare_data
+
+        results["alignment"] = prepare_data(cfg).alignment
+    return results

@@ -82,6 +82,10 @@ class Referee:
         if self._dataset is None:
             from fl_split.data.registry import load_dataset
 
+            if self.cfg.data:  # own tables (docs/datasets.md) declare no property targets
+                raise ConfigError("data", self.cfg.data, "a built-in --dataset for property targets",
+                                  reason="own tables declare no property columns")
+
             self._dataset = load_dataset(self.cfg.dataset, self.cfg.data_root)
         return self._dataset
 

@@ -145,7 +145,17 @@ def split_ids(ds: VerticalDataset, test_fraction: float, seed: int, limit: int =
             train = np.sort(rng.permutation(train)[: max(1, int(round(len(train) * keep)))])
             test = np.sort(rng.permutation(test)[: max(1, int(round(len(test) * keep)))])
         return np.asarray(train, np.int64), np.asarray(test, np.int64)
-    perm = numpy_rng(seed, "split", ds.name).permutation(ids)
+    return split_shared(ids, ds.name, test_fraction, seed, limit)
+
+
+def split_shared(ids: np.ndarray, name: str, test_fraction: float, seed: int,
+                 limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The seeded train/test split of a shared ID list (:func:`split_ids` without a dataset):
+    the sorted IDs are permuted by a generator keyed by ``(seed, "split", name)``. Own data
+    (:mod:`fl_split.data.own`) splits its aligned ID list here, so a table exported from a
+    built-in dataset and run under that dataset's name gets that dataset's split."""
+    ids = np.sort(np.asarray(ids, np.int64))
+    perm = numpy_rng(seed, "split", name).permutation(ids)
     if limit:
         perm = perm[:limit]
     n_test = int(round(len(perm) * test_fraction))
