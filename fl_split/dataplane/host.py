@@ -210,10 +210,9 @@ class HostEndpoint:
         victim = self._pool.admit(conn)
         if victim is not None:
             victim.put(_Refuse(_Evicted(
-                f"a connection from {victim.peer} was evicted before it authenticated: the host's data plane holds "
-                f"at most {self._pool.capacity} unauthenticated streams ({self._pool.per_address} per address), and "
-                f"{'its address' if victim.address == conn.address else 'the busiest address'} opened more "
-                f"({self.refusals.total} refused so far)")))
+                f"a connection from {victim.peer}: evicted before it authenticated (the host's data plane holds at "
+                f"most {self._pool.capacity} unauthenticated streams, {self._pool.per_address} per address, and "
+                f"{'this address' if victim.address == conn.address else 'the busiest address'} opened another)")))
         try:
             yield from self._session(request_iterator, context, conn)
         finally:
