@@ -26,6 +26,7 @@ from fl_split.dataplane import limits as L
 from fl_split.dataplane.errors import FloodError, PeerFailure
 from fl_split.dataplane.host import METHOD, HostEndpoint
 from tests.test_dataplane import CRED, SESSION, _guest_thread, _rogue, _rounds
+from tests.test_dataplane import _task_identity  # noqa: F401 - autouse: the coordinator's Flower task identity
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20

@@ -27,7 +27,6 @@ authenticated, the host bounds:
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import Counter, deque
@@ -118,11 +117,13 @@ def largest_frame(schedule, batches_per_round, cut_shapes) -> int:
     n_train = schedule.num_train_batches()
     k = n_train if batches_per_round == "epoch" else min(max(1, int(batches_per_round)), max(n_train, 1))
     eb = max(schedule.batch_size, EVAL_BATCH)
-    n_test = max(1, math.ceil(schedule.n_test / eb))
+    full, rest = divmod(int(schedule.n_test), eb)  # the evaluation round: every test batch at once
+    n_test = max(1, full + (rest > 0))
     blobs = 0
     for shape in cut_shapes:
         shape = tuple(int(d) for d in shape)
-        blobs = max(blobs, k * frame_limit(schedule.batch_size, shape), n_test * frame_limit(eb, shape))
+        test = full * frame_limit(eb, shape) + (frame_limit(rest, shape) if rest else 0)
+        blobs = max(blobs, k * frame_limit(schedule.batch_size, shape), test)
     return FRAME_SLACK + (4 + KEY_BYTES) * max(k, n_test) + blobs
 
 
