@@ -11,9 +11,10 @@ from collections import Counter
 METHOD = "/fl_split.dataplane.v1.DataPlane/Session"
 
 
-def silent_flood(address: str, total: int, concurrency: int, hold: float, budget: float) -> None:
-    """Open ``total`` streams to ``address`` that never send a byte, at most ``concurrency`` at once;
-    each is given up after ``hold`` seconds, and no new one is opened after ``budget`` seconds. Prints
+def silent_flood(address: str, total: int, concurrency: int, hold: float, budget: float, rate: float) -> None:
+    """Open ``total`` streams to ``address`` that never send a byte, ``rate`` per second and at most
+    ``concurrency`` at once (the issue's attacker: 3,990 in 26 s); each is given up after ``hold``
+    seconds (longer than any handshake deadline), and no new one is opened after ``budget`` seconds. Prints
     ``{"opened": n}`` every 100 streams and finally ``{"opened", "codes"}``."""
     import grpc.aio
 
@@ -21,11 +22,13 @@ def silent_flood(address: str, total: int, concurrency: int, hold: float, budget
         channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
         codes: Counter = Counter()
         sem = asyncio.Semaphore(concurrency)
-        stop = time.monotonic() + budget
+        t0 = time.monotonic()
+        stop = t0 + budget
         opened = 0
 
         async def one(i: int) -> None:
             nonlocal opened
+            await asyncio.sleep(max(0.0, t0 + i / rate - time.monotonic()))
             async with sem:
                 if time.monotonic() > stop:
                     codes["not opened (budget)"] += 1

@@ -39,9 +39,10 @@ MB = 1 << 20
 class Flood:
     """A :func:`silent_flood` in a child process; :attr:`lines` are its JSON lines as they arrive."""
 
-    def __init__(self, address: str, total: int, concurrency: int, hold: float = 3.0, budget: float = 120.0) -> None:
+    def __init__(self, address: str, total: int, concurrency: int, rate: float, hold: float = 15.0,
+                 budget: float = 120.0) -> None:
         code = (f"from tests.floodpeer import silent_flood; "
-                f"silent_flood({address!r}, {total}, {concurrency}, {hold}, {budget})")
+                f"silent_flood({address!r}, {total}, {concurrency}, {hold}, {budget}, {rate})")
         self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
         self.lines: list[dict] = []
         self.progress = threading.Condition()
@@ -252,14 +253,16 @@ def test_largest_frame_follows_the_plan_and_a_whole_epoch_round_fits(monkeypatch
 
 
 def test_4000_silent_streams_do_not_lock_the_guests_out(caplog):
-    """The issue's attack: streams that open and send nothing (3,990 in 26 s made both guests fail
-    with RESOURCE_EXHAUSTED). 4,000 of them, 200 at a time, from the guests' own address (loopback:
-    the per-address share protects nobody here, only eviction does): the guests connect while the
-    flood runs and play three rounds; the refusal records and log lines stay bounded."""
+    """The issue's attack: streams that open and send nothing and hold on for 15 s (3,990 in 26 s
+    made both guests fail with RESOURCE_EXHAUSTED). 4,000 of them, 200 per second and at most 200 at
+    a time, from the guests' own address (loopback: the per-address share protects nobody here, only
+    eviction does): the guests connect while the flood runs — with the old 10 s deadline and
+    guests + 8 slots they got in only once it stopped — and play three rounds; the refusal records
+    and log lines stay bounded."""
     caplog.set_level(logging.WARNING, logger="fl_split.dataplane")
     t0 = time.monotonic()
     with HostEndpoint(["guest-1", "guest-2"], CRED, SESSION, "127.0.0.1:0", timeout=60) as ep:
-        flood = Flood(ep.address, total=4000, concurrency=200)
+        flood = Flood(ep.address, total=4000, concurrency=200, rate=200)
         try:
             flood.wait_opened(500, 120)
             threads = [_guest_thread(g, ep.address, timeout=60) for g in ep.guests]
@@ -338,7 +341,7 @@ def test_the_blame_names_the_flood_not_the_guest():
     a flood the missing guest is named as before; a wrong credential presented as guest-1 is
     guest-1's own refusal, not a flood."""
     with HostEndpoint(["guest-1", "guest-2"], CRED, SESSION, "127.0.0.1:0", timeout=4) as ep:
-        flood = Flood(ep.address, total=300, concurrency=60, budget=20)
+        flood = Flood(ep.address, total=600, concurrency=60, rate=100, budget=20)
         flood.wait_opened(100, 60)
         t, out = _guest_thread("guest-2", ep.address, timeout=30)
         with pytest.raises(FloodError) as err:
@@ -384,7 +387,7 @@ def test_refused_floods_during_a_run_leave_the_host_unchanged(monkeypatch):
 
     def publish_and_attack(self, session, address):
         publish(self, session, address)
-        floods.append(Flood(address, total=200, concurrency=50, budget=20))
+        floods.append(Flood(address, total=200, concurrency=50, rate=100, budget=20))
         _send_raw(address, [bytes(300 * 1024)])                       # over the gRPC limit
         _send_raw(address, [F.pack(F.HELLO, {"pad": "x" * 20_000})])  # over the handshake cap
         _send_raw(address, [b"garbage"])                              # malformed
