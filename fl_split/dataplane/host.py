@@ -218,7 +218,7 @@ class HostEndpoint:
         finally:
             self._pool.leave(conn)
 
-    def _refuse(self, conn: _Connection, exc: Exception) -> tuple:
+    def _refuse(self, conn: _Connection, exc: Exception):
         """Record a refused connection (bounded, rate-limited log); returns its gRPC status code."""
         import grpc
 
