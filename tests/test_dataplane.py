@@ -28,6 +28,7 @@ from fl_split.dataplane import frames as F
 from fl_split.dataplane.errors import CredentialError, FrameError, PeerFailure
 from fl_split.dataplane.guest import serve
 from fl_split.dataplane.host import GRPC_OPTIONS, METHOD, HostEndpoint
+from fl_split.dataplane.limits import pieces
 from fl_split.dataplane.tls import ClientTLS, ServerTLS
 from fl_split.errors import ConfigError, PartyError
 from fl_split.flower import node as node_mod
@@ -185,8 +186,8 @@ def _rogue(address: str, party: str = "guest-1", credential: str = "0" * 64, ses
         welcome = F.unpack(next(call), "host")
         nh = bytes.fromhex(welcome.header["nonce"])
         sent.append(F.pack(F.PROOF, {"proof": F.proof(credential.encode(), "guest", session, party, ng, nh)}))
-        if after is not None:
-            sent.append(after(F.session_keys(credential.encode(), session, party, ng, nh)))
+        if after is not None:  # after the handshake a frame travels as pieces
+            sent.extend(pieces(after(F.session_keys(credential.encode(), session, party, ng, nh))))
         ready.set()
         for _ in call:
             pass

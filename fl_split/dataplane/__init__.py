@@ -11,11 +11,13 @@ gRPC bidirectional stream each. Nothing here knows Flower:
 * :mod:`fl_split.dataplane.guest` — a guest's client loop (:func:`serve`);
 * :mod:`fl_split.dataplane.tls` — PEM certificates for TLS;
 * :mod:`fl_split.dataplane.rendezvous` — how a simulated guest learns the host's address;
+* :mod:`fl_split.dataplane.limits` — what an unauthenticated peer can make the host hold (bytes,
+  streams, seconds, log lines) and the largest frame a run's plan allows;
 * :mod:`fl_split.dataplane.errors` — what goes wrong, naming the peer.
 
 Why gRPC and not ``torch.distributed``: ``docs/flower.md``, "The direct data plane".
 """
 
-from fl_split.dataplane.errors import CredentialError, DataPlaneError, FrameError, PeerFailure
+from fl_split.dataplane.errors import CredentialError, DataPlaneError, FloodError, FrameError, PeerFailure
 
-__all__ = ["CredentialError", "DataPlaneError", "FrameError", "PeerFailure"]
+__all__ = ["CredentialError", "DataPlaneError", "FloodError", "FrameError", "PeerFailure"]

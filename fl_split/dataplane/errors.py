@@ -29,3 +29,9 @@ class PeerFailure(PartyError):
 
     def __init__(self, party: str, round_: int | None, message: str) -> None:
         super().__init__(party, round_, f"data plane: {message}")
+
+
+class FloodError(DataPlaneError):
+    """Guests could not connect while the host was refusing unauthenticated connections that never
+    named a guest (silent, evicted, oversized or malformed): the cause is the flood, not a guest;
+    the message says how many, of which kinds and from which addresses (issue 16)."""

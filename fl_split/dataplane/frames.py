@@ -53,7 +53,8 @@ MAC_BYTES = 32
 NONCE_BYTES = 16
 #: the largest header a receiver parses (JSON of a round's batch keys fits many times over)
 MAX_HEADER = 1 << 24
-#: the largest frame a receiver accepts (also the gRPC message limit set on both ends)
+#: the largest frame a receiver accepts at all (an authenticated link's own limit is the run plan's
+#: largest frame, and gRPC's message limit one piece of it: :mod:`fl_split.dataplane.limits`)
 MAX_FRAME = (1 << 31) - 1
 _PARTY = re.compile(r"^(host|guest-[1-9][0-9]{0,5})$")
 _SESSION = re.compile(r"^[0-9a-f]{8,64}$")

@@ -9,6 +9,13 @@ release over its budget, anything it raises) goes back as an ERROR frame and the
 serving: the host decides to stop. A lost connection, a bad frame or no frame from the host for
 twice ``timeout`` seconds (the host itself times its guests out after ``timeout``) raises
 :class:`~fl_split.dataplane.errors.PeerFailure`.
+
+A refusal the host may lift — eviction from its pool of unauthenticated streams
+(``RESOURCE_EXHAUSTED``), a handshake over its deadline (``DEADLINE_EXCEEDED``) — is retried until
+the connection timeout; a wrong credential or a malformed frame is not. Like the host, a guest
+bounds what the peer at the host's address can make it hold (:mod:`fl_split.dataplane.limits`): one
+handshake frame of a few KiB before the host proved the credential, then frames as pieces of at
+most ``max_frame`` bytes (the run plan's largest).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fl_split.dataplane import frames as F
+from fl_split.dataplane import limits as L
 from fl_split.dataplane.errors import CredentialError, DataPlaneError, FrameError, PeerFailure
 from fl_split.dataplane.host import GRPC_OPTIONS, METHOD, _Closed, _rpc_reason
 from fl_split.dataplane.tls import ClientTLS
@@ -38,8 +46,9 @@ class Served:
 
 
 def serve(party: str, step: Callable, address: str, credential: str, session: str, tls: ClientTLS | None = None,
-          timeout: float = 60.0, connect_timeout: float | None = None) -> Served:
-    """Serve the host at ``address`` as ``party`` until it ends the session; returns what was done."""
+          timeout: float = 60.0, connect_timeout: float | None = None, max_frame: int | None = None) -> Served:
+    """Serve the host at ``address`` as ``party`` until it ends the session; returns what was done.
+    ``max_frame``: the largest frame the host may send (:func:`fl_split.dataplane.limits.largest_frame`)."""
     import grpc
 
     key = credential.encode()
@@ -49,7 +58,7 @@ def serve(party: str, step: Callable, address: str, credential: str, session: st
     while True:
         channel = (grpc.secure_channel(address, tls.credentials(), options=GRPC_OPTIONS) if tls is not None
                    else grpc.insecure_channel(address, options=GRPC_OPTIONS))
-        link = _Stream(channel)
+        link = _Stream(channel, F.MAX_FRAME if max_frame is None else max_frame)
         try:
             nonce_g = F.new_nonce()
             link.send(F.pack(F.HELLO, {"party": party, "session": session, "nonce": nonce_g.hex()}))
@@ -89,6 +98,7 @@ def serve(party: str, step: Callable, address: str, credential: str, session: st
 
 def _serve_steps(party: str, step: Callable, link: "_Stream", sealer: F.Sealer, opener: F.Opener,
                  timeout: float) -> Served:
+    link.authenticated()
     served = Served()
     round_ = None
     while True:
@@ -130,7 +140,9 @@ class _Stream:
     in its own thread); frames in are read in the calling thread, with a watchdog that cancels the
     call when nothing arrives before the current deadline (so a lost host cannot block a guest)."""
 
-    def __init__(self, channel) -> None:
+    def __init__(self, channel, max_frame: int = F.MAX_FRAME) -> None:
+        self._max_frame = int(max_frame)
+        self._assembler: L.Assembler | None = None
         self._out: queue.Queue = queue.Queue()
         self._call = channel.stream_stream(METHOD)(self._requests())
         self._deadline = float("inf")
@@ -153,15 +165,35 @@ class _Stream:
                 self._call.cancel()
                 return
 
+    def authenticated(self) -> None:
+        """The handshake is done: from now on frames go both ways as pieces."""
+        self._assembler = L.Assembler(self._max_frame, "the host")
+
     def send(self, data: bytes) -> None:
-        self._out.put(data)
+        if self._assembler is None:
+            self._out.put(data)
+        else:
+            for piece in L.pieces(data):
+                self._out.put(piece)
 
     def receive(self, timeout: float):
-        """The next frame, or :class:`_Closed` when the stream ended or broke; raises
-        :class:`queue.Empty` when nothing arrived within ``timeout`` seconds."""
+        """The next frame, or :class:`_Closed` when the stream ended, broke or sent a frame over the
+        limit; raises :class:`queue.Empty` when nothing arrived within ``timeout`` seconds."""
         self._deadline = time.monotonic() + timeout
         try:
-            return next(self._call)
+            while True:
+                data = next(self._call)
+                if self._assembler is None:
+                    if len(data) > L.HANDSHAKE_FRAME_BYTES:
+                        return _Closed(f"the host sent a {len(data)}-byte message before proving the credential; a "
+                                       f"handshake frame has at most {L.HANDSHAKE_FRAME_BYTES} bytes (not parsed)")
+                    return data
+                try:
+                    frame = self._assembler.add(data)
+                except FrameError as exc:
+                    return _Closed(str(exc))
+                if frame is not None:
+                    return frame
         except StopIteration:
             return _Closed("the host closed the stream")
         except Exception as exc:  # noqa: BLE001 - grpc.RpcError: the stream broke, was refused or timed out

@@ -9,6 +9,16 @@ session, an unknown or already connected party, a malformed frame — is refused
 the real guest and nothing else changes. Every frame of an authenticated link is checked (MAC,
 sequence, form) before it is handed on.
 
+What an unauthenticated peer can make the host hold is bounded (:mod:`fl_split.dataplane.limits`,
+issue 16): one gRPC message of :data:`~fl_split.dataplane.limits.PIECE_BYTES` (gRPC refuses a longer
+one from its length prefix, before buffering it), handshake frames of a few KiB checked before they
+are parsed, a pool of unauthenticated streams in which a newcomer evicts the oldest silent stream of
+the address holding the most, a :data:`HANDSHAKE_TIMEOUT` of one second, and bounded refusal
+records with rate-limited log lines. An authenticated link sends its frames as pieces, reassembled
+up to the largest frame the run's plan allows. Guests that do not connect while unauthenticated
+connections are being refused are not blamed: :class:`~fl_split.dataplane.errors.FloodError` names
+the flood (how many, of which kinds, from which addresses).
+
 :class:`HostDataPlane` is a :class:`fl_split.engine.Transport` for the host's own process:
 ``guest_step`` sends each guest a STEP frame (its owed gradients and the round's batch keys) and
 waits for every guest's RELEASE; ``host_train`` / ``host_evaluate`` call the host party directly.
@@ -27,18 +37,24 @@ from concurrent import futures
 from dataclasses import dataclass
 
 from fl_split.dataplane import frames as F
-from fl_split.dataplane.errors import CredentialError, DataPlaneError, FrameError, PeerFailure
+from fl_split.dataplane import limits as L
+from fl_split.dataplane.errors import CredentialError, DataPlaneError, FloodError, FrameError, PeerFailure
 from fl_split.dataplane.tls import ServerTLS
 
 log = logging.getLogger("fl_split.dataplane")
 
 SERVICE = "fl_split.dataplane.v1.DataPlane"
 METHOD = f"/{SERVICE}/Session"
-#: gRPC channel options on both ends: frames up to MAX_FRAME, no silent port sharing
-GRPC_OPTIONS = [("grpc.max_send_message_length", F.MAX_FRAME), ("grpc.max_receive_message_length", F.MAX_FRAME),
-                ("grpc.so_reuseport", 0)]
-#: at most this long for a new connection to complete its handshake
-HANDSHAKE_TIMEOUT = 10.0
+#: gRPC channel options on both ends: messages of one handshake frame or one piece of a frame (gRPC
+#: refuses a longer message from its length prefix, before buffering it), no silent port sharing
+GRPC_OPTIONS = [("grpc.max_send_message_length", L.PIECE_BYTES + 1),
+                ("grpc.max_receive_message_length", L.PIECE_BYTES + 1), ("grpc.so_reuseport", 0)]
+#: the server's: a connection must finish its TLS / HTTP/2 handshake within 10 s (gRPC's default: 120 s)
+SERVER_OPTIONS = GRPC_OPTIONS + [("grpc.server_handshake_timeout_ms", 10_000)]
+#: at most this long for each handshake frame of a new connection (a real guest sends its HELLO at
+#: once and its PROOF one round trip later); a connection that overruns it is refused with
+#: DEADLINE_EXCEEDED, which a guest retries
+HANDSHAKE_TIMEOUT = 1.0
 
 
 @dataclass
@@ -48,12 +64,28 @@ class _Closed:
     reason: str
 
 
+class _Refused(_Closed):
+    """An authenticated stream sent a frame over the run plan's largest; nothing more is read from it."""
+
+
+@dataclass
+class _Refuse:
+    """A refusal waiting in a connection's handshake queue (eviction, an oversized handshake frame)."""
+
+    exc: Exception
+
+
 class _Connection:
     """One incoming stream: frames go to a private queue during the handshake, then to the
     endpoint's shared queue tagged with the guest's name."""
 
-    def __init__(self, peer: str) -> None:
+    def __init__(self, peer: str, max_frame: int = F.MAX_FRAME) -> None:
         self.peer = peer
+        self.address = L.address_of(peer)
+        #: a byte arrived (a silent stream is the first to be evicted)
+        self.spoke = False
+        self.max_frame = int(max_frame)
+        self.assembler: L.Assembler | None = None
         self.lock = threading.Lock()
         self.private: queue.Queue = queue.Queue()
         self.shared: queue.Queue | None = None
@@ -70,11 +102,48 @@ class _Connection:
             else:
                 self.private.put(item)
 
+    def feed(self, data: bytes) -> bool:
+        """One gRPC message from the peer. Before authentication: a whole handshake frame of at most
+        :data:`~fl_split.dataplane.limits.HANDSHAKE_FRAME_BYTES`, at most
+        :data:`~fl_split.dataplane.limits.HANDSHAKE_FRAMES` waiting; after: a piece of a frame,
+        reassembled up to :attr:`max_frame`. ``False``: refused, read nothing more."""
+        self.spoke = True
+        with self.lock:
+            if self.shared is None:
+                if len(data) > L.HANDSHAKE_FRAME_BYTES:
+                    self.private.put(_Refuse(_Oversized(
+                        f"a connection from {self.peer} sent a {len(data)}-byte message before authenticating; a "
+                        f"handshake frame has at most {L.HANDSHAKE_FRAME_BYTES} bytes (refused before it was parsed)")))
+                    return False
+                if self.private.qsize() >= L.HANDSHAKE_FRAMES:
+                    self.private.put(_Refuse(_Oversized(
+                        f"a connection from {self.peer} sent more than {L.HANDSHAKE_FRAMES} frames ahead of the "
+                        f"handshake (refused before they were parsed)")))
+                    return False
+                self.private.put(data)
+                return True
+            try:
+                frame = self.assembler.add(data)
+            except FrameError as exc:
+                self.shared.put((self.party, _Refused(str(exc))))
+                return False
+            if frame is not None:
+                self.shared.put((self.party, frame))
+            return True
+
+    def push(self, frame: bytes) -> None:
+        """Queue one sealed frame to the peer, as pieces."""
+        for piece in L.pieces(frame):
+            self.outbox.put(piece)
+
     def authenticated(self, party: str, shared: queue.Queue, sealer: F.Sealer, opener: F.Opener) -> None:
         with self.lock:
             self.party, self.sealer, self.opener = party, sealer, opener
+            self.assembler = L.Assembler(self.max_frame, party)
             while not self.private.empty():
-                shared.put((party, self.private.get_nowait()))
+                item = self.private.get_nowait()
+                if isinstance(item, (bytes, _Closed)):
+                    shared.put((party, item))
             self.shared = shared
 
 
@@ -82,28 +151,44 @@ class HostEndpoint:
     """The host's data-plane server for one session (one control message: one or more epochs).
 
     ``bind`` is ``HOST:PORT`` (port 0: any free port; :attr:`address` is where it listens),
-    ``credential`` the run's credential, ``session`` the control message's session identifier."""
+    ``credential`` the run's credential, ``session`` the control message's session identifier,
+    ``max_frame`` the largest frame an authenticated guest may send
+    (:func:`fl_split.dataplane.limits.largest_frame` of the run's plan).
+
+    Streams: one reserved per expected guest (its authenticated link), a pool of
+    ``UNAUTHENTICATED_STREAMS`` + one per guest for streams still in their handshake
+    (:class:`~fl_split.dataplane.limits.Admission`), and room for evicted ones to finish; gRPC's
+    thread pool and concurrent-call limit are sized to that sum. :attr:`refusals` holds the bounded
+    records of refused connections; :attr:`refused` its recent messages."""
 
     def __init__(self, guests: list[str], credential: str, session: str, bind: str,
-                 tls: ServerTLS | None = None, timeout: float = 60.0, advertise: str = "") -> None:
+                 tls: ServerTLS | None = None, timeout: float = 60.0, advertise: str = "",
+                 max_frame: int | None = None) -> None:
         import grpc
 
         self.guests = list(guests)
+        self._expected = tuple(self.guests)
         self.credential = credential.encode()
         self.session = session
         self.timeout = float(timeout)
         self.tls = tls
-        self.refused: list[str] = []
+        self.max_frame = F.MAX_FRAME if max_frame is None else min(int(max_frame), F.MAX_FRAME)
+        self.refusals = L.Refusals(log)
+        #: the last refusal messages (bounded; the counts are in :attr:`refusals`)
+        self.refused = self.refusals.recent
+        pool = L.UNAUTHENTICATED_STREAMS + len(self.guests)
+        self._pool = L.Admission(pool, pool // 2)
         self._shared: queue.Queue = queue.Queue()
         self._links: dict[str, _Connection] = {}
         self._cond = threading.Condition()
         self._closed = False
+        streams = len(self.guests) + pool + L.EVICTION_MARGIN
         handler = grpc.method_handlers_generic_handler(
-            SERVICE, {"Session": grpc.stream_stream_rpc_method_handler(self._session)})
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=len(self.guests) + 8,
+            SERVICE, {"Session": grpc.stream_stream_rpc_method_handler(self._stream)})
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=streams,
                                                               thread_name_prefix="fl_split-dataplane"),
-                                   handlers=(handler,), options=GRPC_OPTIONS,
-                                   maximum_concurrent_rpcs=len(self.guests) + 8)
+                                   handlers=(handler,), options=SERVER_OPTIONS,
+                                   maximum_concurrent_rpcs=streams)
         try:
             port = (self._server.add_secure_port(bind, tls.credentials()) if tls is not None
                     else self._server.add_insecure_port(bind))
@@ -118,15 +203,48 @@ class HostEndpoint:
         self._server.start()
 
     # -- incoming streams -------------------------------------------------------------------------
-    def _session(self, request_iterator, context):
+    def _stream(self, request_iterator, context):
+        """Admit a new stream to the unauthenticated pool (evicting one if it is full), run it, and
+        take it out of the pool whatever ends it."""
+        conn = _Connection(context.peer(), self.max_frame)
+        victim = self._pool.admit(conn)
+        if victim is not None:
+            victim.put(_Refuse(_Evicted(
+                f"a connection from {victim.peer}: evicted before it authenticated (the host's data plane holds at "
+                f"most {self._pool.capacity} unauthenticated streams, {self._pool.per_address} per address, and "
+                f"{'this address' if victim.address == conn.address else 'the busiest address'} opened another)")))
+        try:
+            yield from self._session(request_iterator, context, conn)
+        finally:
+            self._pool.leave(conn)
+
+    def _refuse(self, conn: _Connection, exc: Exception):
+        """Record a refused connection (bounded, rate-limited log); returns its gRPC status code."""
         import grpc
 
-        conn = _Connection(context.peer())
+        msg = str(exc)
+        if isinstance(exc, _Evicted):
+            kind, code = "evicted", grpc.StatusCode.RESOURCE_EXHAUSTED
+        elif isinstance(exc, _HandshakeTimeout):
+            kind = "left" if isinstance(exc, _HandshakeLeft) else ("handshake timeout" if conn.spoke else "silent")
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
+        elif isinstance(exc, FrameError):
+            kind = "oversized" if isinstance(exc, _Oversized) else "malformed"
+            code = grpc.StatusCode.INVALID_ARGUMENT
+        else:
+            kind, code = "credential", grpc.StatusCode.UNAUTHENTICATED
+        named = any(msg.startswith(f"{g} (connecting from") for g in self._expected)
+        self.refusals.record(msg, conn.address, kind, named)
+        return code
+
+    def _session(self, request_iterator, context, conn: _Connection):
+        import grpc
 
         def read() -> None:
             try:
                 for data in request_iterator:
-                    conn.put(data)
+                    if not conn.feed(data):
+                        return
                 conn.put(_Closed("its stream ended: the guest process exited or closed the connection"))
             except Exception as exc:  # noqa: BLE001 - grpc.RpcError, cancellation: the link is gone
                 conn.put(_Closed(_rpc_reason(exc)))
@@ -154,16 +272,15 @@ class HostEndpoint:
                     raise CredentialError(f"{who}: {party} is already connected to this data plane")
                 if self._closed:
                     raise CredentialError(f"{who}: the data plane is closing")
+                if not self._pool.leave(conn):  # evicted while it finished its handshake
+                    raise _Evicted(f"{who} was evicted from the host's unauthenticated streams")
                 conn.authenticated(party, self._shared, F.Sealer(k_to_guest), F.Opener(k_to_host, party))
                 self._links[party] = conn
                 self._cond.notify_all()
-        except (FrameError, CredentialError, _HandshakeTimeout) as exc:
-            msg = str(exc)
-            self.refused.append(msg)
-            log.warning("data plane: refused %s", msg)
-            code = grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, FrameError) else grpc.StatusCode.UNAUTHENTICATED
+        except (FrameError, CredentialError, _HandshakeTimeout, _Evicted) as exc:
+            code = self._refuse(conn, exc)
             conn.finished.set()
-            context.abort(code, msg)
+            context.abort(code, str(exc))
             return
         try:
             while True:
@@ -183,8 +300,19 @@ class HostEndpoint:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = [g for g in self.guests if g not in self._links]
-                    refused = (f"; refused {len(self.refused)} connection(s): " + " | ".join(self.refused[-3:])
-                               if self.refused else "")
+                    self.refusals.flush()
+                    if self.refusals.anonymous:
+                        raise FloodError(
+                            f"{', '.join(missing)} did not connect to the host's data plane at {self.address} within "
+                            f"{self.timeout:g} s (--dataplane-timeout) while the host refused "
+                            f"{self.refusals.anonymous} unauthenticated connection(s) that never named a guest of "
+                            f"this run ({self.refusals.describe()}): an unauthenticated flood of the data-plane "
+                            f"address, which can crowd guests out — not in itself a failure of {', '.join(missing)}; "
+                            f"make the address reachable only by the guests, or require client certificates "
+                            f"(dataplane-client-ca)")
+                    recent = list(self.refused)[-3:]
+                    refused = (f"; refused {self.refusals.total} connection(s): " + " | ".join(recent)
+                               if recent else "")
                     raise PeerFailure(missing[0], None, f"{', '.join(missing)} did not connect to the host's data plane "
                                       f"at {self.address} within {self.timeout:g} s (--dataplane-timeout){refused}")
                 self._cond.wait(min(left, 0.5))
@@ -193,7 +321,7 @@ class HostEndpoint:
         """Queue one frame to ``party``; returns its size in bytes."""
         conn = self._links[party]
         data = conn.sealer.seal(type_, header, blobs)
-        conn.outbox.put(data)
+        conn.push(data)
         return len(data)
 
     def collect(self, round_: int, expected: list[str]) -> tuple[dict[str, list[bytes]], dict[str, str], dict[str, F.Frame]]:
@@ -221,7 +349,9 @@ class HostEndpoint:
                 continue
             if party not in pending:
                 continue  # a dropped guest's late frame, or its connection closing
-            if isinstance(item, _Closed):
+            if isinstance(item, _Refused):
+                failed[party] = f"data plane: {item.reason}"
+            elif isinstance(item, _Closed):
                 failed[party] = f"data plane: lost the connection to {party} ({item.reason})"
             else:
                 try:
@@ -248,7 +378,7 @@ class HostEndpoint:
             self.guests = [g for g in self.guests if g != party]
         if conn is not None and conn.sealer is not None:
             try:
-                conn.outbox.put(conn.sealer.seal(F.END, {"reason": reason[:2000]}))
+                conn.push(conn.sealer.seal(F.END, {"reason": reason[:2000]}))
             except Exception:  # noqa: BLE001 - best effort
                 pass
             conn.outbox.put(None)
@@ -261,7 +391,7 @@ class HostEndpoint:
             active = [self._links[g] for g in self.guests if g in self._links]
         for conn in active:
             try:
-                conn.outbox.put(conn.sealer.seal(F.END, {"reason": reason[:2000]}))
+                conn.push(conn.sealer.seal(F.END, {"reason": reason[:2000]}))
             except Exception:  # noqa: BLE001 - best effort
                 pass
             conn.outbox.put(None)
@@ -269,6 +399,7 @@ class HostEndpoint:
         for conn in links:
             conn.finished.wait(max(0.0, deadline - time.monotonic()))
         self._server.stop(grace=0.5).wait(2.0)
+        self.refusals.flush()
 
     def __enter__(self) -> "HostEndpoint":
         return self
@@ -281,13 +412,27 @@ class _HandshakeTimeout(DataPlaneError):
     pass
 
 
+class _HandshakeLeft(_HandshakeTimeout):
+    pass
+
+
+class _Evicted(DataPlaneError):
+    """Evicted from the unauthenticated pool by a newer stream (RESOURCE_EXHAUSTED: a guest retries)."""
+
+
+class _Oversized(FrameError):
+    """A message too large (or too many) for a handshake, refused before it was parsed."""
+
+
 def _get(q: queue.Queue, timeout: float, who: str) -> bytes:
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
         raise _HandshakeTimeout(f"{who} did not complete the data-plane handshake within {timeout:g} s") from None
+    if isinstance(item, _Refuse):
+        raise item.exc
     if isinstance(item, _Closed):
-        raise _HandshakeTimeout(f"{who} left during the data-plane handshake ({item.reason})")
+        raise _HandshakeLeft(f"{who} left during the data-plane handshake ({item.reason})")
     return item
 
 

@@ -144,19 +144,22 @@ def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict) -> di
     outcome for the coordinator (the same pieces as the local engine's results, for these epochs)."""
     from fl_split.dataplane import rendezvous
     from fl_split.dataplane.host import HostDataPlane, HostEndpoint
+    from fl_split.dataplane.limits import largest_frame
     from fl_split.engine import coordinate
 
     first, last, session, credential, _ = _request(req)
+    # the largest frame an authenticated guest may send: its widest legitimate RELEASE (issue 16)
+    max_frame = largest_frame(plan.schedule, cfg.batches_per_round, [plan.cut_shapes[g] for g in party.active_guests])
     if role.mode == "deployment":
         address = _text(node_config, ADDRESS)
         bind = _text(node_config, BIND) or f"0.0.0.0:{address.rsplit(':', 1)[1]}"
         endpoint = HostEndpoint(party.active_guests, credential, session, bind, _server_tls(node_config),
-                                cfg.dataplane_timeout, advertise=address)
+                                cfg.dataplane_timeout, advertise=address, max_frame=max_frame)
         board = None
     else:
         # a guest that failed in an earlier chunk (--on-guest-failure pad) is not waited for
         endpoint = HostEndpoint(party.active_guests, credential, session, f"{rendezvous.local_ip()}:0", None,
-                                cfg.dataplane_timeout)
+                                cfg.dataplane_timeout, max_frame=max_frame)
         board = rendezvous.board()
         board.publish(session, endpoint.address)
     reason = "failed"
@@ -180,6 +183,7 @@ def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict) -> dict[st
     """Serve the host for the request's epochs; returns how many steps were served."""
     from fl_split.dataplane import rendezvous
     from fl_split.dataplane.guest import serve
+    from fl_split.dataplane.limits import largest_frame
 
     _, _, session, credential, info = _request(req)
     address = str(info.get("address", ""))
@@ -189,7 +193,10 @@ def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict) -> dict[st
             raise PeerFailure("host", None, f"the host did not open its data plane within {cfg.dataplane_timeout:g} s "
                               f"(--dataplane-timeout); {party.name} waited for it")
     tls = _client_tls(role, node_config, bool(info.get("tls")))
-    served = serve(party.name, party.step, address, credential, session, tls, cfg.dataplane_timeout)
+    # the largest frame the host may send this guest: a STEP with the owed gradients of a round (issue 16)
+    max_frame = largest_frame(party.schedule, cfg.batches_per_round, [party.cut_shape])
+    served = serve(party.name, party.step, address, credential, session, tls, cfg.dataplane_timeout,
+                   max_frame=max_frame)
     return {"steps": served.steps, "errors": served.errors}
 
 
