@@ -24,9 +24,25 @@ A guest may release several batches before their gradients come back (``batches_
 weights (FedBCD-style local updates). With one batch per round the weights have not moved in
 between and the kept autograd graph is used directly: exact sequential training.
 
-Every random draw of a party comes from its secret, keyed by purpose and batch
-(``secret.torch_generator("release", phase, epoch, index)``): unpredictable to every other party,
-reproducible with ``--private-seed``, and continued exactly by a restored party.
+Every random draw of a party comes from its secret, keyed by purpose and a **draw counter** that
+only increases (``secret.torch_generator("release", counter)``; :meth:`_Party._draw`): unpredictable
+to every other party, reproducible with ``--private-seed`` (same run, same requests ⇒ same
+counters ⇒ same numbers, on every transport), and continued exactly by a restored party (the
+counter is part of its exported state). A party never draws the same noise twice: were draws keyed
+by the batch, a peer that asks for one batch again would get the same noise twice and subtract it
+(issue 16). **A repeated request** for a released batch — a test batch asked again, or a training
+batch asked again after its gradient came back (one that awaits its gradient is refused) — is
+released again with fresh, independent noise, charged to the ledger as another release of those
+records (so ``--budget`` bounds the repetitions), and one warning names the batch and how often it
+was released (``docs/accounting.md``, "Threat model").
+
+**Resume.** A party restored from a checkpoint re-makes the releases its write-ahead log recorded
+after it. A re-made release may use the counter the log recorded for it only when its value is
+bit-identical to the logged one (nothing new leaves: not charged again); otherwise the value made
+with the old counter is discarded, never sent, and the release is drawn with a counter beyond every
+one the log ever recorded, and charged (:meth:`_Party.resume_draws`). No counter is ever used for
+two different released values. DP-SGD steps follow the same rule (a step whose parameters differ
+from the logged ones is undone and taken again with a fresh counter).
 
 **Hostile peers** (``docs/robustness.md``). Before any state changes a party checks a request and
 every message in it: the request's round follows the last one it handled (a replayed or stale
@@ -47,6 +63,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +93,8 @@ if TYPE_CHECKING:
     from fl_split.privacy.r3elu import ImportanceTracker
 
 HIT_AT = 10
+log = logging.getLogger("fl_split.party")
+_PHASES = ("train", "test")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -217,6 +236,14 @@ class _Party:
         #: the last request round this party handled (a request for it or an earlier one is refused)
         self.last_round = 0
         self._digests: dict[BatchKey, int] = {}
+        #: the next draw counter (only increases; every private draw consumes one)
+        self.draws = 0
+        #: after a resume: counters below it may have been used by the run that crashed; a draw below
+        #: it may only re-make the value the write-ahead log recorded for it (``_logged``: counter -> digest)
+        self._draw_floor = 0
+        self._logged: dict[int, str] = {}
+        #: how many times each batch was released by this party (a repeat is warned about)
+        self._times: dict[BatchKey, int] = {}
 
     def ids(self, key: BatchKey) -> np.ndarray:
         pos = self.schedule.positions(key)
@@ -293,9 +320,84 @@ class _Party:
         y = y.index_select(0, pos)
         return y if y.device == self.device else y.to(self.device, non_blocking=True)
 
-    def _gen(self, *parts: object) -> torch.Generator:
-        """A private generator for ``parts`` (purpose, then the batch key)."""
-        return self.secret.torch_generator(*parts, device=self.device)
+    # -- private draws (issue 16) ---------------------------------------------------------------
+    def _draw(self, purpose: str) -> tuple[torch.Generator, int]:
+        """A private generator keyed by ``(purpose, counter)`` with a fresh counter, and the counter.
+
+        Never keyed by the batch: a repeated request for a batch gets independent noise."""
+        c = self.draws
+        self.draws = c + 1
+        return self.secret.torch_generator(purpose, c, device=self.device), c
+
+    def _gen(self, purpose: str) -> torch.Generator | None:
+        """A fresh private generator for ``purpose`` (a draw whose value never leaves as such)."""
+        return self._draw(purpose)[0]
+
+    def _may_leave(self, counter: int, digest: Callable[[], str]) -> bool:
+        """Whether a value drawn with ``counter`` may leave: always for a counter no run used
+        before; below the resume floor only as the bit-identical re-make of the value the log
+        recorded for that counter. Otherwise the party moves beyond every logged counter for
+        good (the caller draws again; the old value is discarded)."""
+        if counter >= self._draw_floor:
+            return True
+        if self._logged.get(counter) == digest():
+            del self._logged[counter]
+            return True
+        self.draws = max(self.draws, self._draw_floor)
+        self._draw_floor = 0
+        self._logged = {}
+        return False
+
+    def resume_draws(self, floor: int, logged: dict[int, str]) -> None:
+        """After a restore: ``floor`` is one beyond every counter the write-ahead log recorded,
+        ``logged`` the counters of the releases made after the checkpoint and their digests."""
+        self._draw_floor = max(int(floor), self.draws)
+        self._logged = {int(c): str(d) for c, d in logged.items() if int(c) >= self.draws}
+        if self._draw_floor == self.draws:
+            self._logged = {}
+
+    def _release(self, mech: Mechanism, value: torch.Tensor, encode_: Callable[[Any], bytes]
+                 ) -> tuple[Any, bytes, int | None]:
+        """``mech``'s release of ``value`` encoded by ``encode_``, with fresh noise (and its counter)."""
+        if not mech.random:
+            rel = mech.release(value, None)
+            return rel, encode_(rel), None
+        gen, c = self._draw("release")
+        rel = mech.release(value, gen)
+        blob = encode_(rel)
+        if not self._may_leave(c, lambda: value_digest(blob)):
+            gen, c = self._draw("release")
+            rel = mech.release(value, gen)
+            blob = encode_(rel)
+        return rel, blob, c
+
+    def _step(self, dpsgd: bool, digest: bool) -> tuple[str | None, int | None]:
+        """Step the local update (a DP-SGD step with fresh noise); returns the digest of the
+        parameters after it when ``digest`` (for the write-ahead log) and the counter used."""
+        if not dpsgd:
+            self.update.step(None)
+            return None, None
+        gen, c = self._draw("dpsgd")
+        if c >= self._draw_floor:
+            self.update.step(gen)
+            return (self._params_digest() if digest else None), c
+        snap = self.update.snapshot()
+        self.update.step(gen)
+        d = self._params_digest()
+        if not self._may_leave(c, lambda: d):
+            self.update.undo_step(snap)
+            gen, c = self._draw("dpsgd")
+            self.update.step(gen)
+            d = self._params_digest()
+        return d, c
+
+    def _count_release(self, key: BatchKey) -> None:
+        """Count a release of ``key``; warn once per repeat (it is charged like any release)."""
+        n = self._times.get(key, 0) + 1
+        self._times[key] = n
+        if n > 1:
+            log.warning("%s: %s was requested again and released for the %d%s time, with fresh noise; "
+                        "each release is charged", self.name, key, n, {2: "nd", 3: "rd"}.get(n, "th"))
 
     def _entry(self, round_: int, key: BatchKey, direction: str, cost) -> "LedgerEntry":
         from fl_split.privacy.ledger import LedgerEntry
@@ -310,11 +412,11 @@ class _Party:
             return self.ledger.charge(entries)
         return None
 
-    def _settle(self, charge: "Charge | None", digests: list[str] | None) -> None:
-        """Before the values of ``charge`` leave: log them (write-ahead) and deduplicate re-made
-        releases of a resumed run (see :mod:`fl_split.checkpoint`)."""
+    def _settle(self, charge: "Charge | None", digests: list[str] | None, draws: list[int | None] | None = None) -> None:
+        """Before the values of ``charge`` leave: log them (write-ahead, with the draw counter of
+        each) and deduplicate re-made releases of a resumed run (see :mod:`fl_split.checkpoint`)."""
         if charge is not None:
-            self.ledger.settle(charge, digests or [])
+            self.ledger.settle(charge, digests or [], draws)
 
     def _params_digest(self) -> str:
         """Digest of the party's parameters (what a DP-SGD step releases, for the write-ahead log)."""
@@ -325,15 +427,29 @@ class _Party:
         return h.hexdigest()
 
     def _common_state(self) -> dict[str, Any]:
+        times = sorted(self._times.items())
         return {"secret": self.secret.state_dict(), "steps": self.steps, "released": dict(self.released),
                 "last_round": int(self.last_round),
-                "ledger": self.ledger.export_state() if self.ledger is not None else None}
+                "ledger": self.ledger.export_state() if self.ledger is not None else None,
+                "draws": {"next": int(self.draws), "floor": int(self._draw_floor),
+                          "logged": [[int(c), d] for c, d in sorted(self._logged.items())],
+                          "times": {"phase": np.asarray([_PHASES.index(k.phase) for k, _ in times], dtype=np.int8),
+                                    "epoch": np.asarray([k.epoch for k, _ in times], dtype=np.int64),
+                                    "index": np.asarray([k.index for k, _ in times], dtype=np.int64),
+                                    "n": np.asarray([n for _, n in times], dtype=np.int64)}}}
 
     def _load_common(self, state: dict[str, Any]) -> None:
         self.secret = PartySecret.from_state(state["secret"])
         self.steps = int(state["steps"])
         self.released = {k: int(v) for k, v in state["released"].items()}
         self.last_round = int(state.get("last_round", 0))
+        draws = state["draws"]
+        self.draws = int(draws["next"])
+        self._draw_floor = int(draws["floor"])
+        self._logged = {int(c): str(d) for c, d in draws["logged"]}
+        t = draws["times"]
+        self._times = {BatchKey(_PHASES[int(p)], int(e), int(i)): int(n) for p, e, i, n in
+                       zip(*(np.asarray(t[k]).reshape(-1).tolist() for k in ("phase", "epoch", "index", "n")))}
         if self.ledger is not None:
             from fl_split.privacy.ledger import Ledger
 
@@ -388,7 +504,8 @@ class GuestParty(_Party):
                 raise ProtocolError(f"{self.name}: {key} was already released and awaits its gradient")
         costs = [self.mechanisms(key).cost() for key in keys]
         charge = self._charge([self._entry(round_, key, "forward", c) for key, c in zip(keys, costs) if c is not None])
-        blobs = []
+        blobs: list[bytes] = []
+        draws: list[int | None] = []
         for key in keys:
             if key.phase == "test" and key.index == 0:
                 self.diagnostics.check(key.epoch, self.mechanisms(key).name)  # the epoch's training is over
@@ -405,17 +522,20 @@ class GuestParty(_Party):
                 # this pass) and recompute when the gradient arrives
                 with torch.no_grad():
                     v = self.bottom(x)
-            rel = mech.release(v.detach(), self._gen("release", *key.as_tuple()) if mech.random else None)
+            rel, blob, c = self._release(mech, v.detach(), lambda r: encode(Message(
+                "activations", self.name, "host", round_, key, self.digest(key), r.value, r.encoding)))
             self.diagnostics.add(key.epoch, rel.stats)
-            blobs.append(encode(Message("activations", self.name, "host", round_, key, self.digest(key),
-                                        rel.value, rel.encoding)))
+            blobs.append(blob)
+            draws.append(c)
+            self._count_release(key)
             self.released["batches"] += 1
             self.released["records"] += len(v)
             if train:
                 self._pending[key] = _Pending(round_, self.steps, rel.ctx,
                                               v if self.update.keeps_release_graph else None)
         if charge is not None:
-            self._settle(charge, [value_digest(b) for b, c in zip(blobs, costs) if c is not None])
+            self._settle(charge, [value_digest(b) for b, c in zip(blobs, costs) if c is not None],
+                         [d for d, c in zip(draws, costs) if c is not None])
         return blobs
 
     # -- backward ---------------------------------------------------------------------------
@@ -448,21 +568,23 @@ class GuestParty(_Party):
         if cost is not None and msgs:
             charge = self._charge([self._entry(-1 if round_ is None else round_, m.key, "update", cost) for m in msgs])
         digests: list[str] = []
+        draws: list[int | None] = []
         for m in msgs:
             p = self._pending.pop(m.key)
             out = p.out if (p.out is not None and p.version == self.steps) else self._recompute(m.key)
-            gen = self._gen("denoise", *m.key.as_tuple()) if self.grad_postprocess.random else None
+            gen = self._gen("denoise") if self.grad_postprocess.random else None
             grad = self.grad_postprocess(m.tensor.to(self.device), gen)
             grad = self.mechanisms(m.key).local_grad(p.ctx, grad)
             self.update.zero_grad()
             self.update.backward(out, grad)
             if self.importance is not None:
                 self.importance.update()
-            self.update.step(self._gen("dpsgd", *m.key.as_tuple()) if cost is not None else None)
+            d, c = self._step(cost is not None, charge is not None)
             self.steps += 1
             if charge is not None:
-                digests.append(self._params_digest())
-        self._settle(charge, digests)
+                digests.append(d)
+                draws.append(c)
+        self._settle(charge, digests, draws)
 
     def _gradients_in_order(self, blobs, owed: list[BatchKey]) -> list[Message] | None:
         """The fast path of :meth:`apply_gradients`: every blob is exactly the gradient message owed
@@ -668,7 +790,7 @@ class HostParty(_Party):
             if train and not self.one_shot:
                 a.requires_grad_(True)
             leaves[g] = a
-            gen = self._gen("denoise", g, *key.as_tuple()) if self.act_postprocess.random else None
+            gen = self._gen("denoise") if self.act_postprocess.random else None
             parts.append(self.act_postprocess(a, gen))
         return self.top(self.merge(parts)), leaves
 
@@ -695,6 +817,7 @@ class HostParty(_Party):
         # BudgetExceeded here: nothing trained, nothing released
         charge = self._charge(self._entries(keys, round_))
         digests: list[str] | None = [] if charge is not None else None
+        draws: list[int | None] = []
         grads: dict[str, list[bytes]] = {g: [] for g in active}
         dpsgd = self.update.cost() is not None
         if self.bottom is not None:
@@ -718,23 +841,26 @@ class HostParty(_Party):
                 self.importance.update()
             if not self.one_shot:
                 digest = self.digest(key)
+                self._count_release(key)
                 for g in active:
                     mech = mechs[g]
-                    rel = mech.release(leaves[g].grad, self._gen("release", g, *key.as_tuple()) if mech.random else None)
+                    rel, blob, c = self._release(mech, leaves[g].grad, lambda r, g=g: encode(Message(
+                        "gradients", "host", g, round_, key, digest, r.value, r.encoding)))
                     self.diagnostics.add(key.epoch, rel.stats)
-                    blob = encode(Message("gradients", "host", g, round_, key, digest, rel.value, rel.encoding))
                     grads[g].append(blob)
                     if digests is not None and mech.cost() is not None:
                         digests.append(value_digest(blob))
+                        draws.append(c)
                     self.released["batches"] += 1
                     self.released["records"] += len(y)
-            self.update.step(self._gen("dpsgd", *key.as_tuple()) if dpsgd else None)
+            d, c = self._step(dpsgd, digests is not None)
             self.steps += 1
             if digests is not None and dpsgd:
-                digests.append(self._params_digest())
+                digests.append(d)
+                draws.append(c)
             self._train_loss[0] += loss_value * len(y)
             self._train_loss[1] += len(y)
-        self._settle(charge, digests)
+        self._settle(charge, digests, draws)
         self._done(round_)
         return grads
 
