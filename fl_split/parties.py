@@ -242,8 +242,10 @@ class _Party:
         #: it may only re-make the value the write-ahead log recorded for it (``_logged``: counter -> digest)
         self._draw_floor = 0
         self._logged: dict[int, str] = {}
-        #: how many times each batch was released by this party (a repeat is warned about)
+        #: how many times each batch was released by this party (a repeat is warned about); the
+        #: batches in order of first release, as two lists that export without a per-message sort
         self._times: dict[BatchKey, int] = {}
+        self._first: tuple[list[int], list[int]] = ([], [])  # epoch, 2·index + phase
 
     def ids(self, key: BatchKey) -> np.ndarray:
         pos = self.schedule.positions(key)
@@ -395,7 +397,10 @@ class _Party:
         """Count a release of ``key``; warn once per repeat (it is charged like any release)."""
         n = self._times.get(key, 0) + 1
         self._times[key] = n
-        if n > 1:
+        if n == 1:
+            self._first[0].append(int(key.epoch))
+            self._first[1].append(2 * int(key.index) + _PHASES.index(key.phase))
+        else:
             log.warning("%s: %s was requested again and released for the %d%s time, with fresh noise; "
                         "each release is charged", self.name, key, n, {2: "nd", 3: "rd"}.get(n, "th"))
 
@@ -427,16 +432,14 @@ class _Party:
         return h.hexdigest()
 
     def _common_state(self) -> dict[str, Any]:
-        times = sorted(self._times.items())
         return {"secret": self.secret.state_dict(), "steps": self.steps, "released": dict(self.released),
                 "last_round": int(self.last_round),
                 "ledger": self.ledger.export_state() if self.ledger is not None else None,
                 "draws": {"next": int(self.draws), "floor": int(self._draw_floor),
                           "logged": [[int(c), d] for c, d in sorted(self._logged.items())],
-                          "times": {"phase": np.asarray([_PHASES.index(k.phase) for k, _ in times], dtype=np.int8),
-                                    "epoch": np.asarray([k.epoch for k, _ in times], dtype=np.int64),
-                                    "index": np.asarray([k.index for k, _ in times], dtype=np.int64),
-                                    "n": np.asarray([n for _, n in times], dtype=np.int64)}}}
+                          "released": {"epoch": np.asarray(self._first[0], dtype=np.int64),
+                                       "slot": np.asarray(self._first[1], dtype=np.int64)},
+                          "repeats": [[list(k.as_tuple()), n] for k, n in self._times.items() if n > 1]}}
 
     def _load_common(self, state: dict[str, Any]) -> None:
         self.secret = PartySecret.from_state(state["secret"])
@@ -447,9 +450,12 @@ class _Party:
         self.draws = int(draws["next"])
         self._draw_floor = int(draws["floor"])
         self._logged = {int(c): str(d) for c, d in draws["logged"]}
-        t = draws["times"]
-        self._times = {BatchKey(_PHASES[int(p)], int(e), int(i)): int(n) for p, e, i, n in
-                       zip(*(np.asarray(t[k]).reshape(-1).tolist() for k in ("phase", "epoch", "index", "n")))}
+        epochs = np.asarray(draws["released"]["epoch"]).reshape(-1).tolist()
+        slots = np.asarray(draws["released"]["slot"]).reshape(-1).tolist()
+        self._first = ([int(e) for e in epochs], [int(x) for x in slots])
+        self._times = {BatchKey(_PHASES[x % 2], e, x // 2): 1 for e, x in zip(*self._first)}
+        for k, n in draws["repeats"]:
+            self._times[BatchKey(str(k[0]), int(k[1]), int(k[2]))] = int(n)
         if self.ledger is not None:
             from fl_split.privacy.ledger import Ledger
 

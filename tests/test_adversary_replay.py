@@ -233,6 +233,9 @@ def test_draw_counters_survive_export_and_import():
     b = twin.step([_gradient(twin, K1, 1, grad)], [K1], 2)
     assert a == b  # the restored party continues exactly ...
     assert g.draws == twin.draws == before + 1  # ... with a new counter for the new release
+    third = _guest(cfg, private_seed=PS + 2)
+    import_flat(third, *export_flat(g))
+    assert third._times == g._times == {K1: 2} and third.draws == g.draws  # the repeat count travels too
 
 
 def test_private_seed_same_run_same_numbers_and_other_seed_differs():
