@@ -392,3 +392,29 @@ def test_undo_step_restores_a_dpsgd_party_exactly():
     g.update.undo_step(snap)
     g.update.step(g.secret.torch_generator("t", 1))  # other noise: another step
     assert g._params_digest() not in (before, stepped)
+
+
+def test_host_backward_rerequest_gets_independent_noise_and_is_charged():
+    """The same attack on the host's backward releases: the host is asked to train on K1 twice
+    (the second time with activations of the requester's choosing); the two partial losses it
+    releases to guest-1 carry independent noise."""
+    cfg = RunConfig(**BASE, defense="gaussian", sigma=50.0, protect="host")
+    host, guests, plan = make_parties(cfg, PS)
+    mech = host.backward_mechanisms["guest-1"](K1)
+    seen: list[torch.Tensor] = []
+    real = mech.release
+    mech.release = lambda t, gen: (seen.append(t.detach().clone()), real(t, gen))[1]
+    acts = {name: g.release([K1], 1) for name, g in guests.items()}
+    r1 = decode(host.train([K1], acts, 1)["guest-1"][0]).tensor
+    crafted = {name: [encode(Message("activations", name, "host", 2, K1, host.digest(K1),
+                                     torch.zeros(32, *g.cut_shape)))] for name, g in guests.items()}
+    r2 = decode(host.train([K1], crafted, 2)["guest-1"][0]).tensor
+    assert len(seen) == 2
+    # the signal of a backward Gaussian release is δ clipped to L2 norm ≤ bound per row
+    s1, s2 = (d * (mech.bound / d.norm(dim=1, keepdim=True).clamp_min(mech.bound)) for d in seen)
+    n1, n2 = (r1 - s1).flatten().double(), (r2 - s2).flatten().double()
+    assert abs(float(torch.corrcoef(torch.stack([n1, n2]))[0, 1])) < 5 / math.sqrt(n1.numel())
+    error = (r1 - (r2 - s2)) - s1  # the oracle attacker of the guest test: error = n1 − n2
+    assert float(error.pow(2).mean().sqrt()) >= mech.sigma / 2
+    assert host._times[K1] == 2
+    assert host.ledger.releases_per_record() == 2 * len(guests)  # one partial loss per guest, twice
