@@ -331,7 +331,7 @@ class _Party:
         self.draws = c + 1
         return self.secret.torch_generator(purpose, c, device=self.device), c
 
-    def _gen(self, purpose: str) -> torch.Generator | None:
+    def _gen(self, purpose: str) -> torch.Generator:
         """A fresh private generator for ``purpose`` (a draw whose value never leaves as such)."""
         return self._draw(purpose)[0]
 
@@ -401,8 +401,8 @@ class _Party:
             self._first[0].append(int(key.epoch))
             self._first[1].append(2 * int(key.index) + _PHASES.index(key.phase))
         else:
-            log.warning("%s: %s was requested again and released for the %d%s time, with fresh noise; "
-                        "each release is charged", self.name, key, n, {2: "nd", 3: "rd"}.get(n, "th"))
+            log.warning("%s: %s was requested again: released %d times now, each with fresh noise and "
+                        "charged", self.name, key, n)
 
     def _entry(self, round_: int, key: BatchKey, direction: str, cost) -> "LedgerEntry":
         from fl_split.privacy.ledger import LedgerEntry

@@ -186,7 +186,7 @@ def test_a_repeated_test_request_is_released_fresh_charged_and_warned(caplog):
     assert not torch.equal(a, b) and not torch.equal(b, c)
     warned = [r.getMessage() for r in caplog.records if "requested again" in r.getMessage()]
     assert len(warned) == 2 and all(str(key) in w for w in warned)
-    assert "2nd time" in warned[0] and "3rd time" in warned[1]
+    assert "released 2 times" in warned[0] and "released 3 times" in warned[1]
     assert g.ledger.releases_per_record() == 3
 
 
