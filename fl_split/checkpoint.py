@@ -30,8 +30,18 @@ records)`` with the digest of the value that left (the encoded message; for a DP
 parameters after it). A release of the resumed run with the same key is not charged when it is
 made; before it leaves, its digest is compared: equal — the same bytes already left, nothing new
 is learnt, the pending record is consumed; different — it is a new release and is charged (and
-logged) like any other. Same secret, same batch key, same weights ⇒ same noise and the same value,
-so on one machine a resumed run reproduces its releases bit for bit.
+logged) like any other. Same secret, same requests, same weights ⇒ the same draw counters, the same
+noise and the same value, so on one machine a resumed run reproduces its releases bit for bit.
+
+**Draw counters** (issue 16). A party's noise is keyed by a counter that only increases
+(``fl_split.parties``), and each log record carries the counter of its release's noise (``"c"``;
+format ``fl_split.wal/2``). :func:`restore_party` gives the restored party the counters recorded
+after its checkpoint with their digests, and the floor one beyond every counter the log holds
+(:meth:`~fl_split.parties.GuestParty.resume_draws`): a re-made release may use a logged counter
+only for the bit-identical value; a different value made with it is discarded, never sent, and
+drawn again beyond the floor (then charged, by the rule above). No counter ever serves two
+different released values — else a host that made the resumed run diverge (other gradients after
+the restart) would get the old noise on a new value and subtract it.
 
 The functions here work on one party (:func:`save_party`, :func:`restore_party`,
 :func:`open_wal`) so that a Flower node can call them on its own machine; the local engine's
@@ -64,7 +74,7 @@ if TYPE_CHECKING:
     from fl_split.privacy.ledger import LedgerEntry
 
 FORMAT = "fl_split.checkpoint/1"
-WAL_FORMAT = "fl_split.wal/1"
+WAL_FORMAT = "fl_split.wal/2"  # /2: each record has its draw counter "c"
 MAGIC = b"FLSPLIT\x00CKPT\x01"
 _LEN = struct.Struct("<Q")
 _SHA = 32
@@ -218,6 +228,7 @@ class WalRecord:
     ids: int  # batch_digest of the release's record IDs
     sample_rate: float | None
     digest: str
+    draw: int | None = None  # the party's draw counter of the release's noise (None: no noise drawn)
 
 
 class WriteAheadLog:
@@ -258,13 +269,15 @@ class WriteAheadLog:
         records, costs, end = read_wal(path, party, run)
         return cls(Path(path), party, run, records, costs, end)
 
-    def append(self, items: list[tuple["LedgerEntry", str]]) -> None:
-        """Log ``(entry, value digest)`` pairs and fsync, before the releases leave the party."""
+    def append(self, items: list[tuple]) -> None:
+        """Log ``(entry, value digest[, draw counter])`` items and fsync, before the releases leave
+        the party."""
         from fl_split.privacy.events import cost_key, cost_to_json
         from fl_split.protocol import batch_digest
 
         lines = []
-        for e, digest in items:
+        for e, digest, *rest in items:
+            draw = None if not rest or rest[0] is None else int(rest[0])
             ck = cost_key(e.cost)
             idx = self._costs.get(ck)
             if idx is None:
@@ -273,9 +286,10 @@ class WriteAheadLog:
             key = tuple(e.key.as_tuple() if hasattr(e.key, "as_tuple") else e.key)
             rec = WalRecord(len(self.records), int(e.round), (str(key[0]), int(key[1]), int(key[2])), e.direction,
                             e.cost, len(e.ids), batch_digest(np.asarray(e.ids)),
-                            None if e.sample_rate is None else float(e.sample_rate), digest)
+                            None if e.sample_rate is None else float(e.sample_rate), digest, draw)
             lines.append(_line({"seq": rec.seq, "round": rec.round, "key": list(rec.key), "dir": rec.direction,
-                                "cost": idx, "n": rec.n, "ids": rec.ids, "q": rec.sample_rate, "v": digest}))
+                                "cost": idx, "n": rec.n, "ids": rec.ids, "q": rec.sample_rate, "v": digest,
+                                "c": draw}))
             self.records.append(rec)
         self._fh.write(b"".join(lines))
         self._fh.flush()
@@ -313,7 +327,8 @@ def read_wal(path: str | os.PathLike, party: str | None = None, run: str | None 
             raise CheckpointError(f"{path}: line {i + 1} is damaged (CRC mismatch); the log cannot be trusted")
         if i == 0:
             if rec.get("wal") != WAL_FORMAT:
-                raise CheckpointError(f"{path}: not an fl_split write-ahead log")
+                raise CheckpointError(f"{path}: not an fl_split write-ahead log of format {WAL_FORMAT!r} "
+                                      f"(found {rec.get('wal')!r})")
             if party is not None and rec.get("party") != party:
                 raise CheckpointError(f"{path}: the log of {rec.get('party')!r}, expected {party!r}")
             if run is not None and rec.get("run") != run:
@@ -330,7 +345,8 @@ def read_wal(path: str | os.PathLike, party: str | None = None, run: str | None 
                 rec_key = rec["key"]
                 r = WalRecord(int(rec["seq"]), int(rec["round"]), (str(rec_key[0]), int(rec_key[1]), int(rec_key[2])),
                               str(rec["dir"]), costs[int(rec["cost"])], int(rec["n"]), int(rec["ids"]),
-                              None if rec["q"] is None else float(rec["q"]), str(rec["v"]))
+                              None if rec["q"] is None else float(rec["q"]), str(rec["v"]),
+                              None if rec["c"] is None else int(rec["c"]))
             except (KeyError, TypeError, ValueError, IndexError):
                 raise CheckpointError(f"{path}: line {i + 1}: not a release record") from None
             if r.seq != len(records):
@@ -446,6 +462,7 @@ def restore_party(party, directory: str | os.PathLike, round_: int, *, run: str,
                               "checkpoint holds each party's secret)",
                               reason=f"it does not derive {party.name}'s checkpointed secret")
     records: list[WalRecord] = []
+    floor = 0
     if party.ledger is not None:
         records, _, _ = read_wal(wal_path(directory, party.name), party.name, run)
         done = int(state["ledger"].get("wal_records", 0)) if state.get("ledger") else 0
@@ -453,8 +470,12 @@ def restore_party(party, directory: str | os.PathLike, round_: int, *, run: str,
             raise CheckpointError(f"{party.name}: the write-ahead log has {len(records)} releases but the checkpoint "
                                   f"of round {round_} already counts {done}: the log was truncated or replaced, and "
                                   f"resuming would forget spent budget")
+        floor = 1 + max((r.draw for r in records if r.draw is not None), default=-1)
         records = records[done:]
     party.import_state(state)
+    # every counter the log recorded (before or after the checkpoint) is spent: a re-made release may
+    # use its logged counter only for the bit-identical value (fl_split.parties, issue 16)
+    party.resume_draws(floor, {r.draw: r.digest for r in records if r.draw is not None})
     replayed = 0
     if party.ledger is not None and records:
         replayed = party.ledger.replay(_entries(party, records))

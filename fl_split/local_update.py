@@ -16,6 +16,7 @@ A policy owns the (possibly wrapped) modules and the optimizer; the party calls
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 
@@ -104,6 +105,22 @@ class LocalUpdate:
     def load_state_dict(self, state: dict | None) -> None:
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state)
+
+    def snapshot(self) -> tuple:
+        """What :meth:`undo_step` needs to take back the next :meth:`step`: the parameters and the
+        optimizer state (a resumed party undoes a DP-SGD step that must not keep its logged
+        noise counter, ``fl_split.parties``, issue 16)."""
+        params = [p.detach().clone() for m in self.modules for p in m.parameters()]
+        return params, copy.deepcopy(self.state_dict())
+
+    def undo_step(self, snap: tuple) -> None:
+        """Put back the parameters and optimizer state of ``snap``; the gradients are kept, so
+        :meth:`step` can be taken again (with other noise)."""
+        params, opt = snap
+        with torch.no_grad():
+            for p, old in zip((p for m in self.modules for p in m.parameters()), params):
+                p.copy_(old)
+        self.load_state_dict(copy.deepcopy(opt))
 
 
 def _unwrapped_step(optimizer: torch.optim.Optimizer):
@@ -220,6 +237,18 @@ class DpSgdUpdate(LocalUpdate):
             raise ValueError("DP-SGD needs the party's private generator for its noise")
         self.optimizer.generator = gen
         self.optimizer.step()
+
+    def undo_step(self, snap: tuple) -> None:
+        """As :meth:`LocalUpdate.undo_step`; Opacus' clipped sums are dropped and its per-sample
+        gradients unmarked, so the next step clips them again and adds new noise (Opacus marks
+        them to refuse a second step on the same gradients, which is what a redone step is)."""
+        super().undo_step(snap)
+        for p in self.optimizer.params:
+            p.summed_grad = None
+            gs = getattr(p, "grad_sample", None)
+            for t in (gs if isinstance(gs, list) else [gs]):
+                if isinstance(t, torch.Tensor) and hasattr(t, "_processed"):
+                    del t._processed
 
     def describe(self) -> dict:
         return {"name": self.name, "optimizer": self.settings.name, "noise_multiplier": self.noise_multiplier,

@@ -24,9 +24,25 @@ A guest may release several batches before their gradients come back (``batches_
 weights (FedBCD-style local updates). With one batch per round the weights have not moved in
 between and the kept autograd graph is used directly: exact sequential training.
 
-Every random draw of a party comes from its secret, keyed by purpose and batch
-(``secret.torch_generator("release", phase, epoch, index)``): unpredictable to every other party,
-reproducible with ``--private-seed``, and continued exactly by a restored party.
+Every random draw of a party comes from its secret, keyed by purpose and a **draw counter** that
+only increases (``secret.torch_generator("release", counter)``; :meth:`_Party._draw`): unpredictable
+to every other party, reproducible with ``--private-seed`` (same run, same requests ⇒ same
+counters ⇒ same numbers, on every transport), and continued exactly by a restored party (the
+counter is part of its exported state). A party never draws the same noise twice: were draws keyed
+by the batch, a peer that asks for one batch again would get the same noise twice and subtract it
+(issue 16). **A repeated request** for a released batch — a test batch asked again, or a training
+batch asked again after its gradient came back (one that awaits its gradient is refused) — is
+released again with fresh, independent noise, charged to the ledger as another release of those
+records (so ``--budget`` bounds the repetitions), and one warning names the batch and how often it
+was released (``docs/accounting.md``, "Threat model").
+
+**Resume.** A party restored from a checkpoint re-makes the releases its write-ahead log recorded
+after it. A re-made release may use the counter the log recorded for it only when its value is
+bit-identical to the logged one (nothing new leaves: not charged again); otherwise the value made
+with the old counter is discarded, never sent, and the release is drawn with a counter beyond every
+one the log ever recorded, and charged (:meth:`_Party.resume_draws`). No counter is ever used for
+two different released values. DP-SGD steps follow the same rule (a step whose parameters differ
+from the logged ones is undone and taken again with a fresh counter).
 
 **Hostile peers** (``docs/robustness.md``). Before any state changes a party checks a request and
 every message in it: the request's round follows the last one it handled (a replayed or stale
@@ -48,6 +64,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,6 +94,8 @@ if TYPE_CHECKING:
     from fl_split.privacy.r3elu import AllocationRelease, ImportanceTracker
 
 HIT_AT = 10
+log = logging.getLogger("fl_split.party")
+_PHASES = ("train", "test")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -204,29 +223,36 @@ class Importance:
         return LedgerEntry(round_, ("allocation", key.epoch, key.index), "allocation", self.allocation.cost(),
                            np.asarray(train_ids), None)
 
-    def values_for(self, key: BatchKey, gen: Callable[[], torch.Generator | None] | None = None,
+    def values_for(self, key: BatchKey, produce: Callable[[torch.Tensor], tuple[torch.Tensor, int]] | None = None,
                    release: bool = False) -> torch.Tensor:
-        """The allocation in force for ``key``. At a refresh that :meth:`plan` charged (``release``)
-        a new allocation is released with the generator ``gen()``."""
-        if self._due(key, self._snapshot is not None, self._epoch):
-            if release:
-                self._snapshot = self.allocation.release(self.tracker.values, gen() if gen is not None else None)
-                self.releases += 1
-                self.last_released = self._snapshot.clone()
-            elif self.tracker.count == 0:
-                self._snapshot = torch.zeros_like(self.tracker.values)
-            else:  # pragma: no cover - plan() charges every refresh after an update
-                raise RuntimeError(f"importance snapshot at {key} after {self.tracker.count} updates was not charged")
-            self._epoch = key.epoch if key.phase == "train" else self._epoch
-        return self._snapshot
+        """The allocation in force for ``key`` (see :meth:`take`)."""
+        return self.take(key, produce, release)[0]
 
-    def take(self, key: BatchKey, gen: Callable[[], torch.Generator | None] | None = None,
-                release: bool = False) -> tuple[torch.Tensor, bytes | None]:
-        """The allocation in force for ``key`` (call once per key), and the bytes of a newly
-        released allocation (for the write-ahead log) or ``None``."""
-        fresh = release and self._due(key, self._snapshot is not None, self._epoch)
-        u = self.values_for(key, gen, release)
-        return u, (u.numpy().tobytes() if fresh else None)
+    def take(self, key: BatchKey, produce: Callable[[torch.Tensor], tuple[torch.Tensor, int]] | None = None,
+             release: bool = False) -> tuple[torch.Tensor, bytes | None, int | None]:
+        """The allocation in force for ``key`` (call once per key), the bytes of a newly released
+        allocation (for the write-ahead log) or ``None``, and the draw counter of its noise.
+
+        At a refresh that :meth:`plan` charged (``release``) a new allocation is released:
+        ``produce(U)`` returns the released shares and their counter (the party's
+        ``_release_allocation``: fresh noise under the resume rule of every release)."""
+        if not self._due(key, self._snapshot is not None, self._epoch):
+            return self._snapshot, None, None
+        fresh, drawn = None, None
+        if release:
+            if produce is None:
+                self._snapshot = self.allocation.release(self.tracker.values, None)
+            else:
+                self._snapshot, drawn = produce(self.tracker.values)
+            self.releases += 1
+            self.last_released = self._snapshot.clone()
+            fresh = self._snapshot.numpy().tobytes()
+        elif self.tracker.count == 0:
+            self._snapshot = torch.zeros_like(self.tracker.values)
+        else:  # pragma: no cover - plan() charges every refresh after an update
+            raise RuntimeError(f"importance snapshot at {key} after {self.tracker.count} updates was not charged")
+        self._epoch = key.epoch if key.phase == "train" else self._epoch
+        return self._snapshot, fresh, drawn
 
     @staticmethod
     def give(mech: Mechanism, u: torch.Tensor, part: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
@@ -288,6 +314,16 @@ class _Party:
         #: the last request round this party handled (a request for it or an earlier one is refused)
         self.last_round = 0
         self._digests: dict[BatchKey, int] = {}
+        #: the next draw counter (only increases; every private draw consumes one)
+        self.draws = 0
+        #: after a resume: counters below it may have been used by the run that crashed; a draw below
+        #: it may only re-make the value the write-ahead log recorded for it (``_logged``: counter -> digest)
+        self._draw_floor = 0
+        self._logged: dict[int, str] = {}
+        #: how many times each batch was released by this party (a repeat is warned about); the
+        #: batches in order of first release, as two lists that export without a per-message sort
+        self._times: dict[BatchKey, int] = {}
+        self._first: tuple[list[int], list[int]] = ([], [])  # epoch, 2·index + phase
 
     def ids(self, key: BatchKey) -> np.ndarray:
         pos = self.schedule.positions(key)
@@ -364,9 +400,97 @@ class _Party:
         y = y.index_select(0, pos)
         return y if y.device == self.device else y.to(self.device, non_blocking=True)
 
-    def _gen(self, *parts: object) -> torch.Generator:
-        """A private generator for ``parts`` (purpose, then the batch key)."""
-        return self.secret.torch_generator(*parts, device=self.device)
+    # -- private draws (issue 16) ---------------------------------------------------------------
+    def _draw(self, purpose: str) -> tuple[torch.Generator, int]:
+        """A private generator keyed by ``(purpose, counter)`` with a fresh counter, and the counter.
+
+        Never keyed by the batch: a repeated request for a batch gets independent noise."""
+        c = self.draws
+        self.draws = c + 1
+        return self.secret.torch_generator(purpose, c, device=self.device), c
+
+    def _gen(self, purpose: str) -> torch.Generator:
+        """A fresh private generator for ``purpose`` (a draw whose value never leaves as such)."""
+        return self._draw(purpose)[0]
+
+    def _may_leave(self, counter: int, digest: Callable[[], str]) -> bool:
+        """Whether a value drawn with ``counter`` may leave: always for a counter no run used
+        before; below the resume floor only as the bit-identical re-make of the value the log
+        recorded for that counter. Otherwise the party moves beyond every logged counter for
+        good (the caller draws again; the old value is discarded)."""
+        if counter >= self._draw_floor:
+            return True
+        if self._logged.get(counter) == digest():
+            del self._logged[counter]
+            return True
+        self.draws = max(self.draws, self._draw_floor)
+        self._draw_floor = 0
+        self._logged = {}
+        return False
+
+    def resume_draws(self, floor: int, logged: dict[int, str]) -> None:
+        """After a restore: ``floor`` is one beyond every counter the write-ahead log recorded,
+        ``logged`` the counters of the releases made after the checkpoint and their digests."""
+        self._draw_floor = max(int(floor), self.draws)
+        self._logged = {int(c): str(d) for c, d in logged.items() if int(c) >= self.draws}
+        if self._draw_floor == self.draws:
+            self._logged = {}
+
+    def _release(self, mech: Mechanism, value: torch.Tensor, encode_: Callable[[Any], bytes]
+                 ) -> tuple[Any, bytes, int | None]:
+        """``mech``'s release of ``value`` encoded by ``encode_``, with fresh noise (and its counter)."""
+        if not mech.random:
+            rel = mech.release(value, None)
+            return rel, encode_(rel), None
+        gen, c = self._draw("release")
+        rel = mech.release(value, gen)
+        blob = encode_(rel)
+        if not self._may_leave(c, lambda: value_digest(blob)):
+            gen, c = self._draw("release")
+            rel = mech.release(value, gen)
+            blob = encode_(rel)
+        return rel, blob, c
+
+    def _release_allocation(self, u: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The importance allocation released for importances ``u`` with fresh noise (and its
+        counter), under the same resume rule as every release (:meth:`_may_leave`)."""
+        gen, c = self._draw("allocation")
+        shares = self.importance.allocation.release(u, gen)
+        if not self._may_leave(c, lambda: value_digest(shares.numpy().tobytes())):
+            gen, c = self._draw("allocation")
+            shares = self.importance.allocation.release(u, gen)
+        return shares, c
+
+    def _step(self, dpsgd: bool, digest: bool) -> tuple[str | None, int | None]:
+        """Step the local update (a DP-SGD step with fresh noise); returns the digest of the
+        parameters after it when ``digest`` (for the write-ahead log) and the counter used."""
+        if not dpsgd:
+            self.update.step(None)
+            return None, None
+        gen, c = self._draw("dpsgd")
+        if c >= self._draw_floor:
+            self.update.step(gen)
+            return (self._params_digest() if digest else None), c
+        snap = self.update.snapshot()
+        self.update.step(gen)
+        d = self._params_digest()
+        if not self._may_leave(c, lambda: d):
+            self.update.undo_step(snap)
+            gen, c = self._draw("dpsgd")
+            self.update.step(gen)
+            d = self._params_digest()
+        return d, c
+
+    def _count_release(self, key: BatchKey) -> None:
+        """Count a release of ``key``; warn once per repeat (it is charged like any release)."""
+        n = self._times.get(key, 0) + 1
+        self._times[key] = n
+        if n == 1:
+            self._first[0].append(int(key.epoch))
+            self._first[1].append(2 * int(key.index) + _PHASES.index(key.phase))
+        else:
+            log.warning("%s: %s was requested again: released %d times now, each with fresh noise and "
+                        "charged", self.name, key, n)
 
     def _entry(self, round_: int, key: BatchKey, direction: str, cost) -> "LedgerEntry":
         from fl_split.privacy.ledger import LedgerEntry
@@ -381,11 +505,11 @@ class _Party:
             return self.ledger.charge(entries)
         return None
 
-    def _settle(self, charge: "Charge | None", digests: list[str] | None) -> None:
-        """Before the values of ``charge`` leave: log them (write-ahead) and deduplicate re-made
-        releases of a resumed run (see :mod:`fl_split.checkpoint`)."""
+    def _settle(self, charge: "Charge | None", digests: list[str] | None, draws: list[int | None] | None = None) -> None:
+        """Before the values of ``charge`` leave: log them (write-ahead, with the draw counter of
+        each) and deduplicate re-made releases of a resumed run (see :mod:`fl_split.checkpoint`)."""
         if charge is not None:
-            self.ledger.settle(charge, digests or [])
+            self.ledger.settle(charge, digests or [], draws)
 
     def _allocation_report(self, mechs: dict[str, tuple[Mechanism, Callable | None]]) -> dict[str, Any]:
         """The released importance allocation and, per receiver, the per-feature noise scales it
@@ -413,13 +537,28 @@ class _Party:
     def _common_state(self) -> dict[str, Any]:
         return {"secret": self.secret.state_dict(), "steps": self.steps, "released": dict(self.released),
                 "last_round": int(self.last_round),
-                "ledger": self.ledger.export_state() if self.ledger is not None else None}
+                "ledger": self.ledger.export_state() if self.ledger is not None else None,
+                "draws": {"next": int(self.draws), "floor": int(self._draw_floor),
+                          "logged": [[int(c), d] for c, d in sorted(self._logged.items())],
+                          "released": {"epoch": np.asarray(self._first[0], dtype=np.int64),
+                                       "slot": np.asarray(self._first[1], dtype=np.int64)},
+                          "repeats": [[list(k.as_tuple()), n] for k, n in self._times.items() if n > 1]}}
 
     def _load_common(self, state: dict[str, Any]) -> None:
         self.secret = PartySecret.from_state(state["secret"])
         self.steps = int(state["steps"])
         self.released = {k: int(v) for k, v in state["released"].items()}
         self.last_round = int(state.get("last_round", 0))
+        draws = state["draws"]
+        self.draws = int(draws["next"])
+        self._draw_floor = int(draws["floor"])
+        self._logged = {int(c): str(d) for c, d in draws["logged"]}
+        epochs = np.asarray(draws["released"]["epoch"]).reshape(-1).tolist()
+        slots = np.asarray(draws["released"]["slot"]).reshape(-1).tolist()
+        self._first = ([int(e) for e in epochs], [int(x) for x in slots])
+        self._times = {BatchKey(_PHASES[x % 2], e, x // 2): 1 for e, x in zip(*self._first)}
+        for k, n in draws["repeats"]:
+            self._times[BatchKey(str(k[0]), int(k[1]), int(k[2]))] = int(n)
         if self.ledger is not None:
             from fl_split.privacy.ledger import Ledger
 
@@ -475,14 +614,16 @@ class GuestParty(_Party):
         costs = [self.mechanisms(key).cost() for key in keys]
         # an importance allocation released at a key is charged before that key's release
         alloc = self.importance.plan(keys, updates_per_key=0) if self.importance is not None else set()
-        entries, digests = [], []
+        entries = []
         for key, c in zip(keys, costs):
             if key in alloc:
                 entries.append(self.importance.entry(round_, key, self.data.train_ids))
             if c is not None:
                 entries.append(self._entry(round_, key, "forward", c))
         charge = self._charge(entries)
-        blobs = []
+        blobs: list[bytes] = []
+        digests: list[str] = []
+        draws: list[int | None] = []
         for key, cost in zip(keys, costs):
             if key.phase == "test" and key.index == 0:
                 self.diagnostics.check(key.epoch, self.mechanisms(key).name)  # the epoch's training is over
@@ -490,11 +631,11 @@ class GuestParty(_Party):
             x = self.rows(key)
             mech = self.mechanisms(key)
             if self.importance is not None:
-                u, shares = self.importance.take(key, lambda k=key: self._gen("allocation", *k.as_tuple()),
-                                                    release=key in alloc)
+                u, shares, drawn = self.importance.take(key, self._release_allocation, release=key in alloc)
                 self.importance.give(mech, u)
                 if shares is not None:
                     digests.append(value_digest(shares))
+                    draws.append(drawn)
             set_mode(self.bottom, train)
             if train and self.update.keeps_release_graph:
                 v = self.bottom(x)
@@ -503,18 +644,20 @@ class GuestParty(_Party):
                 # this pass) and recompute when the gradient arrives
                 with torch.no_grad():
                     v = self.bottom(x)
-            rel = mech.release(v.detach(), self._gen("release", *key.as_tuple()) if mech.random else None)
+            rel, blob, c = self._release(mech, v.detach(), lambda r: encode(Message(
+                "activations", self.name, "host", round_, key, self.digest(key), r.value, r.encoding)))
             self.diagnostics.add(key.epoch, rel.stats)
-            blobs.append(encode(Message("activations", self.name, "host", round_, key, self.digest(key),
-                                        rel.value, rel.encoding)))
+            blobs.append(blob)
             if cost is not None:
-                digests.append(value_digest(blobs[-1]))
+                digests.append(value_digest(blob))
+                draws.append(c)
+            self._count_release(key)
             self.released["batches"] += 1
             self.released["records"] += len(v)
             if train:
                 self._pending[key] = _Pending(round_, self.steps, rel.ctx,
                                               v if self.update.keeps_release_graph else None)
-        self._settle(charge, digests)
+        self._settle(charge, digests, draws)
         return blobs
 
     # -- backward ---------------------------------------------------------------------------
@@ -547,21 +690,23 @@ class GuestParty(_Party):
         if cost is not None and msgs:
             charge = self._charge([self._entry(-1 if round_ is None else round_, m.key, "update", cost) for m in msgs])
         digests: list[str] = []
+        draws: list[int | None] = []
         for m in msgs:
             p = self._pending.pop(m.key)
             out = p.out if (p.out is not None and p.version == self.steps) else self._recompute(m.key)
-            gen = self._gen("denoise", *m.key.as_tuple()) if self.grad_postprocess.random else None
+            gen = self._gen("denoise") if self.grad_postprocess.random else None
             grad = self.grad_postprocess(m.tensor.to(self.device), gen)
             grad = self.mechanisms(m.key).local_grad(p.ctx, grad)
             self.update.zero_grad()
             self.update.backward(out, grad)
             if self.importance is not None:
                 self.importance.update()
-            self.update.step(self._gen("dpsgd", *m.key.as_tuple()) if cost is not None else None)
+            d, c = self._step(cost is not None, charge is not None)
             self.steps += 1
             if charge is not None:
-                digests.append(self._params_digest())
-        self._settle(charge, digests)
+                digests.append(d)
+                draws.append(c)
+        self._settle(charge, digests, draws)
 
     def _gradients_in_order(self, blobs, owed: list[BatchKey]) -> list[Message] | None:
         """The fast path of :meth:`apply_gradients`: every blob is exactly the gradient message owed
@@ -768,7 +913,7 @@ class HostParty(_Party):
             if train and not self.one_shot:
                 a.requires_grad_(True)
             leaves[g] = a
-            gen = self._gen("denoise", g, *key.as_tuple()) if self.act_postprocess.random else None
+            gen = self._gen("denoise") if self.act_postprocess.random else None
             parts.append(self.act_postprocess(a, gen))
         return self.top(self.merge(parts)), leaves
 
@@ -799,6 +944,7 @@ class HostParty(_Party):
         # BudgetExceeded here: nothing trained, nothing released
         charge = self._charge(self._entries(keys, round_, alloc))
         digests: list[str] | None = [] if charge is not None else None
+        draws: list[int | None] = []
         grads: dict[str, list[bytes]] = {g: [] for g in active}
         dpsgd = self.update.cost() is not None
         if self.bottom is not None:
@@ -808,10 +954,10 @@ class HostParty(_Party):
             y = self.labels(key)
             mechs = {g: self.backward_mechanisms[g](key) for g in active}
             if self.importance is not None and not self.one_shot:  # before this batch's backward (see Importance)
-                u, shares = self.importance.take(key, lambda k=key: self._gen("allocation", *k.as_tuple()),
-                                                    release=key in alloc)
+                u, shares, drawn = self.importance.take(key, self._release_allocation, release=key in alloc)
                 if shares is not None and digests is not None:
                     digests.append(value_digest(shares))
+                    draws.append(drawn)
                 for g, mech in mechs.items():
                     self.importance.give(mech, u, self.importance_parts.get(g))
             logits, leaves = self._forward(key, {g: msgs[g][i] for g in active}, train=True)
@@ -826,23 +972,26 @@ class HostParty(_Party):
                 self.importance.update()
             if not self.one_shot:
                 digest = self.digest(key)
+                self._count_release(key)
                 for g in active:
                     mech = mechs[g]
-                    rel = mech.release(leaves[g].grad, self._gen("release", g, *key.as_tuple()) if mech.random else None)
+                    rel, blob, c = self._release(mech, leaves[g].grad, lambda r, g=g: encode(Message(
+                        "gradients", "host", g, round_, key, digest, r.value, r.encoding)))
                     self.diagnostics.add(key.epoch, rel.stats)
-                    blob = encode(Message("gradients", "host", g, round_, key, digest, rel.value, rel.encoding))
                     grads[g].append(blob)
                     if digests is not None and mech.cost() is not None:
                         digests.append(value_digest(blob))
+                        draws.append(c)
                     self.released["batches"] += 1
                     self.released["records"] += len(y)
-            self.update.step(self._gen("dpsgd", *key.as_tuple()) if dpsgd else None)
+            d, c = self._step(dpsgd, digests is not None)
             self.steps += 1
             if digests is not None and dpsgd:
-                digests.append(self._params_digest())
+                digests.append(d)
+                draws.append(c)
             self._train_loss[0] += loss_value * len(y)
             self._train_loss[1] += len(y)
-        self._settle(charge, digests)
+        self._settle(charge, digests, draws)
         self._done(round_)
         return grads
 

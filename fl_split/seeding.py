@@ -12,10 +12,11 @@ Two kinds of random numbers exist in a run (``docs/accounting.md``, "Threat mode
 
 A :class:`PartySecret` is 256 bits: fresh operating-system entropy by default, or — for
 reproducible research runs — derived from a ``--private-seed`` and the party's name *inside*
-the party (:meth:`PartySecret.from_private_seed`). Draws are keyed by purpose and batch,
-``HMAC-SHA256(secret, purpose | batch key)``, so they do not depend on the order in which
-messages arrive, a party restored from its state continues exactly, and without the secret
-nothing about them can be computed from public facts. The secret is kept in the party's own
+the party (:meth:`PartySecret.from_private_seed`). A party's draws are keyed by purpose and its
+own draw counter, ``HMAC-SHA256(secret, purpose | counter)``: the counter only increases and is
+part of the party's state, so no two draws share noise (a batch asked for again gets fresh noise,
+``fl_split.parties``, issue 16), a party restored from its state continues exactly, and without the
+secret nothing about them can be computed from public facts. The secret is kept in the party's own
 state and never written into a message, a reply, a log line, a report or a results file
 (``repr`` hides it).
 
@@ -67,7 +68,7 @@ class PartySecret:
     """A party's private randomness: 256 secret bits and the generators keyed by them.
 
     Build with :meth:`fresh` (operating-system entropy) or :meth:`from_private_seed`. Every draw
-    is keyed by what it is for (:meth:`derive`), e.g. ``("release", "train", 3, 17)``.
+    is keyed by what it is for (:meth:`derive`), e.g. ``("release", 17)`` (purpose, draw counter).
     """
 
     __slots__ = ("_key", "source")

@@ -64,8 +64,10 @@ def _public_guesses(cfg: RunConfig, party: str, purpose: tuple, key: BatchKey) -
     old.manual_seed(derive_seed(cfg.seed, party, *purpose, *key.as_tuple()))
     guesses["run seed (pre-issue-8 derivation)"] = old
     for s in {cfg.seed, 0, 1, key.epoch}:
-        guesses[f"private seed guessed = {s}"] = PartySecret.from_private_seed(s, party).torch_generator(
-            *purpose, *key.as_tuple())
+        guessed = PartySecret.from_private_seed(s, party)
+        guesses[f"private seed guessed = {s}"] = guessed.torch_generator(*purpose, *key.as_tuple())
+        # the current derivation (issue 16): purpose and the party's draw counter (0: its first draw)
+        guesses[f"private seed guessed = {s}, draw counter 0"] = guessed.torch_generator(purpose[0], 0)
     return guesses
 
 
@@ -101,7 +103,7 @@ def test_adversary_cannot_rebuild_the_guests_noise(defense):
         assert abs(c) < bound, f"{defense}: attacker guess '{name}' correlates {c:.3f} with the noise (n={n})"
     # the same attack with the party's real secret (which only the party has) does reproduce it,
     # so the test would catch a derivation from public facts
-    real = mech.release(v, g.secret.torch_generator("release", *key.as_tuple())).value
+    real = mech.release(v, g.secret.torch_generator("release", 0)).value  # the guest's first draw
     torch.testing.assert_close(real, released)
 
 
@@ -169,7 +171,7 @@ def test_results_hold_no_secret(tmp_path, private_seed):
         for party in ("host", "guest-1", "guest-2"):
             secret = PartySecret.from_private_seed(private_seed, party)
             key = secret.state_dict()["key"]
-            assert bytes(key).hex() not in text and str(secret.derive("release", "train", 1, 0)) not in text
+            assert bytes(key).hex() not in text and str(secret.derive("release", 0)) not in text
 
 
 # -- record coupling --------------------------------------------------------------------------------

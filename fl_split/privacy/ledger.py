@@ -301,9 +301,11 @@ class Ledger:
             return None
         return Charge(entries, covered)
 
-    def settle(self, charge: Charge | None, digests: list[str]) -> None:
+    def settle(self, charge: Charge | None, digests: list[str], draws: list[int | None] | None = None) -> None:
         """Called by the party after computing the releases of ``charge``, before they leave, with
-        the digest of each entry's value (:func:`fl_split.checkpoint.value_digest`).
+        the digest of each entry's value (:func:`fl_split.checkpoint.value_digest`) and the draw
+        counter of its noise (``draws``, logged with it: a resumed party must know every counter
+        the run used, ``fl_split.parties``).
 
         An entry that matched a replayed release is deduplicated when its digest equals the
         replayed one (the same value already left and is charged); otherwise it is charged now
@@ -314,10 +316,14 @@ class Ledger:
             return
         if len(digests) != len(charge.entries):
             raise ValueError(f"{self.party}: {len(digests)} digests for {len(charge.entries)} ledger entries")
-        logged: list[tuple[LedgerEntry, str]] = []
+        if draws is None:
+            draws = [None] * len(digests)
+        if len(draws) != len(charge.entries):
+            raise ValueError(f"{self.party}: {len(draws)} draw counters for {len(charge.entries)} ledger entries")
+        logged: list[tuple[LedgerEntry, str, int | None]] = []
         extra: list[LedgerEntry] = []
         consumed: list[tuple[tuple, str]] = []
-        for e, cov, d in zip(charge.entries, charge.covered, digests):
+        for e, cov, d, c in zip(charge.entries, charge.covered, digests, draws):
             if cov:
                 mk = self._match_key(e)
                 pending = self._replayed.get(mk, [])
@@ -325,7 +331,7 @@ class Ledger:
                     consumed.append((mk, d))
                     continue
                 extra.append(e)  # re-made differently: a new release
-            logged.append((e, d))
+            logged.append((e, d, c))
         if extra:
             self._record(extra)
         for mk, d in consumed:
