@@ -138,6 +138,7 @@ def _server_tls(node_config: dict):
         if not _flag(node_config, MUTUAL, True):
             client_ca = ""
         elif not client_ca:
+            ServerTLS.from_files(cert, key)  # a missing certificate is named first
             raise DataPlaneError(f"host node-config: no {CLIENT_CA} (or {CA}); the data plane uses mutual TLS by "
                                  f"default — the host requires each guest's certificate and checks that it names "
                                  f"the party — so set the CA that signed the guests' certificates, or "
