@@ -212,7 +212,7 @@ def test_host_and_guests_exchange_over_loopback():
 
 
 def _rogue(address: str, party: str = "guest-1", private: bytes | None = None, session: str = SESSION,
-           after=None, tls=None) -> grpc.RpcError | None:
+           after=None, tls=None, host_public: str | None = None) -> grpc.RpcError | None:
     """A client that runs the handshake as ``party`` with the private key ``private`` (default: a key
     of its own, not ``party``'s) without checking the host's proof, and then, if it gets that far,
     sends ``after(link secrets)``."""
@@ -232,8 +232,8 @@ def _rogue(address: str, party: str = "guest-1", private: bytes | None = None, s
         call = channel.stream_stream(METHOD)(requests())
         welcome = F.unpack(next(call), "host")
         nh, eh = F.parse_welcome(welcome, "host")
-        secrets = F.link_secrets("guest", private, bytes.fromhex(F.public_key(KEYS["host"])), eph, eh, session,
-                                 party, ng, nh, "host")
+        host_public = host_public or F.public_key(KEYS["host"])
+        secrets = F.link_secrets("guest", private, bytes.fromhex(host_public), eph, eh, session, party, ng, nh, "host")
         sent.append(F.pack(F.PROOF, {"proof": F.proof(secrets, "guest")}))
         if after is not None:
             sent.append(after(secrets))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from fl_split.dataplane import frames as F
 from fl_split.dataplane.errors import CredentialError, DataPlaneError, FrameError, PeerFailure
 from fl_split.dataplane.host import GRPC_OPTIONS, METHOD, _Closed, _rpc_reason
-from fl_split.dataplane.tls import ClientTLS
+from fl_split.dataplane.tls import HOST_NAME, ClientTLS
 
 #: pause between connection attempts while the host is not listening yet
 RETRY = 0.1
@@ -64,6 +64,10 @@ def serve(party: str, step: Callable, address: str, keys: F.LinkKeys, session: s
             link.close()
             channel.close()
             attempt_error = str(exc) or "no answer"
+            if "Hostname Verification" in attempt_error:
+                raise PeerFailure("host", None, f"{party} refused the data-plane peer at {address}: its TLS "
+                                  f"certificate does not name '{HOST_NAME}' (only the host's certificate may serve the "
+                                  f"data plane; {attempt_error})") from None
             if "UNAUTHENTICATED" in attempt_error or "INVALID_ARGUMENT" in attempt_error:
                 raise PeerFailure(party, None, f"the host at {address} refused {party}'s data-plane connection "
                                   f"({attempt_error})") from None
