@@ -5,16 +5,19 @@ One private CA signs
 
 * ``superlink.crt`` / ``superlink.key``: the SuperLink's TLS certificate (SuperNodes and ``flwr``
   verify it with ``ca.crt``);
-* ``dataplane-host.crt`` / ``dataplane-host.key``: the host party's data-plane server certificate
-  (guests verify it with ``ca.crt``, node-config ``dataplane-ca``);
-* optionally client certificates ``<name>.crt`` / ``<name>.key`` (``dataplane-client-ca``).
+* ``dataplane-host.crt`` / ``dataplane-host.key``: the host party's data-plane server certificate,
+  named ``host`` (guests verify it with ``ca.crt``, node-config ``dataplane-ca``, and require that
+  name);
+* a client certificate per guest, ``<name>.crt`` / ``<name>.key``, named after the party
+  (``--clients guest-1 guest-2``; the host requires them: mutual TLS, name = party).
 
 SuperNode authentication (flwr 1.41): one ECDSA P-384 key pair per SuperNode, the private key in
 OpenSSH format (``flower-supernode --auth-supernode-private-key``), the public key in OpenSSH format
 (``flwr supernode register KEY.pub``); ``auth-<party>.key`` / ``auth-<party>.pub``.
 
-Every certificate names the given ``hosts`` (DNS names and IP addresses) as subject alternative
-names. In a real deployment each organisation makes its own keys and only public halves travel:
+The SuperLink's certificate names the given ``hosts`` (DNS names and IP addresses) as subject
+alternative names; the data-plane certificates name parties (``host``, ``guest-<g>``), which the
+parties check whatever address they dial (``fl_split.dataplane.tls``). In a real deployment each organisation makes its own keys and only public halves travel:
 see ``docs/deploy.md``. Private keys are written with mode 0600.
 """
 
@@ -87,7 +90,7 @@ def _san(hosts: Iterable[str]):
 
 def make_leaf(ca_key, ca_cert, cn: str, server: bool, hosts: Iterable[str] = DEFAULT_HOSTS, days: int = 365):
     """``(key, certificate)`` signed by the CA: a server certificate for ``hosts`` (SANs), or a
-    client certificate (``server=False``)."""
+    client certificate (``server=False``) naming ``cn`` (CN and SAN: a party name)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -102,6 +105,7 @@ def make_leaf(ca_key, ca_cert, cn: str, server: bool, hosts: Iterable[str] = DEF
         builder = builder.add_extension(_san(hosts), critical=False)
         usage = ExtendedKeyUsageOID.SERVER_AUTH
     else:
+        builder = builder.add_extension(_san([cn]), critical=False)
         usage = ExtendedKeyUsageOID.CLIENT_AUTH
     builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     return key, builder.sign(ca_key, hashes.SHA256())
@@ -137,8 +141,11 @@ def write_deployment_certificates(out: str | os.PathLike, hosts: Iterable[str] =
     hosts = tuple(hosts) or DEFAULT_HOSTS
     ca_key, ca = make_ca("fl-split deployment CA", days)
     files = {"ca": _write(out / "ca.crt", pem_cert(ca), False), "ca_key": _write(out / "ca.key", pem_key(ca_key), True)}
-    for name in ("superlink", "dataplane-host"):
-        key, cert = make_leaf(ca_key, ca, hosts[0], server=True, hosts=hosts, days=days)
+    from fl_split.dataplane.tls import HOST_NAME
+
+    # the data plane's server certificate names the party (guests require ``host``), the SuperLink's its hosts
+    for name, cn, names in (("superlink", hosts[0], hosts), ("dataplane-host", HOST_NAME, (HOST_NAME,) + hosts)):
+        key, cert = make_leaf(ca_key, ca, cn, server=True, hosts=names, days=days)
         files[f"{name}_cert"] = _write(out / f"{name}.crt", pem_cert(cert), False)
         files[f"{name}_key"] = _write(out / f"{name}.key", pem_key(key), True)
     for name in clients:

@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--node-keys", nargs="*", metavar="NAME", default=[],
                        help="SuperNode authentication key pairs to make, e.g. host guest-1 guest-2")
     certs.add_argument("--clients", nargs="*", metavar="NAME", default=[],
-                       help="client certificates to make (data plane with dataplane-client-ca)")
+                       help="data-plane client certificates to make, one per guest named after it, e.g. guest-1 "
+                            "guest-2 (the host requires them by default: mutual TLS, name = party)")
     certs.add_argument("--days", type=int, default=365, help="validity in days [default: 365]")
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")

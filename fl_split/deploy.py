@@ -219,8 +219,8 @@ class LocalDeployment:
         if self.tls:
             from fl_split.certs import write_deployment_certificates
 
-            # guests get client certificates: the host's data plane requires them (mutual TLS), so
-            # the run's credential alone (which the coordinator forwards) does not open it
+            # each guest gets a client certificate named after it: the host's data plane requires them
+            # (mutual TLS) and checks the name against the party of each stream
             write_deployment_certificates(self.certs, node_keys=self.parties if self.node_auth else (),
                                           clients=[p for p in self.parties if p != "host"])
         self.results_path.unlink(missing_ok=True)

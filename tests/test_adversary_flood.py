@@ -25,7 +25,7 @@ from fl_split.dataplane import frames as F
 from fl_split.dataplane import limits as L
 from fl_split.dataplane.errors import FloodError, PeerFailure
 from fl_split.dataplane.host import METHOD, HostEndpoint
-from tests.test_dataplane import CRED, SESSION, _guest_thread, _rogue, _rounds
+from tests.test_dataplane import KEYS, SESSION, _guest_thread, _rogue, _rounds, host_keys
 from tests.test_dataplane import _task_identity  # noqa: F401 - autouse: the coordinator's Flower task identity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,8 @@ def status():
             d[k] = int(v.split()[0]) * 1024
     return d
 
-ep = HostEndpoint(["guest-1"], sys.argv[1], sys.argv[2], "127.0.0.1:0", timeout=60, max_frame=1 << 20)
+keys = F.LinkKeys(bytes.fromhex(sys.argv[1]), {"guest-1": sys.argv[2]})
+ep = HostEndpoint(["guest-1"], keys, sys.argv[3], "127.0.0.1:0", timeout=60, max_frame=1 << 20)
 print(json.dumps({"address": ep.address, **status()}), flush=True)
 for line in sys.stdin:
     cmd = line.strip()
@@ -109,7 +110,7 @@ ep.close()
 
 class _HostProcess:
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", _HOST, CRED, SESSION], cwd=ROOT, stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", _HOST, KEYS["host"].hex(), F.public_key(KEYS["guest-1"]), SESSION], cwd=ROOT, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         self.first = json.loads(self.proc.stdout.readline())
         self.address = self.first["address"]
@@ -151,7 +152,7 @@ def test_an_unauthenticated_300_mb_frame_does_not_grow_the_host():
     links are unchanged, and the real guest then joins and plays a round."""
     host = _HostProcess()
     try:
-        assert _rogue(host.address, "guest-1", "0" * 64).code() == grpc.StatusCode.UNAUTHENTICATED  # warm-up
+        assert _rogue(host.address, "guest-1").code() == grpc.StatusCode.UNAUTHENTICATED  # warm-up
         before = host.ask("status")
         big = F.pack(F.HELLO, {"party": "guest-1", "session": SESSION, "nonce": "00" * 16}, [bytes(300 * MB)])
         err = _send_raw(host.address, [big])
@@ -181,7 +182,7 @@ def test_a_16_mib_header_is_refused_without_parsing(monkeypatch):
     parsed = []
     unpack = F.unpack
     monkeypatch.setattr(F, "unpack", lambda data, *a, **k: parsed.append(len(data)) or unpack(data, *a, **k))
-    with HostEndpoint(["guest-1"], CRED, SESSION, "127.0.0.1:0", timeout=20) as ep:
+    with HostEndpoint(["guest-1"], host_keys(("guest-1",)), SESSION, "127.0.0.1:0", timeout=20) as ep:
         huge = F.pack(F.HELLO, {"party": "guest-1", "session": SESSION, "nonce": "00" * 16, "pad": "x" * (16 * MB)})
         err = _send_raw(ep.address, [huge])
         assert err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in err.details()
@@ -201,12 +202,12 @@ def test_an_authenticated_frame_over_the_plan_limit_is_refused_before_it_is_buff
     """After the handshake a frame may be as large as the run's plan allows, not 2 GiB: a guest that
     sends more (here 8 MB against a 64 KiB plan) is refused, named, and dropped; nothing reaches the
     host's round."""
-    with HostEndpoint(["guest-1"], CRED, SESSION, "127.0.0.1:0", timeout=10, max_frame=64 * 1024) as ep:
-        def oversized(keys):
-            return F.pack(F.RELEASE, {"round": 1}, [bytes(8 * MB)], 1, keys[1])
+    with HostEndpoint(["guest-1"], host_keys(("guest-1",)), SESSION, "127.0.0.1:0", timeout=10, max_frame=64 * 1024) as ep:
+        def oversized(secrets):
+            return F.Sealer(secrets.to_host).seal(F.RELEASE, {"round": 1}, [bytes(8 * MB)])
 
         result: dict = {}
-        t = threading.Thread(target=lambda: result.setdefault("err", _rogue(ep.address, "guest-1", CRED, after=oversized)),
+        t = threading.Thread(target=lambda: result.setdefault("err", _rogue(ep.address, "guest-1", KEYS["guest-1"], after=oversized)),
                              daemon=True)
         t.start()
         ep.wait_for_guests()
@@ -261,7 +262,7 @@ def test_4000_silent_streams_do_not_lock_the_guests_out(caplog):
     and log lines stay bounded."""
     caplog.set_level(logging.WARNING, logger="fl_split.dataplane")
     t0 = time.monotonic()
-    with HostEndpoint(["guest-1", "guest-2"], CRED, SESSION, "127.0.0.1:0", timeout=60) as ep:
+    with HostEndpoint(["guest-1", "guest-2"], host_keys(("guest-1", "guest-2")), SESSION, "127.0.0.1:0", timeout=60) as ep:
         flood = Flood(ep.address, total=4000, concurrency=200, rate=200)
         try:
             flood.wait_opened(500, 120)
@@ -338,9 +339,9 @@ def test_refusal_records_and_log_lines_stay_bounded(monkeypatch, caplog):
 def test_the_blame_names_the_flood_not_the_guest():
     """guest-2 connects, guest-1 never does, while silent streams flood the host: the error is a
     FloodError naming the flood (how many, which kinds, from where), not 'guest-1 failed'. Without
-    a flood the missing guest is named as before; a wrong credential presented as guest-1 is
+    a flood the missing guest is named as before; a connection claiming guest-1 with another key is
     guest-1's own refusal, not a flood."""
-    with HostEndpoint(["guest-1", "guest-2"], CRED, SESSION, "127.0.0.1:0", timeout=4) as ep:
+    with HostEndpoint(["guest-1", "guest-2"], host_keys(("guest-1", "guest-2")), SESSION, "127.0.0.1:0", timeout=4) as ep:
         flood = Flood(ep.address, total=600, concurrency=60, rate=100, budget=20)
         flood.wait_opened(100, 60)
         t, out = _guest_thread("guest-2", ep.address, timeout=30)
@@ -353,14 +354,14 @@ def test_the_blame_names_the_flood_not_the_guest():
     assert "unauthenticated connection(s) that never named a guest of this run" in msg
     assert "ipv4:127.0.0.1 (" in msg and "evicted" in msg and "not in itself a failure of guest-1" in msg
     t.join(10)
-    with HostEndpoint(["guest-1"], CRED, SESSION, "127.0.0.1:0", timeout=1) as ep:
+    with HostEndpoint(["guest-1"], host_keys(("guest-1",)), SESSION, "127.0.0.1:0", timeout=1) as ep:
         with pytest.raises(PeerFailure, match=r"guest-1 did not connect .* within 1 s \(--dataplane-timeout\)$") as e:
             ep.wait_for_guests()
         assert e.value.party == "guest-1"
-    with HostEndpoint(["guest-1"], CRED, SESSION, "127.0.0.1:0", timeout=2) as ep:
-        _rogue(ep.address, "guest-1", "0" * 64)
-        with pytest.raises(PeerFailure, match=r"refused 1 connection\(s\): guest-1 \(connecting from .*wrong data-plane "
-                                              r"credential") as e:
+    with HostEndpoint(["guest-1"], host_keys(("guest-1",)), SESSION, "127.0.0.1:0", timeout=2) as ep:
+        _rogue(ep.address, "guest-1")
+        with pytest.raises(PeerFailure, match=r"refused 1 connection\(s\): guest-1 \(connecting from .*failed to prove "
+                                              r"it is guest-1") as e:
             ep.wait_for_guests()
         assert e.value.party == "guest-1" and ep.refusals.anonymous == 0
 
@@ -391,7 +392,7 @@ def test_refused_floods_during_a_run_leave_the_host_unchanged(monkeypatch):
         _send_raw(address, [bytes(300 * 1024)])                       # over the gRPC limit
         _send_raw(address, [F.pack(F.HELLO, {"pad": "x" * 20_000})])  # over the handshake cap
         _send_raw(address, [b"garbage"])                              # malformed
-        _rogue(address, "guest-1", "0" * 64, session=session)         # wrong credential
+        _rogue(address, "guest-1", session=session)                  # not guest-1's key
 
     monkeypatch.setattr(rendezvous.ProcessBoard, "publish", publish_and_attack)
     cfg = _cfg(epochs=1, defense="laplace", protect="both", epsilon=50.0)

@@ -1,5 +1,5 @@
-"""The direct data plane (issue 10): frames, the run's credential, TLS, failures, resources, devices
-and the package layering.
+"""The direct data plane (issue 10): frames, the per-party handshake, TLS, failures, resources,
+devices and the package layering (the adversarial identity tests: ``tests/test_adversary_identity.py``).
 
 Most tests run the real pieces over loopback gRPC in this process (fast); the run-level ones use the
 inline Flower grid of ``tests/test_flower.py`` (the real strategy and ClientApp handlers, epoch
@@ -38,8 +38,19 @@ from fl_split.flower.strategy import VerticalSplitStrategy
 from tests.test_flower import PS, InlineGrid, _cfg, _local, _simulation_nodes, _strip
 
 ROOT = Path(__file__).resolve().parents[1]
-CRED = "5f" * 32
 SESSION = "0123456789abcdef"
+#: every party's own data-plane private key (as its node makes one at setup)
+KEYS = {p: F.new_private_key() for p in ("host", "guest-1", "guest-2", "guest-3")}
+
+
+def host_keys(guests=("guest-1", "guest-2", "guest-3")) -> F.LinkKeys:
+    """The host's identity: its private key, the guests' public keys (as the coordinator relays them)."""
+    return F.LinkKeys(KEYS["host"], {g: F.public_key(KEYS[g]) for g in guests})
+
+
+def guest_keys(party: str) -> F.LinkKeys:
+    """A guest's identity: its private key, the host's public key."""
+    return F.LinkKeys(KEYS[party], {"host": F.public_key(KEYS["host"])})
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +74,7 @@ def tls(tmp_path_factory):
 # frames
 
 
-def test_frame_round_trip_with_mac():
+def test_frame_round_trip_sealed():
     key = os.urandom(32)
     sealer, opener = F.Sealer(key), F.Opener(key, "guest-1")
     blobs = [b"", b"\x00" * 7, os.urandom(4096)]
@@ -80,12 +91,13 @@ def _flip(data: bytes, pos: int) -> bytes:
 
 
 @pytest.mark.parametrize("tamper,match", [
-    (lambda d: _flip(d, len(d) - 40), "bad MAC"),                 # a tensor byte
-    (lambda d: _flip(d, 20), "bad MAC"),                          # the header
-    (lambda d: _flip(d, len(d) - 1), "bad MAC"),                  # the MAC itself
-    (lambda d: d[:-1], "bad MAC"),                                # truncated
-    (lambda d: d[:10], "shorter than a frame header"),
-    (lambda d: b"garbage", "shorter than a frame header"),
+    (lambda d: _flip(d, len(d) - 40), "bad authentication tag"),  # a tensor byte
+    (lambda d: _flip(d, 20), "bad authentication tag"),           # the (encrypted) header
+    (lambda d: _flip(d, 5), "bad authentication tag"),            # the frame type (associated data)
+    (lambda d: _flip(d, len(d) - 1), "bad authentication tag"),   # the tag itself
+    (lambda d: d[:-1], "bad authentication tag"),                 # truncated
+    (lambda d: d[:10], "shorter than a sealed frame"),
+    (lambda d: b"garbage", "shorter than a sealed frame"),
 ])
 def test_tampered_frame_is_refused_before_it_is_read(tamper, match):
     key = os.urandom(32)
@@ -102,23 +114,56 @@ def test_replayed_or_foreign_frames_are_refused():
     opener.open(first)
     with pytest.raises(FrameError, match="sequence number 1, expected 2"):
         opener.open(first)  # replayed
-    with pytest.raises(FrameError, match="bad MAC"):
-        opener.open(F.Sealer(os.urandom(32)).seal(F.RELEASE, {"round": 2}))  # another session's key
+    foreign = F.Sealer(os.urandom(32))  # another session's key, at the expected sequence number
+    foreign.seq = 1
+    with pytest.raises(FrameError, match="bad authentication tag"):
+        opener.open(foreign.seal(F.RELEASE, {"round": 2}))
     with pytest.raises(FrameError, match="STEP before the handshake"):
         F.unpack(F.pack(F.STEP, {"round": 1}), "a connection from ipv4:1.2.3.4:5")
     with pytest.raises(FrameError, match="unexpected data-plane frame from guest-1: END, expected RELEASE or ERROR"):
         opener.open(sealer.seal(F.END, {}), allowed=(F.RELEASE, F.ERROR))
 
 
-def test_handshake_proofs_bind_credential_session_and_party():
-    ng, nh = F.new_nonce(), F.new_nonce()
-    good = F.proof(CRED.encode(), "guest", SESSION, "guest-1", ng, nh)
-    F.check_proof(CRED.encode(), "guest", SESSION, "guest-1", ng, nh, good, "guest-1")
-    for args in [(b"x" * 64, "guest", SESSION, "guest-1", ng, nh), (CRED.encode(), "host", SESSION, "guest-1", ng, nh),
-                 (CRED.encode(), "guest", "ffff0000", "guest-1", ng, nh),
-                 (CRED.encode(), "guest", SESSION, "guest-2", ng, nh), (CRED.encode(), "guest", SESSION, "guest-1", nh, ng)]:
-        with pytest.raises(CredentialError, match="guest-1 presented a wrong data-plane credential"):
-            F.check_proof(*args, good, "guest-1")
+def test_sealed_frames_hide_the_tensors():
+    """A sealed frame carries no byte of its blobs or header in clear (AES-GCM), unlike a handshake
+    frame; the frame type and sequence number stay visible (associated data)."""
+    key = os.urandom(32)
+    blob = torch.arange(64, dtype=torch.float32).numpy().tobytes()
+    data = F.Sealer(key).seal(F.RELEASE, {"round": 17}, [blob])
+    assert blob[8:40] not in data and b'"round"' not in data
+    assert data[:4] == F.MAGIC and data[5] == F.RELEASE
+    assert blob[8:40] in F.pack(F.RELEASE, {"round": 17}, [blob])
+
+
+def _secrets(role, party="guest-1", session=SESSION, ng=b"g" * 16, nh=b"h" * 16, eg=None, eh=None, host=None,
+             guest=None):
+    eg, eh = eg or KEYS["guest-3"], eh or KEYS["guest-2"]  # stand-ins for the ephemeral keys
+    host, guest = host or KEYS["host"], guest or KEYS[party]
+    if role == "host":
+        return F.link_secrets("host", host, bytes.fromhex(F.public_key(guest)), eh, bytes.fromhex(F.public_key(eg)),
+                              session, party, ng, nh, "x")
+    return F.link_secrets("guest", guest, bytes.fromhex(F.public_key(host)), eg, bytes.fromhex(F.public_key(eh)),
+                          session, party, ng, nh, "x")
+
+
+def test_handshake_secrets_bind_both_keys_session_party_and_nonces():
+    """Host and guest derive the same link secrets only from their own private keys and each other's
+    public keys; a proof does not verify under another party, session, nonce or key."""
+    h, g = _secrets("host"), _secrets("guest")
+    assert h == g and h.to_guest != h.to_host
+    F.check_proof(h, "guest", F.proof(g, "guest"), "guest-1", "guest-1")
+    F.check_proof(g, "host", F.proof(h, "host"), "the host", "the host")
+    others = [_secrets("host", "guest-2", guest=KEYS["guest-1"]), _secrets("host", session="ffff0000"),
+              _secrets("host", ng=b"x" * 16), _secrets("host", nh=b"x" * 16),
+              _secrets("host", guest=F.new_private_key())]
+    for other in others:
+        with pytest.raises(CredentialError, match="guest-1 failed to prove it is guest-1"):
+            F.check_proof(other, "guest", F.proof(g, "guest"), "guest-1", "guest-1")
+    with pytest.raises(CredentialError, match="its guest proof does not match"):
+        F.check_proof(h, "guest", F.proof(g, "host"), "guest-1", "guest-1")  # a role's proof is not the other's
+    with pytest.raises(CredentialError, match="low-order"):
+        F.link_secrets("host", KEYS["host"], bytes(32), KEYS["guest-2"], bytes(32), SESSION, "guest-1",
+                       b"g" * 16, b"h" * 16, "guest-1")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -129,12 +174,13 @@ def _echo(name: str):
     return lambda owed, keys, r: [f"{name}:{r}:{len(owed)}".encode()]
 
 
-def _guest_thread(party, address, credential=CRED, session=SESSION, tls=None, timeout=10.0, step=None):
+def _guest_thread(party, address, keys=None, session=SESSION, tls=None, timeout=10.0, step=None):
     out: dict = {}
 
     def run():
         try:
-            out["served"] = serve(party, step or _echo(party), address, credential, session, tls, timeout)
+            out["served"] = serve(party, step or _echo(party), address, keys or guest_keys(party), session, tls,
+                                  timeout)
         except Exception as exc:  # noqa: BLE001 - inspected by the test
             out["error"] = exc
 
@@ -155,7 +201,7 @@ def _rounds(endpoint: HostEndpoint, n: int):
 
 
 def test_host_and_guests_exchange_over_loopback():
-    with HostEndpoint(["guest-1", "guest-2"], CRED, SESSION, "127.0.0.1:0", timeout=10) as ep:
+    with HostEndpoint(["guest-1", "guest-2"], host_keys(), SESSION, "127.0.0.1:0", timeout=10) as ep:
         threads = [_guest_thread(g, ep.address) for g in ep.guests]
         ep.wait_for_guests()
         got = _rounds(ep, 3)
@@ -166,14 +212,16 @@ def test_host_and_guests_exchange_over_loopback():
     assert all(out["served"].end_reason == "done" for _, out in threads)
 
 
-def _rogue(address: str, party: str = "guest-1", credential: str = "0" * 64, session: str = SESSION,
-           after=None, tls=None) -> grpc.RpcError | None:
-    """A client that runs the handshake with ``credential`` without checking the host (an attacker
-    has nothing to check it with) and then, if it gets that far, sends ``after``."""
-    channel = grpc.secure_channel(address, tls.credentials(), options=GRPC_OPTIONS) if tls else \
-        grpc.insecure_channel(address, options=GRPC_OPTIONS)
-    ng = F.new_nonce()
-    sent = [F.pack(F.HELLO, {"party": party, "session": session, "nonce": ng.hex()})]
+def _rogue(address: str, party: str = "guest-1", private: bytes | None = None, session: str = SESSION,
+           after=None, tls=None, host_public: str | None = None) -> grpc.RpcError | None:
+    """A client that runs the handshake as ``party`` with the private key ``private`` (default: a key
+    of its own, not ``party``'s) without checking the host's proof, and then, if it gets that far,
+    sends ``after(link secrets)``."""
+    channel = grpc.secure_channel(address, tls.credentials(), options=GRPC_OPTIONS + tls.channel_options()) if tls \
+        else grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    private = private or F.new_private_key()
+    ng, eph = F.new_nonce(), F.new_private_key()
+    sent = [F.pack(F.HELLO, {"party": party, "session": session, "nonce": ng.hex(), "eph": F.public_key(eph)})]
     ready = threading.Event()
 
     def requests():
@@ -184,10 +232,12 @@ def _rogue(address: str, party: str = "guest-1", credential: str = "0" * 64, ses
     try:
         call = channel.stream_stream(METHOD)(requests())
         welcome = F.unpack(next(call), "host")
-        nh = bytes.fromhex(welcome.header["nonce"])
-        sent.append(F.pack(F.PROOF, {"proof": F.proof(credential.encode(), "guest", session, party, ng, nh)}))
+        nh, eh = F.parse_welcome(welcome, "host")
+        host_public = host_public or F.public_key(KEYS["host"])
+        secrets = F.link_secrets("guest", private, bytes.fromhex(host_public), eph, eh, session, party, ng, nh, "host")
+        sent.append(F.pack(F.PROOF, {"proof": F.proof(secrets, "guest")}))
         if after is not None:  # after the handshake a frame travels as pieces
-            sent.extend(pieces(after(F.session_keys(credential.encode(), session, party, ng, nh))))
+            sent.extend(pieces(after(secrets)))
         ready.set()
         for _ in call:
             pass
@@ -198,50 +248,52 @@ def _rogue(address: str, party: str = "guest-1", credential: str = "0" * 64, ses
     return None
 
 
-def test_wrong_credential_is_refused_and_the_host_keeps_waiting():
-    """A peer presenting a wrong credential is refused (UNAUTHENTICATED, named) before anything it
+def test_wrong_key_is_refused_and_the_host_keeps_waiting():
+    """A peer without guest-1's private key is refused (UNAUTHENTICATED, named) before anything it
     sends is read; the endpoint keeps waiting and the real guest then joins as if nothing happened."""
-    with HostEndpoint(["guest-1"], CRED, SESSION, "127.0.0.1:0", timeout=10) as ep:
-        err = _rogue(ep.address, "guest-1", "0" * 64)
+    with HostEndpoint(["guest-1"], host_keys(["guest-1"]), SESSION, "127.0.0.1:0", timeout=10) as ep:
+        err = _rogue(ep.address, "guest-1")
         assert err is not None and err.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert "guest-1 (connecting from" in err.details() and "presented a wrong data-plane credential" in err.details()
-        stale = _rogue(ep.address, "guest-1", CRED, session="ffffffff00000000")
+        assert "guest-1 (connecting from" in err.details() and "failed to prove it is guest-1" in err.details()
+        stale = _rogue(ep.address, "guest-1", KEYS["guest-1"], session="ffffffff00000000")
         assert stale is not None and "session ffffffff00000000" in stale.details()
-        stranger = _rogue(ep.address, "guest-7", CRED)
+        stranger = _rogue(ep.address, "guest-7", KEYS["guest-1"])
         assert stranger is not None and "guest-7" in stranger.details() and "not a guest of this run" in stranger.details()
         t, out = _guest_thread("guest-1", ep.address)
         ep.wait_for_guests()
         assert _rounds(ep, 2)[1] == {"guest-1": [b"guest-1:2:1"]}
-        assert len(ep.refused) == 3 and "wrong data-plane credential" in ep.refused[0]
+        assert len(ep.refused) == 3 and "failed to prove it is guest-1" in ep.refused[0]
     t.join(10)
     assert out["served"].steps == 2
 
 
-def test_a_guest_refuses_a_host_without_the_credential():
-    """The host proves the credential first: a guest never answers a peer that cannot."""
-    with HostEndpoint(["guest-1"], "ab" * 32, SESSION, "127.0.0.1:0", timeout=5) as ep:
+def test_a_guest_refuses_a_host_without_the_hosts_key():
+    """The host proves it is the host first: a guest never answers a peer that cannot (here an
+    endpoint with a private key other than the one whose public half the guest was given)."""
+    impostor = F.LinkKeys(F.new_private_key(), {"guest-1": F.public_key(KEYS["guest-1"])})
+    with HostEndpoint(["guest-1"], impostor, SESSION, "127.0.0.1:0", timeout=5) as ep:
         with pytest.raises(PeerFailure, match=r"guest-1 refused the data-plane peer: the host at 127.0.0.1:\d+ "
-                                              r"presented a wrong data-plane credential"):
-            serve("guest-1", _echo("guest-1"), ep.address, CRED, SESSION, None, 5)
+                                              r"failed to prove it is the host"):
+            serve("guest-1", _echo("guest-1"), ep.address, guest_keys("guest-1"), SESSION, None, 5)
 
 
 def test_malformed_frame_from_an_authenticated_guest_is_refused():
-    """After a valid handshake a frame that fails its MAC is refused, named, and the guest dropped:
+    """After a valid handshake a frame that fails its tag is refused, named, and the guest dropped:
     nothing of it reaches the host's round."""
-    with HostEndpoint(["guest-1"], CRED, SESSION, "127.0.0.1:0", timeout=5) as ep:
-        def bad_release(keys):
-            good = F.pack(F.RELEASE, {"round": 1}, [b"x" * 100], 1, keys[1])
+    with HostEndpoint(["guest-1"], host_keys(["guest-1"]), SESSION, "127.0.0.1:0", timeout=5) as ep:
+        def bad_release(secrets):
+            good = F.pack(F.RELEASE, {"round": 1}, [b"x" * 100], 1, secrets.to_host)
             return _flip(good, 40)
 
         result: dict = {}
-        t = threading.Thread(target=lambda: result.setdefault("err", _rogue(ep.address, "guest-1", CRED,
+        t = threading.Thread(target=lambda: result.setdefault("err", _rogue(ep.address, "guest-1", KEYS["guest-1"],
                                                                             after=bad_release)), daemon=True)
         t.start()
         ep.wait_for_guests()
         ep.send("guest-1", F.STEP, {"round": 1, "keys": [["train", 1, 0]]})
         out, failed, errors = ep.collect(1, ["guest-1"])
         assert out == {} and not errors
-        assert "refused a data-plane frame from guest-1: bad MAC" in failed["guest-1"]
+        assert "refused a data-plane frame from guest-1: bad authentication tag" in failed["guest-1"]
     t.join(10)
 
 
@@ -249,11 +301,12 @@ def test_tls_on_loopback(tls):
     """The data plane over TLS with certificates made here: the guest trusts the CA that signed the
     host's certificate; a guest trusting another CA, or speaking plaintext, cannot connect."""
     server = ServerTLS.from_files(str(tls["host_cert"]), str(tls["host_key"]))
-    with HostEndpoint(["guest-1", "guest-2"], CRED, SESSION, "127.0.0.1:0", tls=server, timeout=10) as ep:
+    with HostEndpoint(["guest-1", "guest-2"], host_keys(), SESSION, "127.0.0.1:0", tls=server, timeout=10) as ep:
         with pytest.raises(PeerFailure, match=r"guest-1 cannot reach the host's data plane at 127.0.0.1:\d+ within 2 s"):
-            serve("guest-1", _echo("guest-1"), ep.address, CRED, SESSION, ClientTLS.from_files(str(tls["other_ca"])), 2)
+            serve("guest-1", _echo("guest-1"), ep.address, guest_keys("guest-1"), SESSION,
+                  ClientTLS.from_files(str(tls["other_ca"])), 2)
         with pytest.raises(PeerFailure, match=r"cannot reach the host's data plane"):
-            serve("guest-1", _echo("guest-1"), ep.address, CRED, SESSION, None, 2)
+            serve("guest-1", _echo("guest-1"), ep.address, guest_keys("guest-1"), SESSION, None, 2)
         threads = [_guest_thread(g, ep.address, tls=ClientTLS.from_files(str(tls["ca"]))) for g in ep.guests]
         ep.wait_for_guests()
         assert _rounds(ep, 2)[1]["guest-2"] == [b"guest-2:2:1"]
@@ -263,11 +316,13 @@ def test_tls_on_loopback(tls):
 
 
 def test_mutual_tls(tls):
-    """Optionally the host also requires client certificates signed by its client CA."""
+    """The host requires client certificates signed by its client CA (a guest without one cannot
+    connect) naming the party (``tests/test_adversary_identity.py``)."""
     server = ServerTLS.from_files(str(tls["host_cert"]), str(tls["host_key"]), str(tls["ca"]))
-    with HostEndpoint(["guest-1"], CRED, SESSION, "127.0.0.1:0", tls=server, timeout=10) as ep:
+    with HostEndpoint(["guest-1"], host_keys(["guest-1"]), SESSION, "127.0.0.1:0", tls=server, timeout=10) as ep:
         with pytest.raises(PeerFailure, match="cannot reach the host's data plane"):
-            serve("guest-1", _echo("guest-1"), ep.address, CRED, SESSION, ClientTLS.from_files(str(tls["ca"])), 2)
+            serve("guest-1", _echo("guest-1"), ep.address, guest_keys("guest-1"), SESSION,
+                  ClientTLS.from_files(str(tls["ca"])), 2)
         client = ClientTLS.from_files(str(tls["ca"]), str(tls["guest_cert"]), str(tls["guest_key"]))
         t, out = _guest_thread("guest-1", ep.address, tls=client)
         ep.wait_for_guests()
@@ -302,8 +357,8 @@ def test_process_board_publishes_and_times_out():
 
 
 def test_rogue_peer_during_a_run_changes_nothing(monkeypatch):
-    """While a run is on, a peer that knows the host's address but not the credential connects as
-    guest-1: it is refused, and the run is exactly the local engine's."""
+    """While a run is on, a peer that knows the host's address but not guest-1's private key connects
+    as guest-1: it is refused, and the run is exactly the local engine's."""
     from fl_split.dataplane import rendezvous
 
     refused: list = []
@@ -311,7 +366,7 @@ def test_rogue_peer_during_a_run_changes_nothing(monkeypatch):
 
     def publish_and_attack(self, session, address):
         publish(self, session, address)
-        refused.append(_rogue(address, "guest-1", "0" * 64, session=session))
+        refused.append(_rogue(address, "guest-1", session=session))
 
     monkeypatch.setattr(rendezvous.ProcessBoard, "publish", publish_and_attack)
     cfg = _cfg(epochs=1)
@@ -362,7 +417,7 @@ def test_bad_frame_mid_run_is_refused_and_the_host_unchanged(monkeypatch):
     cfg = _cfg(epochs=1, defense="laplace", protect="both", epsilon=50.0)
     grid = InlineGrid(_simulation_nodes(3))
     with pytest.raises(PartyError, match=r"^guest-1 failed in round 3: .*refused a data-plane frame from guest-1: "
-                                         r"bad MAC") as err:
+                                         r"bad authentication tag") as err:
         VerticalSplitStrategy(cfg).run(grid)
     assert (err.value.party, err.value.round) == ("guest-1", 3)
     host = _restored(grid, grid.ids[0])
@@ -416,7 +471,8 @@ def test_stalled_guest_is_named_after_the_timeout():
         release.set()
 
 
-def _child_guest(cfg_json: str, party: str, address: str, credential: str, session: str, kill_round: int) -> None:
+def _child_guest(cfg_json: str, party: str, address: str, private: bytes, host_public: str, session: str,
+                 kill_round: int) -> None:
     """A guest in its own process: built as its node builds it, serving the host until it kills
     itself (SIGKILL) on receiving round ``kill_round``."""
     import torch as _torch
@@ -433,7 +489,7 @@ def _child_guest(cfg_json: str, party: str, address: str, credential: str, sessi
             os.kill(os.getpid(), signal.SIGKILL)
         return p.step(owed, keys, r)
 
-    serve(party, step, address, credential, session, None, 60.0)
+    serve(party, step, address, F.LinkKeys(private, {"host": host_public}), session, None, 60.0)
 
 
 def test_guest_killed_mid_epoch_is_named_and_ledgers_stay_consistent():
@@ -451,8 +507,13 @@ def test_guest_killed_mid_epoch_is_named_and_ledgers_stay_consistent():
             address = ProcessBoard().lookup(str(req["session"]), 30)
             config = R.loads(str(context.state.config_records[R.STATE_META]["skeleton"])) and \
                 str(context.state.config_records[R.STATE_META]["config"])
+            # the guest's own key, from its node state (the child process stands in for its ClientApp)
+            from fl_split.flower.direct import party_keys
+
+            keys = party_keys(context.state, "guest-2", R.loads(str(req["dataplane"]))["keys"], ["host"])
             proc = multiprocessing.get_context("spawn").Process(
-                target=_child_guest, args=(config, "guest-2", address, str(req["credential"]), str(req["session"]), 3))
+                target=_child_guest, args=(config, "guest-2", address, keys.private, keys.peers["host"],
+                                           str(req["session"]), 3))
             proc.start()
             children.append(proc)
             proc.join(120)

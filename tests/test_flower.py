@@ -408,23 +408,27 @@ def test_inline_budget_refusal_by_a_real_ledger(plane):
 
 
 def test_inline_deployment_from_party_files(tmp_path, tls_material):
-    """Deployment node configs (role, guest-index, data-path, and the data plane over TLS): each node
-    reads only its own file, the coordinator rebuilds the plan from public facts, the host listens
-    at its configured address with its certificate and the guests trust the CA; results equal the
-    local engine's."""
+    """Deployment node configs (role, guest-index, data-path, and the data plane over mutual TLS):
+    each node reads only its own file, the coordinator rebuilds the plan from public facts, the host
+    listens at its configured address with its certificate (named ``host``), the guests trust the CA
+    and present certificates named after them; results equal the local engine's."""
     from tests.services import free_port
 
     cfg = _cfg(guests=3, epochs=1, batches_per_round=4)
     files = export_parties(cfg, tmp_path)
     address = f"127.0.0.1:{free_port()}"
-    tls = {"dataplane-ca": str(tls_material["ca"])}
+    def tls(g: int) -> dict:
+        name = "guest" if g == 1 else f"guest{g}"
+        return {"dataplane-ca": str(tls_material["ca"]), "dataplane-certfile": str(tls_material[f"{name}_cert"]),
+                "dataplane-keyfile": str(tls_material[f"{name}_key"])}
+
     # in a deployment each SuperNode sets its own private seed (here all the same one)
-    configs = [{"role": "guest", "guest-index": 2, "data-path": str(files["guest-2"]), "private-seed": PS, **tls},
+    configs = [{"role": "guest", "guest-index": 2, "data-path": str(files["guest-2"]), "private-seed": PS, **tls(2)},
                {"role": "host", "data-path": str(files["host"]), "private-seed": PS, "dataplane-address": address,
                 "dataplane-certfile": str(tls_material["host_cert"]),
-                "dataplane-keyfile": str(tls_material["host_key"])},
-               {"role": "guest", "guest-index": 3, "data-path": str(files["guest-3"]), "private-seed": PS, **tls},
-               {"role": "guest", "guest-index": 1, "data-path": str(files["guest-1"]), "private-seed": PS, **tls}]
+                "dataplane-keyfile": str(tls_material["host_key"]), "dataplane-client-ca": str(tls_material["ca"])},
+               {"role": "guest", "guest-index": 3, "data-path": str(files["guest-3"]), "private-seed": PS, **tls(3)},
+               {"role": "guest", "guest-index": 1, "data-path": str(files["guest-1"]), "private-seed": PS, **tls(1)}]
     got = VerticalSplitStrategy(cfg).run(InlineGrid(configs, fresh_process=True))
     assert _strip(got) == _strip(_local(cfg))
     relay = VerticalSplitStrategy(cfg.replace(data_plane="flower")).run(InlineGrid(configs, fresh_process=True))

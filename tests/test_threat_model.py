@@ -324,8 +324,10 @@ FACT_KEYS = {"dataset", "task", "metric", "n_train", "n_test", "input_shapes", "
 #: reach it at (deployment: its configured ``dataplane-address``; simulation: empty, published per
 #: epoch) and whether it uses TLS — and, in a simulation, ``capacity``: the CPUs/GPUs its Ray actor
 #: reserved and each Ray node's totals. Network and machine facts every party must know anyway,
-#: nothing derived from data.
-DATAPLANE_KEYS = {"address", "tls"}
+#: nothing derived from data. Every party's setup reply (direct) carries ``public-key``: the public
+#: half of its data-plane key pair (issue 16; the private key stays on its node), and the host's
+#: ``mtls``: whether it requires client certificates.
+DATAPLANE_KEYS = {"address", "tls", "mtls", "public-key"}
 CAPACITY_KEYS = {"num_cpus", "num_gpus", "nodes"}
 #: the host's ``train.epoch`` reply: the epochs' history rows (the same per-epoch aggregates as
 #: ``evaluate.host``, plus its own epoch times), the wire counts (bytes and messages of the protocol

@@ -4,8 +4,8 @@ Flower is the control plane (discovery, roles, setup, one message per party per 
 failures); within an epoch the host drives the shared round loop and reaches its guests over one
 gRPC bidirectional stream each. Nothing here knows Flower:
 
-* :mod:`fl_split.dataplane.frames` — the frame format, the handshake proving the run's
-  credential, per-frame MACs;
+* :mod:`fl_split.dataplane.frames` — the frame format, the handshake authenticating each party
+  by its own key pair, sealed (AES-GCM) frames;
 * :mod:`fl_split.dataplane.host` — the host's gRPC server (:class:`HostEndpoint`) and the
   transport its round loop runs over (:class:`HostDataPlane`);
 * :mod:`fl_split.dataplane.guest` — a guest's client loop (:func:`serve`);

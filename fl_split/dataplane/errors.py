@@ -15,7 +15,8 @@ class DataPlaneError(FlSplitError):
 
 
 class CredentialError(DataPlaneError):
-    """A peer did not prove it holds this run's data-plane credential; nothing it sent was read."""
+    """A peer did not prove it is the party it claims (its private key, its certificate's name), or
+    asked for another session; nothing it sent was read."""
 
 
 class FrameError(DataPlaneError):

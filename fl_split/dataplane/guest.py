@@ -1,9 +1,10 @@
-"""A guest's end of the data plane: connect to the host, prove the credential, serve its requests.
+"""A guest's end of the data plane: connect to the host, prove who it is, serve its requests.
 
 :func:`serve` opens one gRPC stream to the host's :class:`~fl_split.dataplane.host.HostEndpoint`
 (retrying while the host is not listening yet), runs the handshake — the guest checks the host's
-proof of the run's credential before it answers, so it never releases anything to a peer that does
-not hold it — and then answers every STEP frame with ``step(owed, keys, round)``'s blobs in a
+proof (made with the host's private key, whose public half the coordinator relayed) before it
+answers, so it never releases anything to a peer that is not the host; with TLS the host's
+certificate must also name ``host`` — and then answers every STEP frame with ``step(owed, keys, round)``'s blobs in a
 RELEASE frame until the host sends END. A party's own error (a malformed message it refused, a
 release over its budget, anything it raises) goes back as an ERROR frame and the guest keeps
 serving: the host decides to stop. A lost connection, a bad frame or no frame from the host for
@@ -30,7 +31,7 @@ from fl_split.dataplane import frames as F
 from fl_split.dataplane import limits as L
 from fl_split.dataplane.errors import CredentialError, DataPlaneError, FrameError, PeerFailure
 from fl_split.dataplane.host import GRPC_OPTIONS, METHOD, _Closed, _rpc_reason
-from fl_split.dataplane.tls import ClientTLS
+from fl_split.dataplane.tls import HOST_NAME, ClientTLS
 
 #: pause between connection attempts while the host is not listening yet
 RETRY = 0.1
@@ -45,23 +46,25 @@ class Served:
     end_reason: str = ""
 
 
-def serve(party: str, step: Callable, address: str, credential: str, session: str, tls: ClientTLS | None = None,
+def serve(party: str, step: Callable, address: str, keys: F.LinkKeys, session: str, tls: ClientTLS | None = None,
           timeout: float = 60.0, connect_timeout: float | None = None, max_frame: int | None = None) -> Served:
-    """Serve the host at ``address`` as ``party`` until it ends the session; returns what was done.
-    ``max_frame``: the largest frame the host may send (:func:`fl_split.dataplane.limits.largest_frame`)."""
+    """Serve the host at ``address`` as ``party`` (``keys``: its own private key and the host's public
+    key) until the host ends the session; returns what was done. ``max_frame``: the largest frame the
+    host may send (:func:`fl_split.dataplane.limits.largest_frame`)."""
     import grpc
 
-    key = credential.encode()
+    host_key = keys.peer("host", party)
     connect_timeout = timeout if connect_timeout is None else connect_timeout
     deadline = time.monotonic() + connect_timeout
     attempt_error = ""
     while True:
-        channel = (grpc.secure_channel(address, tls.credentials(), options=GRPC_OPTIONS) if tls is not None
-                   else grpc.insecure_channel(address, options=GRPC_OPTIONS))
+        channel = (grpc.secure_channel(address, tls.credentials(), options=GRPC_OPTIONS + tls.channel_options())
+                   if tls is not None else grpc.insecure_channel(address, options=GRPC_OPTIONS))
         link = _Stream(channel, F.MAX_FRAME if max_frame is None else max_frame)
         try:
-            nonce_g = F.new_nonce()
-            link.send(F.pack(F.HELLO, {"party": party, "session": session, "nonce": nonce_g.hex()}))
+            nonce_g, ephemeral = F.new_nonce(), F.new_private_key()
+            link.send(F.pack(F.HELLO, {"party": party, "session": session, "nonce": nonce_g.hex(),
+                                       "eph": F.public_key(ephemeral)}))
             first = link.receive(max(0.1, deadline - time.monotonic()))
             if isinstance(first, _Closed):
                 raise _Unreachable(first.reason)
@@ -70,6 +73,10 @@ def serve(party: str, step: Callable, address: str, credential: str, session: st
             link.close()
             channel.close()
             attempt_error = str(exc) or "no answer"
+            if "Hostname Verification" in attempt_error:
+                raise PeerFailure("host", None, f"{party} refused the data-plane peer at {address}: its TLS "
+                                  f"certificate does not name '{HOST_NAME}' (only the host's certificate may serve the "
+                                  f"data plane; {attempt_error})") from None
             if "UNAUTHENTICATED" in attempt_error or "INVALID_ARGUMENT" in attempt_error:
                 raise PeerFailure(party, None, f"the host at {address} refused {party}'s data-plane connection "
                                   f"({attempt_error})") from None
@@ -80,11 +87,12 @@ def serve(party: str, step: Callable, address: str, credential: str, session: st
     try:
         who = f"the host at {address}"
         welcome = F.unpack(first, who, allowed=(F.WELCOME,))
-        nonce_h = F.welcome_nonce(welcome, who)
-        F.check_proof(key, "host", session, party, nonce_g, nonce_h, welcome.header.get("proof"), who)
-        link.send(F.pack(F.PROOF, {"proof": F.proof(key, "guest", session, party, nonce_g, nonce_h)}))
-        k_to_guest, k_to_host = F.session_keys(key, session, party, nonce_g, nonce_h)
-        sealer, opener = F.Sealer(k_to_host), F.Opener(k_to_guest, "the host")
+        nonce_h, eph_h = F.parse_welcome(welcome, who)
+        secrets = F.link_secrets("guest", keys.private, host_key, ephemeral, eph_h, session, party, nonce_g,
+                                 nonce_h, who)
+        F.check_proof(secrets, "host", welcome.header.get("proof"), who, "the host")
+        link.send(F.pack(F.PROOF, {"proof": F.proof(secrets, "guest")}))
+        sealer, opener = F.Sealer(secrets.to_host), F.Opener(secrets.to_guest, "the host")
         # the host times its guests out; a guest only needs to notice a host that is gone, and
         # waits longer than the host does (the host first waits for every guest to connect, and
         # computes between its frames)

@@ -2,12 +2,13 @@
 host's coordinator loop runs over.
 
 :class:`HostEndpoint` listens (TLS or plaintext), runs the handshake of every incoming stream
-(:mod:`fl_split.dataplane.frames`: session, party, proof of the run's credential) and keeps one
-authenticated link per guest. A connection that fails the handshake — wrong credential, another
-session, an unknown or already connected party, a malformed frame — is refused with
+(:mod:`fl_split.dataplane.frames`: session, party, proof that the peer holds that party's private
+key; under mutual TLS also a client certificate naming that party) and keeps one authenticated link
+per guest. A connection that fails the handshake — a guest posing as another, another session, an
+unknown or already connected party, a malformed frame — is refused with
 ``UNAUTHENTICATED`` / ``INVALID_ARGUMENT`` and a message naming it; the endpoint keeps waiting for
-the real guest and nothing else changes. Every frame of an authenticated link is checked (MAC,
-sequence, form) before it is handed on.
+the real guest and nothing else changes. Every frame of an authenticated link is checked
+(sequence number, authentication tag, form) before it is handed on.
 
 What an unauthenticated peer can make the host hold is bounded (:mod:`fl_split.dataplane.limits`,
 issue 16): one gRPC message of :data:`~fl_split.dataplane.limits.PIECE_BYTES` (gRPC refuses a longer
@@ -151,9 +152,9 @@ class HostEndpoint:
     """The host's data-plane server for one session (one control message: one or more epochs).
 
     ``bind`` is ``HOST:PORT`` (port 0: any free port; :attr:`address` is where it listens),
-    ``credential`` the run's credential, ``session`` the control message's session identifier,
-    ``max_frame`` the largest frame an authenticated guest may send
-    (:func:`fl_split.dataplane.limits.largest_frame` of the run's plan).
+    ``keys`` the host's data-plane identity (its private key, each guest's public key),
+    ``session`` the control message's session identifier, ``max_frame`` the largest frame an
+    authenticated guest may send (:func:`fl_split.dataplane.limits.largest_frame` of the run's plan).
 
     Streams: one reserved per expected guest (its authenticated link), a pool of
     ``UNAUTHENTICATED_STREAMS`` + one per guest for streams still in their handshake
@@ -161,14 +162,14 @@ class HostEndpoint:
     thread pool and concurrent-call limit are sized to that sum. :attr:`refusals` holds the bounded
     records of refused connections; :attr:`refused` its recent messages."""
 
-    def __init__(self, guests: list[str], credential: str, session: str, bind: str,
+    def __init__(self, guests: list[str], keys: F.LinkKeys, session: str, bind: str,
                  tls: ServerTLS | None = None, timeout: float = 60.0, advertise: str = "",
                  max_frame: int | None = None) -> None:
         import grpc
 
         self.guests = list(guests)
         self._expected = tuple(self.guests)
-        self.credential = credential.encode()
+        self.keys = keys
         self.session = session
         self.timeout = float(timeout)
         self.tls = tls
@@ -254,19 +255,22 @@ class HostEndpoint:
         who = f"a connection from {conn.peer}"
         try:
             hello = F.unpack(_get(conn.private, HANDSHAKE_TIMEOUT, who), who, allowed=(F.HELLO,))
-            party, session, nonce_g = F.parse_hello(hello, who)
+            party, session, nonce_g, eph_g = F.parse_hello(hello, who)
             who = f"{party} (connecting from {conn.peer})"
             if session != self.session:
                 raise CredentialError(f"{who} asked for data-plane session {session}, this host serves "
                                       f"{self.session} (a stale or foreign connection)")
             if party not in self.guests:
                 raise CredentialError(f"{who} is not a guest of this run (guests: {', '.join(self.guests)})")
-            nonce_h = F.new_nonce()
-            yield F.pack(F.WELCOME, {"nonce": nonce_h.hex(),
-                                     "proof": F.proof(self.credential, "host", session, party, nonce_g, nonce_h)})
+            if self.tls is not None and self.tls.client_ca is not None:
+                _check_client_certificate(context, party, who)
+            ephemeral, nonce_h = F.new_private_key(), F.new_nonce()
+            secrets = F.link_secrets("host", self.keys.private, self.keys.peer(party, who), ephemeral, eph_g,
+                                     session, party, nonce_g, nonce_h, who)
+            yield F.pack(F.WELCOME, {"nonce": nonce_h.hex(), "eph": F.public_key(ephemeral),
+                                     "proof": F.proof(secrets, "host")})
             got = F.unpack(_get(conn.private, HANDSHAKE_TIMEOUT, who), who, allowed=(F.PROOF,))
-            F.check_proof(self.credential, "guest", session, party, nonce_g, nonce_h, got.header.get("proof"), who)
-            k_to_guest, k_to_host = F.session_keys(self.credential, session, party, nonce_g, nonce_h)
+            F.check_proof(secrets, "guest", got.header.get("proof"), who, party)
             with self._cond:
                 if party in self._links:
                     raise CredentialError(f"{who}: {party} is already connected to this data plane")
@@ -274,7 +278,7 @@ class HostEndpoint:
                     raise CredentialError(f"{who}: the data plane is closing")
                 if not self._pool.leave(conn):  # evicted while it finished its handshake
                     raise _Evicted(f"{who} was evicted from the host's unauthenticated streams")
-                conn.authenticated(party, self._shared, F.Sealer(k_to_guest), F.Opener(k_to_host, party))
+                conn.authenticated(party, self._shared, F.Sealer(secrets.to_guest), F.Opener(secrets.to_host, party))
                 self._links[party] = conn
                 self._cond.notify_all()
         except (FrameError, CredentialError, _HandshakeTimeout, _Evicted) as exc:
@@ -422,6 +426,31 @@ class _Evicted(DataPlaneError):
 
 class _Oversized(FrameError):
     """A message too large (or too many) for a handshake, refused before it was parsed."""
+
+
+def certificate_names(context) -> list[str]:
+    """The names (subject CN and subjectAltNames) of the client certificate of a gRPC call, from
+    its TLS auth context; empty when the peer presented none."""
+    try:
+        auth = context.auth_context() or {}
+    except Exception:  # noqa: BLE001 - no TLS on this call
+        return []
+    names: list[str] = []
+    for prop in ("x509_common_name", "x509_subject_alternative_name"):
+        for v in auth.get(prop, ()) or ():
+            name = v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _check_client_certificate(context, party: str, who: str) -> None:
+    """Mutual TLS binds names: the guest's client certificate (signed by the CA the host trusts)
+    must name the party its HELLO claims (design, privacy principle 7)."""
+    names = certificate_names(context)
+    if party not in names:
+        raise CredentialError(f"{who}: its client certificate names {', '.join(names) or 'nobody'}, not {party}; "
+                              f"under mutual TLS a guest connects only as the party its certificate names")
 
 
 def _get(q: queue.Queue, timeout: float, who: str) -> bytes:

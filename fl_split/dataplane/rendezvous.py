@@ -9,7 +9,7 @@
   simulation can read: Ray's cluster key-value store (:class:`RayBoard`; reaches every node of a
   multi-node cluster), or a board in this process when the parties are threads of one process
   (:class:`ProcessBoard`, the inline tests). The address is public: a connection still has to prove
-  the run's credential (:mod:`fl_split.dataplane.frames`).
+  it is the party it claims (:mod:`fl_split.dataplane.frames`).
 """
 
 from __future__ import annotations

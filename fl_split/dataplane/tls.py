@@ -1,21 +1,28 @@
 """TLS material of the data plane: standard PEM certificates, the same tooling as Flower's own TLS.
 
-The host serves with a certificate and key (``dataplane-certfile`` / ``dataplane-keyfile`` in its
-node config; the certificate must name the host as the guests reach it — a DNS name or IP address
-in its subjectAltName); each guest trusts the CA that signed it (``dataplane-ca``). Optionally the
-host also requires client certificates (``dataplane-client-ca``; each guest then presents
-``dataplane-certfile`` / ``dataplane-keyfile``). The per-run credential is checked on top of TLS
-(:mod:`fl_split.dataplane.frames`).
+Certificate names are **party names** (design, privacy principle 7): the host serves with a
+certificate and key (``dataplane-certfile`` / ``dataplane-keyfile`` in its node config) whose
+subjectAltName includes ``DNS:host`` — a guest checks that name, not the address it dials
+(``grpc.ssl_target_name_override``), so only a holder of a certificate the CA issued *to the host*
+can serve its data plane; each guest trusts the CA that signed it (``dataplane-ca``). The host also
+requires client certificates by default (mutual TLS; ``dataplane-client-ca``, or else its
+``dataplane-ca``) and checks that a guest's certificate names the party its HELLO claims
+(``guest-2``: CN or subjectAltName); each guest presents ``dataplane-certfile`` / ``dataplane-keyfile``.
+The per-party key handshake of :mod:`fl_split.dataplane.frames` runs on top of TLS.
 
-Generating a CA and a host certificate with the ``openssl`` CLI (``tests/test_dataplane.py`` does the
-same with the ``cryptography`` package)::
+Generating a CA, the host's and a guest's certificates with the ``openssl`` CLI (``fl-split certs``
+does the same with the ``cryptography`` package)::
 
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 365 \\
         -keyout ca.key -out ca.crt -subj "/CN=fl-split data-plane CA"
     openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout host.key -out host.csr \\
-        -subj "/CN=host.example.org"
+        -subj "/CN=host"
     openssl x509 -req -in host.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 365 -out host.crt \\
-        -extfile <(printf "subjectAltName=DNS:host.example.org")
+        -extfile <(printf "subjectAltName=DNS:host")
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout guest-1.key -out guest-1.csr \\
+        -subj "/CN=guest-1"
+    openssl x509 -req -in guest-1.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 365 -out guest-1.crt \\
+        -extfile <(printf "subjectAltName=DNS:guest-1\\nextendedKeyUsage=clientAuth")
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ import os
 from dataclasses import dataclass
 
 from fl_split.dataplane.errors import DataPlaneError
+
+#: the name the host's data-plane certificate must carry (a party name, like a guest's ``guest-<g>``)
+HOST_NAME = "host"
 
 
 def _read(path: str, what: str) -> bytes:
@@ -79,3 +89,9 @@ class ClientTLS:
 
         return grpc.ssl_channel_credentials(root_certificates=self.root_ca, private_key=self.key,
                                             certificate_chain=self.certificate)
+
+    @staticmethod
+    def channel_options() -> list[tuple[str, str]]:
+        """The name a guest requires of the server's certificate: the party ``host`` (whatever
+        address it dials)."""
+        return [("grpc.ssl_target_name_override", HOST_NAME)]

@@ -3,10 +3,12 @@
 Flower stays the control plane; within the epochs of one ``train.epoch`` message the per-batch
 tensors go straight between guests and host (:mod:`fl_split.dataplane`):
 
-* **coordinator** (:func:`coordinate_direct`, run by the ServerApp strategy): creates the run's
-  credential (random, never written anywhere), and for every chunk of ``--epochs-per-message``
-  epochs pushes one ``train.epoch`` message to every party together — the epochs, a fresh session
-  identifier, the credential, and where the host's data plane is — then waits for every reply. The
+* **coordinator** (:func:`coordinate_direct`, run by the ServerApp strategy): collects every
+  party's data-plane *public* key from its setup reply, and for every chunk of
+  ``--epochs-per-message`` epochs pushes one ``train.epoch`` message to every party together — the
+  epochs, a fresh (public) session identifier, the parties' public keys, and where the host's data
+  plane is — then waits for every reply. No secret of the data plane passes through Flower: each
+  party's private key stays in its own node state (:func:`party_keys`). The
   host's reply carries the chunk's per-epoch aggregates (or nothing with ``--report-metrics none``),
   its wire counts, and whether it stopped (budget) or a guest failed; the coordinator assembles the
   same results dictionary as :func:`fl_split.engine.coordinate`.
@@ -15,8 +17,8 @@ tensors go straight between guests and host (:mod:`fl_split.dataplane`):
   for its guests, and runs the shared coordinator loop :func:`fl_split.engine.coordinate` over the
   chunk's epochs with a :class:`HostDataPlane` transport — the very loop of the local engine, so a
   round does exactly what it does there (results are bit-identical).
-* **guest** (:func:`guest_epochs`, in each guest's ClientApp): finds the host, proves the credential
-  and answers its STEP frames with ``party.step`` until the host ends the session.
+* **guest** (:func:`guest_epochs`, in each guest's ClientApp): finds the host, proves it is itself
+  (its private key; the host proves it is the host) and answers its STEP frames with ``party.step`` until the host ends the session.
 
 Node config of a deployment (``flower-supernode --node-config``), besides ``role``, ``guest-index``
 and ``data-path``:
@@ -24,16 +26,21 @@ and ``data-path``:
 =========================  =============================================================================
 ``dataplane-address``      host: ``HOST:PORT`` where guests reach its data plane (required)
 ``dataplane-bind``         host: ``ADDR:PORT`` to listen on (default ``0.0.0.0:<port of the address>``)
-``dataplane-certfile``     host: its TLS certificate (PEM; names the host of ``dataplane-address``);
-                           guest: its client certificate, when the host requires one
+``dataplane-certfile``     host: its TLS certificate (PEM; must name ``host``);
+                           guest: its client certificate (must name the party, e.g. ``guest-2``)
 ``dataplane-keyfile``      the key of ``dataplane-certfile``
-``dataplane-ca``           guest: the CA that signed the host's certificate
-``dataplane-client-ca``    host (optional): require guests to present certificates signed by this CA
+``dataplane-ca``           guest: the CA that signed the host's certificate; host: the CA of the guests'
+                           certificates unless ``dataplane-client-ca`` says otherwise
+``dataplane-client-ca``    host: require guests to present certificates signed by this CA
+``dataplane-mutual-tls``   ``false`` on a node: TLS without client certificates (default ``true``: the
+                           host requires each guest's certificate and checks its name)
 ``dataplane-insecure``     ``true`` on a node: allow a plaintext data plane (tests on one machine only)
 =========================  =============================================================================
 
-In simulation the data plane is plaintext inside the Ray cluster and every stream is authenticated
-by the run's credential.
+Every stream is authenticated party by party (:mod:`fl_split.dataplane.frames`) and every frame after
+the handshake is sealed (AES-GCM), so the simulation's data plane inside the Ray cluster is
+confidential too. Trust root: in a simulation the coordinator relays the public keys (whoever runs
+the simulation runs every party); in a deployment the CA's certificates bind party names end to end.
 """
 
 from __future__ import annotations
@@ -50,17 +57,53 @@ from fl_split.flower import records as R
 log = logging.getLogger("fl_split.flower")
 
 #: node-config keys of the data plane
-ADDRESS, BIND, CERTFILE, KEYFILE, CA, CLIENT_CA, INSECURE = (
+ADDRESS, BIND, CERTFILE, KEYFILE, CA, CLIENT_CA, INSECURE, MUTUAL = (
     "dataplane-address", "dataplane-bind", "dataplane-certfile", "dataplane-keyfile", "dataplane-ca",
-    "dataplane-client-ca", "dataplane-insecure")
+    "dataplane-client-ca", "dataplane-insecure", "dataplane-mutual-tls")
+#: context.state key of a party's data-plane private key (its node state only; never in a message)
+KEY_STATE = "fl_split.dataplane"
 
 #: what the host's epoch reply may say besides the per-epoch aggregates (all public counts and times)
 STOPPED_KEYS = ("stopped_reason", "stopped_detail", "stopped_round")
 
 
-def _flag(node_config: dict, key: str) -> bool:
-    v = node_config.get(key, False)
+def _flag(node_config: dict, key: str, default: bool = False) -> bool:
+    v = node_config.get(key, default)
     return v is True or str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+# -- identities: each party's own key pair ---------------------------------------------------------
+def new_identity(state) -> str:
+    """Make this party's data-plane key pair at setup (X25519, OS entropy), keep the private key in
+    its node state ``state`` (``context.state``: the node's memory, never a message) and return the
+    public key for the coordinator to relay. A new setup (a new run, a resume) makes a new pair."""
+    from flwr.app import ConfigRecord
+
+    from fl_split.dataplane import frames as F
+
+    private = F.new_private_key()
+    state[KEY_STATE] = ConfigRecord({"private": private})
+    return F.public_key(private)
+
+
+def party_keys(state, party: str, directory: dict, peers: list[str]):
+    """This party's :class:`~fl_split.dataplane.frames.LinkKeys`: its private key from its node state
+    and the relayed public keys of ``peers``; the directory must carry this party's own public key
+    unchanged (else the coordinator relayed keys of another setup)."""
+    from fl_split.dataplane import frames as F
+    from fl_split.errors import ProtocolError
+
+    rec = state.config_records.get(KEY_STATE)
+    if rec is None:
+        raise ProtocolError(f"{party}: no data-plane key on this node (the coordinator sends 'setup' first)")
+    private = bytes(rec["private"])
+    if directory.get(party) != F.public_key(private):
+        raise ProtocolError(f"{party}: the coordinator relayed a data-plane public key for {party} that is not "
+                            f"this node's (a stale directory from another setup?)")
+    missing = [p for p in peers if p not in directory]
+    if missing:
+        raise ProtocolError(f"{party}: the coordinator relayed no data-plane public key for {', '.join(missing)}")
+    return F.LinkKeys(private, {p: directory[p] for p in peers})
 
 
 def _text(node_config: dict, key: str) -> str:
@@ -81,7 +124,7 @@ def host_dataplane_info(role, node_config: dict) -> dict[str, Any]:
                              f"host.example.org:9300' {CERTFILE}='host.crt' {KEYFILE}='host.key'\" "
                              f"(or run with data-plane='flower')")
     tls = _server_tls(node_config)
-    return {"address": address, "tls": tls is not None}
+    return {"address": address, "tls": tls is not None, "mtls": tls is not None and tls.client_ca is not None}
 
 
 def _server_tls(node_config: dict):
@@ -91,7 +134,16 @@ def _server_tls(node_config: dict):
     if cert or key:
         if not (cert and key):
             raise DataPlaneError(f"host node-config: {CERTFILE} and {KEYFILE} go together")
-        return ServerTLS.from_files(cert, key, _text(node_config, CLIENT_CA))
+        client_ca = _text(node_config, CLIENT_CA) or _text(node_config, CA)
+        if not _flag(node_config, MUTUAL, True):
+            client_ca = ""
+        elif not client_ca:
+            ServerTLS.from_files(cert, key)  # a missing certificate is named first
+            raise DataPlaneError(f"host node-config: no {CLIENT_CA} (or {CA}); the data plane uses mutual TLS by "
+                                 f"default — the host requires each guest's certificate and checks that it names "
+                                 f"the party — so set the CA that signed the guests' certificates, or "
+                                 f"{MUTUAL}=false for TLS without client certificates")
+        return ServerTLS.from_files(cert, key, client_ca)
     if not _flag(node_config, INSECURE):
         raise DataPlaneError(f"host node-config: no {CERTFILE} / {KEYFILE}; a deployment's data plane uses TLS "
                              f"(or set {INSECURE}=true on every node for a plaintext data plane on one machine)")
@@ -121,25 +173,38 @@ def _client_tls(role, node_config: dict, tls: bool):
     if not ca:
         raise DataPlaneError(f"{role.party}: the host's data plane uses TLS; set {CA} in this node's node-config "
                              f"(the CA that signed the host's certificate)")
+    if _flag(node_config, MUTUAL, True) and not (_text(node_config, CERTFILE) and _text(node_config, KEYFILE)):
+        raise DataPlaneError(f"{role.party} node-config: no {CERTFILE} / {KEYFILE}; the data plane uses mutual TLS "
+                             f"by default — set this guest's client certificate (named {role.party}, signed by the "
+                             f"CA the host trusts), or {MUTUAL}=false on every node for TLS without client "
+                             f"certificates")
     return ClientTLS.from_files(ca, _text(node_config, CERTFILE), _text(node_config, KEYFILE))
 
 
 # -- the parties' side of train.epoch ----------------------------------------------------------------
-def _request(req) -> tuple[int, int, str, str, dict]:
+def _request(req) -> tuple[int, int, str, dict, dict]:
+    """``(first epoch, last epoch, session, data-plane info, public-key directory)`` of a request."""
+    from fl_split.dataplane import frames as F
     from fl_split.errors import ProtocolError
 
     try:
         first, last = int(req["first-epoch"]), int(req["last-epoch"])
-        session, credential = str(req["session"]), str(req["credential"])
+        session = str(req["session"])
         info = R.loads(str(req["dataplane"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed train.epoch request ({type(exc).__name__}: {exc})") from None
-    if not (1 <= first <= last) or not isinstance(info, dict) or len(credential) < 32:
-        raise ProtocolError("malformed train.epoch request (epochs, credential or data-plane address)")
-    return first, last, session, credential, info
+    if not (1 <= first <= last) or not isinstance(info, dict) or not isinstance(info.get("keys"), dict):
+        raise ProtocolError("malformed train.epoch request (epochs, data-plane address or public keys)")
+    directory = info["keys"]
+    for p, pub in directory.items():
+        try:
+            F.check_public_key(pub, f"train.epoch request: public key of {p}")
+        except DataPlaneError as exc:
+            raise ProtocolError(str(exc)) from None
+    return first, last, session, info, directory
 
 
-def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict) -> dict[str, Any]:
+def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict, state=None) -> dict[str, Any]:
     """Play the request's epochs as the host, reaching the guests over the data plane; returns the
     outcome for the coordinator (the same pieces as the local engine's results, for these epochs)."""
     from fl_split.dataplane import rendezvous
@@ -147,18 +212,19 @@ def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict) -> di
     from fl_split.dataplane.limits import largest_frame
     from fl_split.engine import coordinate
 
-    first, last, session, credential, _ = _request(req)
+    first, last, session, _, directory = _request(req)
+    keys = party_keys(state, party.name, directory, list(party.active_guests))
     # the largest frame an authenticated guest may send: its widest legitimate RELEASE (issue 16)
     max_frame = largest_frame(plan.schedule, cfg.batches_per_round, [plan.cut_shapes[g] for g in party.active_guests])
     if role.mode == "deployment":
         address = _text(node_config, ADDRESS)
         bind = _text(node_config, BIND) or f"0.0.0.0:{address.rsplit(':', 1)[1]}"
-        endpoint = HostEndpoint(party.active_guests, credential, session, bind, _server_tls(node_config),
+        endpoint = HostEndpoint(party.active_guests, keys, session, bind, _server_tls(node_config),
                                 cfg.dataplane_timeout, advertise=address, max_frame=max_frame)
         board = None
     else:
         # a guest that failed in an earlier chunk (--on-guest-failure pad) is not waited for
-        endpoint = HostEndpoint(party.active_guests, credential, session, f"{rendezvous.local_ip()}:0", None,
+        endpoint = HostEndpoint(party.active_guests, keys, session, f"{rendezvous.local_ip()}:0", None,
                                 cfg.dataplane_timeout, max_frame=max_frame)
         board = rendezvous.board()
         board.publish(session, endpoint.address)
@@ -179,13 +245,14 @@ def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict) -> di
     return outcome
 
 
-def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict) -> dict[str, Any]:
+def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict, state=None) -> dict[str, Any]:
     """Serve the host for the request's epochs; returns how many steps were served."""
     from fl_split.dataplane import rendezvous
     from fl_split.dataplane.guest import serve
     from fl_split.dataplane.limits import largest_frame
 
-    _, _, session, credential, info = _request(req)
+    _, _, session, info, directory = _request(req)
+    keys = party_keys(state, party.name, directory, ["host"])
     address = str(info.get("address", ""))
     if not address:
         address = rendezvous.board().lookup(session, cfg.dataplane_timeout) or ""
@@ -195,12 +262,27 @@ def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict) -> dict[st
     tls = _client_tls(role, node_config, bool(info.get("tls")))
     # the largest frame the host may send this guest: a STEP with the owed gradients of a round (issue 16)
     max_frame = largest_frame(party.schedule, cfg.batches_per_round, [party.cut_shape])
-    served = serve(party.name, party.step, address, credential, session, tls, cfg.dataplane_timeout,
-                   max_frame=max_frame)
+    served = serve(party.name, party.step, address, keys, session, tls, cfg.dataplane_timeout, max_frame=max_frame)
     return {"steps": served.steps, "errors": served.errors}
 
 
 # -- the coordinator's side -----------------------------------------------------------------------
+def public_keys(setup_replies: dict) -> dict[str, str]:
+    """``{party: data-plane public key}`` from the parties' setup replies (checked for form)."""
+    from fl_split.dataplane import frames as F
+    from fl_split.errors import ProtocolError
+
+    out: dict[str, str] = {}
+    for party, reply in setup_replies.items():
+        try:
+            pub = R.loads(str(reply["dataplane"]))["public-key"]
+            out[party] = F.check_public_key(pub, f"{party}'s setup reply")
+        except (KeyError, TypeError, ValueError, DataPlaneError) as exc:
+            raise ProtocolError(f"{party}: its setup reply carries no valid data-plane public key "
+                                f"({type(exc).__name__}: {exc})") from None
+    return out
+
+
 def check_direct(cfg: RunConfig, host_setup, guests: int) -> None:
     """Before the first epoch: options the direct plane cannot honour, and whether the simulation
     can run every ClientApp at once (the host's setup reply says what its actor has)."""
@@ -256,9 +338,11 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
 
     from fl_split.engine import make_results
 
-    credential = secrets.token_hex(32)
     info = R.loads(str(host_setup.get("dataplane", "{}"))) if host_setup is not None else {}
-    dataplane = R.dumps({"address": str(info.get("address", "")), "tls": bool(info.get("tls", False))})
+    # the parties' public keys, as their setup replies gave them: relayed, never made here
+    directory = public_keys(getattr(transport, "setup_replies", {}) or {})
+    dataplane = R.dumps({"address": str(info.get("address", "")), "tls": bool(info.get("tls", False)),
+                         "keys": directory})
     wire = {"bytes_to_host": 0, "bytes_to_guests": 0, "messages_to_host": 0, "messages_to_guests": 0, "rounds": 0}
     history: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
@@ -289,7 +373,7 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
             round_, per_epoch = _first_round(plan, cfg, first)
             session = secrets.token_hex(8)
             req = R.content(**{"first-epoch": first, "last-epoch": last, "session": session,
-                               "credential": credential, "dataplane": dataplane})
+                               "dataplane": dataplane})
             # every party works for the whole chunk; the parties bound every wait by --dataplane-timeout
             limit = cfg.node_timeout + cfg.dataplane_timeout * (per_epoch * (last - first + 1) + 2)
             t = time.perf_counter()

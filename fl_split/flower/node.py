@@ -259,7 +259,7 @@ def handle(message: Message, context: Context, private_seed: int | None = None) 
             cfg = RunConfig.from_mapping(R.loads(config_json))
             seed = private_seed_of(role, context, private_seed)
             party, facts = build_party(cfg, role, seed)
-            extra = _dataplane_setup(cfg, role, dict(context.node_config))
+            extra = _dataplane_setup(cfg, role, dict(context.node_config), context.state)
             if cfg.checkpoint_dir:
                 _checkpoint_setup(context, role, party, cfg, req, seed)
             _save(context, party, config_json)
@@ -297,20 +297,22 @@ def handle(message: Message, context: Context, private_seed: int | None = None) 
         return Message(R.error_record(exc, who, None if round_ < 0 else round_), reply_to=message)
 
 
-def _dataplane_setup(cfg: RunConfig, role: NodeRole, node_config: dict) -> dict[str, str]:
-    """Direct data plane: the host's public facts for the coordinator (where guests reach it; in a
-    simulation, how many ClientApps its Ray cluster runs at once); a deployment node's TLS
-    settings are checked here, before any training."""
+def _dataplane_setup(cfg: RunConfig, role: NodeRole, node_config: dict, state) -> dict[str, str]:
+    """Direct data plane: every party makes its own key pair (the private key stays in this node's
+    ``state``) and tells the coordinator its public key; the host also its public facts (where
+    guests reach it; in a simulation, how many ClientApps its Ray cluster runs at once). A
+    deployment node's TLS settings are checked here, before any training."""
     if cfg.data_plane != "direct":
         return {}
     from fl_split.flower import direct
 
     if role.role != "host":
         direct.check_guest_node(role, node_config)
-        return {}
+        return {"dataplane": R.dumps({"public-key": direct.new_identity(state)})}
     from fl_split.flower.resources import capacity_here
 
-    extra = {"dataplane": R.dumps(direct.host_dataplane_info(role, node_config))}
+    info = direct.host_dataplane_info(role, node_config)
+    extra = {"dataplane": R.dumps({**info, "public-key": direct.new_identity(state)})}
     cap = capacity_here() if role.mode == "simulation" else None
     if cap is not None:
         extra["capacity"] = R.dumps(cap)
@@ -333,10 +335,12 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
         wal = open_wal(party, str(ckpt["dir"]), str(ckpt["run"]), resume=True)
     try:
         if role.role == "host":
-            outcome = direct.host_epochs(party, cfg, plan_of(cfg, role), req, role, dict(context.node_config))
+            outcome = direct.host_epochs(party, cfg, plan_of(cfg, role), req, role, dict(context.node_config),
+                                         context.state)
             reply = {"outcome": R.dumps(outcome)}
         else:
-            reply = {"served": R.dumps(direct.guest_epochs(party, cfg, req, role, dict(context.node_config)))}
+            reply = {"served": R.dumps(direct.guest_epochs(party, cfg, req, role, dict(context.node_config),
+                                                           context.state))}
         if ckpt is not None:
             from fl_split.checkpoint import save_party
 
