@@ -97,11 +97,12 @@ def private_seed_from_args(ns: argparse.Namespace, on_argv: bool = True):
         return None
     if str(text).strip() == "-":
         return PrivateSeed.from_text(sys.stdin.read(1 << 16), "--private-seed - (stdin)")
+    seed = PrivateSeed.parse(text)  # a short or guessable value: that error first
     if not on_argv:
         raise PrivateSeedError("--private-seed: got <hidden> (a value on the command line is readable by every "
                                "local user, in ps and /proc/PID/cmdline); allowed here: --private-seed-file PATH "
                                "(owner-only) or --private-seed - (stdin)")
-    return PrivateSeed.parse(text)
+    return seed
 
 
 def build_parser() -> argparse.ArgumentParser:
