@@ -222,8 +222,9 @@ def attack_session(seed: int, need: str, **kw: Any):
     attack granted public records) builds it with the public split, ``property`` without."""
     from fl_split.attacks.options import AttackOptions
     from fl_split.attacks.runner import make_session
+    from fl_split.seeding import PrivateSeed
 
-    s = make_session(config(seed, **kw), AttackOptions(attack=need), seed)
+    s = make_session(config(seed, **kw), AttackOptions(attack=need), PrivateSeed.legacy(seed))
     s.run()
     return s
 
@@ -239,8 +240,9 @@ def attack(session, **opts: Any) -> dict:
 def run_fsha(seed: int, opts: dict, **kw: Any) -> dict:
     from fl_split.attacks.options import AttackOptions
     from fl_split.attacks.runner import run_attack
+    from fl_split.seeding import PrivateSeed
 
-    return run_attack(config(seed, **kw), AttackOptions(attack="fsha", **opts), seed)
+    return run_attack(config(seed, **kw), AttackOptions(attack="fsha", **opts), PrivateSeed.legacy(seed))
 
 
 def advantage(r: dict, perfect: float | None = None) -> float:

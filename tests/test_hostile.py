@@ -195,7 +195,7 @@ def _ask(ctx, mtype: str, **values):
 
     msg = Message(R.content(**values), dst_node_id=ctx.node_id, message_type=mtype, group_id="0")
     msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-    reply = handle(message_from_proto(message_to_proto(msg)), ctx, 3)
+    reply = handle(message_from_proto(message_to_proto(msg)), ctx, PrivateSeed.legacy(3))
     return reply.content
 
 

@@ -147,32 +147,32 @@ def test_mlp_shapes_compose(model, merge, parties):
 def test_paper_layer_sizes():
     """The cut widths 003 Table 1 / 001 Table 10 give for one party holding the whole image,
     and what 2 parties' stripes re-assemble to."""
-    one = lambda m, cut, shape: build_modules(m, cut, "concat", {"host": shape}, 10, 0).cut_shapes["host"]  # noqa: E731
+    one = lambda m, cut, shape: build_modules(m, cut, "concat", {"host": shape}, 10, PrivateSeed.legacy(0)).cut_shapes["host"]  # noqa: E731
     assert math.prod(one("cnn-mnist", 2, (1, 28, 28))) == 12544   # '2×Conv2d | FC - FC'
     assert one("cnn-mnist", 3, (1, 28, 28)) == (256,)              # '2×Conv2d - FC | FC'
     assert one("resnet20", 5, (3, 32, 32)) == (256,)               # 'Conv2d - 3×ResBlock | FC'
     assert one("resnet18-split", 6, (3, 32, 32)) == (512,)         # 003 'Conv2d - 4×ResBlock | FC'
     assert one("resnet18-split", 2, (3, 32, 32)) == (64, 32, 32)   # 001 Table 10 guest output
     # two 32x16 stripes: the top of 001's split gets the whole 64x32x32 map back
-    sm = build_modules("resnet18-split", 2, "concat", _stripes(3, 32, 32, 2), 100, 0)
+    sm = build_modules("resnet18-split", 2, "concat", _stripes(3, 32, 32, 2), 100, PrivateSeed.legacy(0))
     assert sm.cut_shapes == {"host": (64, 32, 16), "guest-1": (64, 32, 16)}
     assert sm.merged_shape == (64, 32, 32)
-    sm = build_modules("cnn-mnist", 2, "concat", _stripes(1, 28, 28, 2), 10, 0)
+    sm = build_modules("cnn-mnist", 2, "concat", _stripes(1, 28, 28, 2), 10, PrivateSeed.legacy(0))
     assert sm.merged_shape == (64, 14, 14)
 
 
 def test_paper_parameter_counts():
     # 001 Table 10, CIFAR100 model: guest = 1728 + 128 + 2 x 73984; host top after the merge =
     # 230144 + 295424 + 919040 + 1180672 + 3673088 + 4720640 + 51300
-    sm = build_modules("resnet18-split", 2, "concat", {"host": (3, 32, 16), "guest-1": (3, 32, 16)}, 100, 0)
+    sm = build_modules("resnet18-split", 2, "concat", {"host": (3, 32, 16), "guest-1": (3, 32, 16)}, 100, PrivateSeed.legacy(0))
     assert _params(sm.bottoms["guest-1"]) == 1728 + 128 + 2 * 73984
     assert _params(sm.top) == 230144 + 295424 + 919040 + 1180672 + 3673088 + 4720640 + 51300
     # ResNet-20 (He et al. 2016, option A): 0.27M = 269,722 with a 64->10 head; 003's head reads
     # the 2x2 max-pooled map, 256 -> 10
-    sm = build_modules("resnet20", 1, "concat", {"host": (3, 32, 32)}, 10, 0)
+    sm = build_modules("resnet20", 1, "concat", {"host": (3, 32, 32)}, 10, PrivateSeed.legacy(0))
     assert _params(sm.bottoms["host"]) + _params(sm.top) == 269722 - 650 + 2570
     # CNN-MNIST of 003: conv 1->32, conv 32->64, FC 12544->256, FC 256->10
-    sm = build_modules("cnn-mnist", 2, "concat", {"host": (1, 28, 28)}, 10, 0)
+    sm = build_modules("cnn-mnist", 2, "concat", {"host": (1, 28, 28)}, 10, PrivateSeed.legacy(0))
     assert _params(sm.bottoms["host"]) == (9 * 32 + 32) + (9 * 32 * 64 + 64)
     assert _params(sm.top) == (12544 * 256 + 256) + (256 * 10 + 10)
 
