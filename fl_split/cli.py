@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_split.config import RunConfig, allowed_text, coerce, key_of, option_fields
-from fl_split.errors import ConfigError, DataError, FlSplitError
+from fl_split.errors import ConfigError, DataError, FlSplitError, PrivateSeedError
 from fl_split.results import write_json_atomic
 
 EXIT_USAGE = 2
@@ -77,7 +77,7 @@ def private_seed_from_args(ns: argparse.Namespace, on_argv: bool = True):
     ``--insecure-private-seed``, or ``None``. Raises :class:`~fl_split.seeding.PrivateSeedError`
     (exit 2, before anything is written) for a short or guessable seed or a readable file;
     ``on_argv=False`` also refuses a seed value on the command line (``deploy local``)."""
-    from fl_split.seeding import PrivateSeed, PrivateSeedError, SEED_ALLOWED
+    from fl_split.seeding import SEED_ALLOWED, PrivateSeed
 
     text, path = getattr(ns, "private_seed", None), getattr(ns, "private_seed_file", None)
     insecure = getattr(ns, "insecure_private_seed", False)
@@ -440,8 +440,6 @@ def cmd_models() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
-    from fl_split.seeding import PrivateSeedError
-
     try:
         if hasattr(ns, "private_seed"):  # train, attack, deploy local: before anything runs or is written
             ns.seed_value = private_seed_from_args(ns, on_argv=ns.command != "deploy")

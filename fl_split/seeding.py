@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fl_split.errors import FlSplitError
+from fl_split.errors import PrivateSeedError
 
 #: how a party's secret was obtained (reported as ``privacy[party].private_randomness``)
 OS_ENTROPY = "os-entropy"
@@ -107,10 +107,6 @@ _HEX = re.compile(r"(0x)?([0-9a-fA-F]+)")
 SEED_ALLOWED = (f"at least {2 * MIN_SEED_BYTES} hexadecimal digits ({8 * MIN_SEED_BYTES} bits; make one with "
                 f"`fl-split seed --out FILE`), a seed file (--private-seed-file PATH, owner-only) or - (read "
                 f"stdin); a small integer only with --insecure-private-seed (research reproduction)")
-
-
-class PrivateSeedError(FlSplitError, ValueError):
-    """A private seed that is too short, malformed, or kept where others can read it."""
 
 
 class PrivateSeed:
