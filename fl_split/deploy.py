@@ -256,7 +256,7 @@ class LocalDeployment:
         conn = [f'[superlink]\ndefault = "{self.connection}"\n\n[superlink.{self.connection}]\n',
                 f'address = "{self.address}"\n']
         conn.append(f'root-certificates = "{self.certs / "ca.crt"}"\n' if self.tls else "insecure = true\n")
-        (self.flwr_home / "config.toml").write_text("".join(conn), encoding="utf-8")
+        write_private(self.flwr_home / "config.toml", "".join(conn).encode("utf-8"))
         self._wait_superlink()
         self._mark("superlink")
 
@@ -342,7 +342,7 @@ class LocalDeployment:
     def run(self) -> dict[str, Any]:
         """Submit the run, relay its log lines, wait for its outcome; returns the results."""
         config = self.workdir / "run-config.toml"
-        config.write_text(run_config_toml(self.cfg, self.results_path), encoding="utf-8")
+        write_private(config, run_config_toml(self.cfg, self.results_path).encode("utf-8"))
         app = find_app_dir()
         args = [_bin("flwr"), "run", str(app), self.connection, "--stream", "--run-config", str(config)]
         self._mark("submitted")

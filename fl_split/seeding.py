@@ -19,7 +19,9 @@ secret, or the seed of its own node, learns nothing about another party's. Small
 old ``--private-seed 5``) can be searched in seconds and are refused, except under the explicit
 research flag ``--insecure-private-seed``, which stretches them with PBKDF2-HMAC-SHA256
 (:data:`INSECURE_PBKDF2_ITERATIONS` iterations per party, ≈0.14 s on one core) and is recorded
-as ``private_randomness = "insecure-private-seed"``. Draws are keyed by purpose and batch,
+as ``private_randomness = "insecure-private-seed"`` (:meth:`PrivateSeed.legacy`, API only, is the
+old single-SHA-256 derivation, kept so that committed experiment numbers reproduce). Draws are
+keyed by purpose and batch,
 ``HMAC-SHA256(secret, purpose | batch key)``, so they do not depend on the order in which
 messages arrive, a party restored from its state continues exactly, and without the secret
 nothing about them can be computed from public facts. The secret is kept in the party's own
