@@ -171,6 +171,10 @@ def test_party_secrets_are_hkdf_of_the_seed_and_unrelated_across_parties():
                                                         INSECURE_PBKDF2_ITERATIONS, 32)
     assert ins.party_key("host") != ins.party_key("guest-1")
     assert INSECURE_PBKDF2_ITERATIONS >= 600_000
+    # PrivateSeed.legacy (API only) is exactly the pre-issue-16 derivation, so committed numbers reproduce
+    assert PrivateSeed.legacy(11).party_key("guest-1") == hashlib.sha256(
+        "fl_split private seed\x1f11\x1fguest-1".encode()).digest()
+    assert PartySecret.from_private_seed(PrivateSeed.legacy(11), "host").source == "insecure-private-seed"
     # nothing of the seed shows in its repr
     assert HEX not in repr(seed) and HEX not in str(seed) and "hidden" in repr(seed)
 
