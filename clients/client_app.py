@@ -1,7 +1,7 @@
 """The fl_split ClientApp: one app for every party — a thin shell over :mod:`fl_split.flower.node`.
 
 Which party a node hosts comes from its ``node_config`` (deployment: ``role``, ``guest-index``,
-``data-path``, the ``dataplane-*`` keys and optionally the node's own ``private-seed``; simulation:
+``data-path``, the ``dataplane-*`` keys and optionally the node's own ``private-seed-file``; simulation:
 ``partition-id`` 0 = host, 1..G = guests); :func:`fl_split.flower.node.handle` answers every
 message type:
 

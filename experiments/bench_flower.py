@@ -55,7 +55,14 @@ if str(ROOT) not in sys.path:
 # processes, which import this module again and must stay light
 
 RESULTS = Path(__file__).parent / "results"
-PS = 0  # private seed of every compared run (the Flower and local runs must draw the same noise)
+PS_INT = 0  # private seed of every compared run (the Flower and local runs must draw the same noise)
+
+
+def _ps():
+    """``PS_INT`` with the pre-issue-16 derivation (``PrivateSeed.legacy``): committed numbers reproduce."""
+    from fl_split.seeding import PrivateSeed
+
+    return PrivateSeed.legacy(PS_INT)
 RATIO_GOAL = 1.5
 DATAPLANE_TIMEOUT = 600.0  # scaling part: seconds to wait for G + 1 actors to start and the guests to connect
 CRED = "b3" * 32
@@ -225,13 +232,13 @@ def bench_ratio(name: str, setup: dict, limit: int = 0) -> dict:
           f"1 and {setup['epochs']} epochs per control message", flush=True)
     # the local engine before and after the Flower runs (Ray's start and teardown load the machine
     # for a while): its per-epoch time is the median over both runs' steady epochs
-    local = LocalEngine(base.replace(engine="local"), PS).run()
+    local = LocalEngine(base.replace(engine="local"), _ps()).run()
     load_before = os.getloadavg()
-    engine = FlowerEngine(base, private_seed=PS)
+    engine = FlowerEngine(base, private_seed=_ps())
     flower = engine.run_series(cfgs)
     startup = engine.startup()
     load_after = os.getloadavg()
-    local_after = LocalEngine(base.replace(engine="local"), PS).run()
+    local_after = LocalEngine(base.replace(engine="local"), _ps()).run()
     local_times = [h["epoch_time_s"] for h in local["history"][1:] + local_after["history"][1:]]
     l_ep = statistics.median(local_times)
     rows = []
@@ -260,8 +267,8 @@ def bench_wire() -> dict:
     from fl_split.schedule import BatchKey
 
     base = RunConfig(dataset="digits", guests=2, epochs=1, progress=False, seed=0, device="cpu")
-    plain = LocalEngine(base, PS).run()
-    rr = LocalEngine(base.replace(defense="rr"), PS).run()
+    plain = LocalEngine(base, _ps()).run()
+    rr = LocalEngine(base.replace(defense="rr"), _ps()).run()
     width = plain["plan"]["cut_shapes"]["guest-1"][0]
     key = BatchKey("train", 1, 0)
     one = {enc: len(encode(Message("activations", "guest-1", "host", 1, key, 0, torch.ones(32, width), enc)))
@@ -331,7 +338,7 @@ def bench_scaling(guests_list: list[int], epochs: int = 3, out: Path | None = No
                         device="cpu", num_cpus=_cpus_each(g + 1), dataplane_timeout=DATAPLANE_TIMEOUT,
                         node_timeout=DATAPLANE_TIMEOUT)
         print(f"[scaling] breast-cancer, G = {g}: {g + 1} ClientApps, --num-cpus {cfg.num_cpus}", flush=True)
-        engine = FlowerEngine(cfg, private_seed=PS)
+        engine = FlowerEngine(cfg, private_seed=_ps())
         t0 = time.perf_counter()
         try:
             with PeakMemory() as mem:
@@ -343,7 +350,7 @@ def bench_scaling(guests_list: list[int], epochs: int = 3, out: Path | None = No
             print(f"[scaling] G = {g}: failed: {rows[-1]['error']}", flush=True)
             continue
         wall = time.perf_counter() - t0
-        local = LocalEngine(cfg.replace(engine="local"), PS).run()
+        local = LocalEngine(cfg.replace(engine="local"), _ps()).run()
         row = {"guests": g, "num_cpus": cfg.num_cpus, "flower_epoch_s": _steady([h["epoch_time_s"] for h in res["history"]]),
                "local_epoch_s": _steady([h["epoch_time_s"] for h in local["history"]]),
                "peak_rss_mb": mem.peak / 2 ** 20, "peak_processes": mem.peak_processes, "wall_s": wall,
@@ -402,7 +409,7 @@ def bench_inline(epochs: int = 3) -> dict:
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1
     cfg = RunConfig(dataset="digits", guests=2, epochs=epochs, progress=False, seed=0, device="cpu")
     got = VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(3)))
-    local = LocalEngine(cfg, PS).run()
+    local = LocalEngine(cfg, _ps()).run()
     f_ep, l_ep = _steady([h["epoch_time_s"] for h in got["history"]]), _steady([h["epoch_time_s"] for h in local["history"]])
     print(f"[inline] digits, 2 guests, threads of one process: {f_ep:.3f} s vs local {l_ep:.3f} s per epoch "
           f"({f_ep / l_ep:.2f}x)", flush=True)
@@ -420,10 +427,10 @@ def relay_sweep(out: Path, ks=(1, 4, 16, 64, "epoch")) -> dict:
         base = RunConfig(dataset=name, guests=setup["guests"], epochs=2, progress=False, seed=0, engine="flower",
                          device="cpu", data_plane="flower", num_cpus=_cpus_each(setup["guests"] + 1))
         cfgs = [base.replace(batches_per_round=k) for k in ks]
-        flower = FlowerEngine(base, private_seed=PS).run_series(cfgs)
+        flower = FlowerEngine(base, private_seed=_ps()).run_series(cfgs)
         rows = []
         for k, c, f in zip(ks, cfgs, flower):
-            loc = LocalEngine(c.replace(engine="local"), PS).run()
+            loc = LocalEngine(c.replace(engine="local"), _ps()).run()
             f_ep, l_ep = _steady([h["epoch_time_s"] for h in f["history"]]), _steady([h["epoch_time_s"] for h in loc["history"]])
             rows.append({"K": k, "flower_epoch_s": f_ep, "local_epoch_s": l_ep, "ratio": f_ep / l_ep,
                          "flower_equals_local": _same_training(f, loc)})

@@ -186,8 +186,10 @@ def config(seed: int, **kw: Any):
 def train(seed: int, **kw: Any) -> dict:
     """One training on the local engine: public seed = private seed = ``seed``."""
     from fl_split.engine import LocalEngine
+    from fl_split.seeding import PrivateSeed
 
-    return LocalEngine(config(seed, **kw), private_seed=seed).run()
+    # PrivateSeed.legacy: the pre-issue-16 derivation, so the committed results reproduce exactly
+    return LocalEngine(config(seed, **kw), private_seed=PrivateSeed.legacy(seed)).run()
 
 
 def trivial_metric(dataset: str, seed: int, test_fraction: float = 0.2, limit: int = 0) -> float:
@@ -261,8 +263,9 @@ def attack_session(seed: int, need: str, **kw: Any):
     attack granted public records) builds it with the public split, ``property`` without."""
     from fl_split.attacks.options import AttackOptions
     from fl_split.attacks.runner import make_session
+    from fl_split.seeding import PrivateSeed
 
-    s = make_session(config(seed, **kw), AttackOptions(attack=need), seed)
+    s = make_session(config(seed, **kw), AttackOptions(attack=need), PrivateSeed.legacy(seed))
     s.run()
     return s
 
@@ -278,8 +281,9 @@ def attack(session, **opts: Any) -> dict:
 def run_fsha(seed: int, opts: dict, **kw: Any) -> dict:
     from fl_split.attacks.options import AttackOptions
     from fl_split.attacks.runner import run_attack
+    from fl_split.seeding import PrivateSeed
 
-    return run_attack(config(seed, **kw), AttackOptions(attack="fsha", **opts), seed)
+    return run_attack(config(seed, **kw), AttackOptions(attack="fsha", **opts), PrivateSeed.legacy(seed))
 
 
 def advantage(r: dict, perfect: float | None = None) -> float:

@@ -24,6 +24,7 @@ import torch
 
 from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine
+from fl_split.seeding import PrivateSeed
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OPTIMIZERS = {"adam": 0.01, "sgd": 0.1}
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in args.ks:
             accs = [LocalEngine(RunConfig(dataset="digits", guests=2, epochs=5, progress=False, seed=s,
                                           batches_per_round=k, optimizer=opt, lr=lr),
-                                private_seed=s).run()["final"]["value"]
+                                private_seed=PrivateSeed.legacy(s)).run()["final"]["value"]
                     for s in args.seeds]
             rows.append({"optimizer": opt, "lr": lr, "k": k, "accuracy": accs, "mean": statistics.fmean(accs),
                          "sd": statistics.stdev(accs) if len(accs) > 1 else 0.0})

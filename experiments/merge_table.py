@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             metric = ""
             for seed in args.seeds:
                 base = ["--dataset", ds, *DATASETS[ds], "--merge", merge, "--seed", str(seed),
-                        "--private-seed", str(seed), *COMMON]
+                        "--private-seed", str(seed), "--insecure-private-seed", *COMMON]
                 rs, rm = run_cli(base), run_cli([*base, "--monolithic"])
                 metric = rs["final"]["metric"]
                 split.append(rs["final"]["value"])

@@ -37,6 +37,7 @@ import torch
 from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine
 from fl_split.privacy.disclosure import snr_bound
+from fl_split.seeding import PrivateSeed
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EPSILONS = (1.0, 8.0, 64.0, 512.0, 4096.0)
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     def run(changes: dict) -> tuple[float, float | None, float | None]:
         accs, eps, snr = [], None, None
         for seed in args.seeds:
-            res = LocalEngine(RunConfig(**base, **changes, seed=seed), private_seed=seed).run()
+            res = LocalEngine(RunConfig(**base, **changes, seed=seed), private_seed=PrivateSeed.legacy(seed)).run()
             accs.append(res["final"]["value"])
             rep = res["privacy"]["guest-1"]
             eps = rep["epsilon"]

@@ -124,9 +124,11 @@ def make_node_auth_key(comment: str = "") -> tuple[bytes, bytes]:
 
 
 def _write(path: Path, data: bytes, secret: bool) -> Path:
+    if secret:  # created 0600 before the key is written into it (fl_split.secure_files)
+        from fl_split.secure_files import write_private
+
+        return write_private(path, data)
     path.write_bytes(data)
-    if secret:
-        os.chmod(path, 0o600)
     return path
 
 
@@ -136,8 +138,9 @@ def write_deployment_certificates(out: str | os.PathLike, hosts: Iterable[str] =
     """Write a CA, the SuperLink and data-plane host certificates for ``hosts``, a SuperNode
     authentication key pair per name in ``node_keys`` and a client certificate per name in
     ``clients`` into ``out``; returns ``{name: path}``."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    from fl_split.secure_files import private_dir
+
+    out = private_dir(out)  # 0700: it holds the CA's and every party's private keys
     hosts = tuple(hosts) or DEFAULT_HOSTS
     ca_key, ca = make_ca("fl-split deployment CA", days)
     files = {"ca": _write(out / "ca.crt", pem_cert(ca), False), "ca_key": _write(out / "ca.key", pem_key(ca_key), True)}

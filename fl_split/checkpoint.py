@@ -113,7 +113,7 @@ def write_atomic(path: str | os.PathLike, chunks: Iterable[bytes], mode: int = 0
     """Write ``chunks`` to ``path`` atomically: a temporary file in the same directory, fsync,
     rename over ``path``, fsync of the directory. A crash leaves the old file or the new one."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # a new checkpoint directory is owner-only
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, mode)
@@ -631,7 +631,7 @@ class Checkpointer:
                                      f"another directory (its logs record spent privacy budget: do not delete them "
                                      f"casually)")
         try:
-            d.mkdir(parents=True, exist_ok=True)
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)  # it will hold the parties' secrets
         except OSError as exc:
             raise ConfigError("checkpoint-dir", str(self.cfg.checkpoint_dir), "a directory that can be created",
                               reason=exc.strerror or str(exc)) from None

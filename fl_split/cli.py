@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_split.config import RunConfig, allowed_text, coerce, key_of, option_fields
-from fl_split.errors import ConfigError, DataError, FlSplitError
+from fl_split.errors import ConfigError, DataError, FlSplitError, PrivateSeedError
 from fl_split.results import write_json_atomic
 
 EXIT_USAGE = 2
@@ -58,21 +58,54 @@ def _add_train_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = 
 
 
 def _add_private_seed(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--private-seed", dest="private_seed", metavar="S", type=_private_seed, default=None,
-                   help="reproducible research runs: derive each party's secret randomness (initialisation, "
-                        "noise, masks) from S and its name, inside the party. Never written to the results. "
-                        "Default: fresh OS entropy per party, so two runs release different noise "
-                        "[an integer >= 0]")
+    g = p.add_argument_group("private randomness (docs/accounting.md, threat model)")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--private-seed", dest="private_seed", metavar="HEX", default=None,
+                     help="reproducible research runs: derive each party's secret randomness (initialisation, "
+                          "noise, masks) from this seed and its name (HKDF-SHA256), inside the party. Never "
+                          "written to the results. HEX: >= 32 hex digits (128 bits); - reads it from stdin (a "
+                          "value on the command line is visible to every local user). Default: fresh OS "
+                          "entropy per party, so two runs release different noise")
+    src.add_argument("--private-seed-file", dest="private_seed_file", metavar="PATH", default=None,
+                     help="read the private seed from an owner-only file (fl-split seed --out PATH makes one); "
+                          "a file the group or others can read is refused")
+    g.add_argument("--insecure-private-seed", dest="insecure_private_seed", action="store_true", default=False,
+                   help="INSECURE, research reproduction only: accept a small integer --private-seed N (anyone "
+                        "can search it and rebuild every party's noise); stretched with PBKDF2, warned about "
+                        "on every run, recorded as private_randomness = insecure-private-seed")
 
 
-def _private_seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an integer >= 0") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"got {value}; allowed: an integer >= 0")
-    return value
+def private_seed_from_args(ns: argparse.Namespace, on_argv: bool = True):
+    """The :class:`~fl_split.seeding.PrivateSeed` of ``--private-seed`` / ``--private-seed-file`` /
+    ``--insecure-private-seed``, or ``None``. Raises :class:`~fl_split.seeding.PrivateSeedError`
+    (exit 2, before anything is written) for a short or guessable seed or a readable file;
+    ``on_argv=False`` also refuses a seed value on the command line (``deploy local``)."""
+    from fl_split.seeding import SEED_ALLOWED, PrivateSeed
+
+    text, path = getattr(ns, "private_seed", None), getattr(ns, "private_seed_file", None)
+    insecure = getattr(ns, "insecure_private_seed", False)
+    if insecure:
+        if text is None or not str(text).strip().isdigit():
+            raise PrivateSeedError(f"--insecure-private-seed: needs --private-seed N with an integer N >= 0, got "
+                                   f"{'no --private-seed' if text is None else '<hidden>'}; without the flag "
+                                   f"allowed: {SEED_ALLOWED}")
+        print(f"fl-split: warning: --insecure-private-seed: the private seed {int(text)} can be searched in "
+              f"seconds by anyone who receives a release, who can then rebuild every party's initial weights and "
+              f"noise; this run is for reproducing research numbers only (recorded as private_randomness = "
+              f"insecure-private-seed)", file=sys.stderr)
+        return PrivateSeed.insecure(int(text))
+    if path is not None:
+        return PrivateSeed.read_file(path)
+    if text is None:
+        return None
+    if str(text).strip() == "-":
+        return PrivateSeed.from_text(sys.stdin.read(1 << 16), "--private-seed - (stdin)")
+    seed = PrivateSeed.parse(text)  # a short or guessable value: that error first
+    if not on_argv:
+        raise PrivateSeedError("--private-seed: got <hidden> (a value on the command line is readable by every "
+                               "local user, in ps and /proc/PID/cmdline); allowed here: --private-seed-file PATH "
+                               "(owner-only) or --private-seed - (stdin)")
+    return seed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="data-plane client certificates to make, one per guest named after it, e.g. guest-1 "
                             "guest-2 (the host requires them by default: mutual TLS, name = party)")
     certs.add_argument("--days", type=int, default=365, help="validity in days [default: 365]")
+    seed = sub.add_parser("seed", help="write a fresh 256-bit private seed to an owner-only file",
+                          description="Write 256 bits of OS entropy, in hex, to a new file with mode 0600, for "
+                                      "--private-seed-file (reproducible runs whose party secrets nobody else can "
+                                      "derive). An existing file is never overwritten.")
+    seed.add_argument("--out", dest="seed_out", metavar="FILE", required=True, help="the file to create")
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser
@@ -293,7 +331,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
         for line in hopeless_releases(plan_run(cfg)):
             print(f"fl-split: warning: {line}", file=sys.stderr)
-    results = run_experiment(cfg, private_seed=ns.private_seed)
+    results = run_experiment(cfg, private_seed=ns.seed_value)
     if cfg.out:
         write_json_atomic(cfg.out, results)
     print_summary(results)
@@ -345,7 +383,7 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
     if not ns.tls:
         print("fl-split: warning: --insecure: the SuperLink, the SuperNodes and the data plane talk in plaintext "
               "and nodes are not authenticated; use this on loopback only", file=sys.stderr)
-    results = deploy_local(cfg, ns.workdir, tls=ns.tls, node_auth=ns.node_auth, private_seed=ns.private_seed,
+    results = deploy_local(cfg, ns.workdir, tls=ns.tls, node_auth=ns.node_auth, private_seed=ns.seed_value,
                            party_format=ns.party_format, timeout=ns.deploy_timeout, party_files=party_dir)
     if cfg.out:
         write_json_atomic(cfg.out, results)
@@ -371,6 +409,18 @@ def cmd_certs(ns: argparse.Namespace) -> int:
                                           days=ns.days)
     for name, path in files.items():
         print(f"{name}: {path}")
+    return 0
+
+
+def cmd_seed(ns: argparse.Namespace) -> int:
+    from fl_split.seeding import PrivateSeed
+    from fl_split.secure_files import write_private
+
+    path = Path(ns.seed_out).expanduser()
+    if path.exists():
+        raise ConfigError("out", ns.seed_out, "a path where no file exists", reason="a seed file is never overwritten")
+    write_private(path, PrivateSeed.generate().file_text().encode("ascii"), exclusive=True)
+    print(f"private seed written to {path} (mode 0600); use --private-seed-file {path}")
     return 0
 
 
@@ -408,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:
+        if hasattr(ns, "private_seed"):  # train, attack, deploy local: before anything runs or is written
+            ns.seed_value = private_seed_from_args(ns, on_argv=ns.command != "deploy")
         if ns.command == "train":
             return cmd_train(ns)
         if ns.command == "export-parties":
@@ -425,13 +477,15 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_audit(ns)
         if ns.command == "certs":
             return cmd_certs(ns)
+        if ns.command == "seed":
+            return cmd_seed(ns)
         if ns.command == "datasets":
             return cmd_datasets()
         if ns.command == "models":
             return cmd_models()
         parser.print_help()
         return EXIT_USAGE
-    except (ConfigError, DataError) as exc:
+    except (ConfigError, DataError, PrivateSeedError) as exc:
         print(f"fl-split: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except FlSplitError as exc:

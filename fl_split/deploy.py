@@ -13,7 +13,11 @@ the terminal reaches only this command, which then ends them itself:
    ``--disable-runtime-dependency-installation``, its state in ``WORKDIR/superlink.db``);
 4. the parties' public keys registered with it (``flwr supernode register``);
 5. one SuperNode per party (``flower-supernode``) with its role, guest index, **its own** data
-   file, its data-plane keys and its ``private-seed`` (if any) in ``--node-config``;
+   file, its data-plane keys and the path of **its own** private seed file (if any) in
+   ``--node-config``: with a private seed, each party's node gets a seed of its own
+   (:meth:`~fl_split.seeding.PrivateSeed.for_party`, which derives that party's secret and no
+   other's) in ``WORKDIR/nodes/<party>/private-seed`` — never a value on a command line or in an
+   environment;
 6. ``flwr run APP CONNECTION --stream`` with the run configuration in a TOML file; the connection
    lives in ``WORKDIR/flwr-home/config.toml`` (``FLWR_HOME``), so the user's ``~/.flwr`` and the
    local SuperLink on 127.0.0.1:39091 are never touched.
@@ -23,6 +27,11 @@ The outcome is read from the SuperLink (``flwr ls --run-id N --format json``: ``
 picked free by the OS. Whatever ends the command (success, a failure, Ctrl-C, SIGTERM), every
 process it started and every descendant of them is ended: SIGTERM, then SIGKILL after a grace
 period. Logs stay in ``WORKDIR/logs``. See ``docs/deploy.md``.
+
+Everything it writes is owner-only: the work directory is 0700, and the command and every process
+it starts run under umask 077 (:data:`~fl_split.secure_files.PRIVATE_UMASK`), so party files (the
+host's holds the labels), keys, seed files, checkpoints, logs and the SuperLink's database are
+0600; anything group- or other-accessible left in a reused work directory is made owner-only.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from typing import Any, Callable
 from fl_split.config import RunConfig, key_of, option_fields
 from fl_split.errors import ConfigError, FlSplitError
 from fl_split.flower.processes import end_processes, process_table
+from fl_split.secure_files import PRIVATE_UMASK, make_owner_only, private_dir, write_private
 
 __all__ = ["DeploymentError", "LocalDeployment", "ProcessGroup", "deploy_local", "free_port", "run_config_toml"]
 
@@ -88,7 +98,7 @@ class ProcessGroup:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "wb") as log:
             p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, env=env, cwd=cwd)
+                                 start_new_session=True, env=env, cwd=cwd, umask=PRIVATE_UMASK)
         self.procs[name] = p
         return p
 
@@ -173,7 +183,7 @@ class LocalDeployment:
     """A SuperLink and ``G + 1`` SuperNodes on 127.0.0.1 (see the module docstring)."""
 
     def __init__(self, cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True, node_auth: bool = True,
-                 private_seed: int | None = None, party_format: str = "npz",
+                 private_seed=None, party_format: str = "npz",
                  echo: Callable[[str], None] | None = None, timeout: float = 1800.0, grace: float = 10.0,
                  party_files: str | os.PathLike | None = None) -> None:
         self.cfg, self.tls, self.node_auth = cfg, tls, node_auth and tls
@@ -206,8 +216,9 @@ class LocalDeployment:
     def prepare(self) -> None:
         from fl_split.party_files import export_parties
 
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        private_dir(self.workdir)
+        make_owner_only(self.workdir)  # a reused work directory: nothing of an earlier run stays readable
+        private_dir(self.flwr_home)
         if self.given_parties is None:
             export_parties(replace(self.cfg, out=""), self.parties_dir, self.party_format)
         else:  # every file checked against the run and against each other before anything starts
@@ -226,7 +237,17 @@ class LocalDeployment:
         self.results_path.unlink(missing_ok=True)
         for old in self.workdir.glob("superlink.db*"):  # a fresh federation: no nodes or runs of an earlier deployment
             old.unlink()
+        for party in self.parties:
+            seed_file = self.seed_file(party)
+            seed_file.unlink(missing_ok=True)
+            if self.private_seed is not None:  # each node its own seed: it derives its party's secret only
+                private_dir(seed_file.parent)
+                write_private(seed_file, self.private_seed.for_party(party).file_text().encode("ascii"))
         self._mark("prepared")
+
+    def seed_file(self, party: str) -> Path:
+        """``party``'s own private seed file (0600, in its node's own 0700 directory)."""
+        return self.workdir / "nodes" / party / "private-seed"
 
     def party_file(self, party: str) -> Path:
         if self.given_parties is not None:
@@ -249,7 +270,7 @@ class LocalDeployment:
         conn = [f'[superlink]\ndefault = "{self.connection}"\n\n[superlink.{self.connection}]\n',
                 f'address = "{self.address}"\n']
         conn.append(f'root-certificates = "{self.certs / "ca.crt"}"\n' if self.tls else "insecure = true\n")
-        (self.flwr_home / "config.toml").write_text("".join(conn), encoding="utf-8")
+        write_private(self.flwr_home / "config.toml", "".join(conn).encode("utf-8"))
         self._wait_superlink()
         self._mark("superlink")
 
@@ -274,7 +295,7 @@ class LocalDeployment:
 
     def _flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
         return subprocess.run([_bin("flwr"), *args], env=self.env, cwd=self.workdir, capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL, umask=PRIVATE_UMASK)
 
     def register_nodes(self) -> None:
         for party in self.parties:
@@ -307,8 +328,8 @@ class LocalDeployment:
                 items.append("dataplane-insecure=true")
         if self.cfg.checkpoint_dir:
             items.append(f"checkpoint-dir={_literal(checkpoint_dir_of(self.cfg, party))}")
-        if self.private_seed is not None:
-            items.append(f"private-seed={int(self.private_seed)}")
+        if self.private_seed is not None:  # the path only: the seed itself is never on a command line
+            items.append(f"private-seed-file={_literal(self.seed_file(party))}")
         return " ".join(items)
 
     def start_supernodes(self) -> None:
@@ -335,12 +356,13 @@ class LocalDeployment:
     def run(self) -> dict[str, Any]:
         """Submit the run, relay its log lines, wait for its outcome; returns the results."""
         config = self.workdir / "run-config.toml"
-        config.write_text(run_config_toml(self.cfg, self.results_path), encoding="utf-8")
+        write_private(config, run_config_toml(self.cfg, self.results_path).encode("utf-8"))
         app = find_app_dir()
         args = [_bin("flwr"), "run", str(app), self.connection, "--stream", "--run-config", str(config)]
         self._mark("submitted")
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, env=self.env, cwd=self.workdir, start_new_session=True)
+                                text=True, env=self.env, cwd=self.workdir, start_new_session=True,
+                                umask=PRIVATE_UMASK)
         self.group.procs["flwr-run"] = proc
         reader = threading.Thread(target=self._relay, args=(proc,), daemon=True)
         reader.start()
@@ -418,13 +440,19 @@ def _one_line(text: str) -> str:
 
 
 def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True, node_auth: bool = True,
-                 private_seed: int | None = None, party_format: str = "npz",
+                 private_seed=None, party_format: str = "npz",
                  echo: Callable[[str], None] | None = None, timeout: float = 1800.0,
                  party_files: str | os.PathLike | None = None) -> dict[str, Any]:
     """Run ``cfg`` as a loopback deployment (module docstring); returns the results dictionary
     (``results["deployment"]`` adds the run ID, the workdir and the phases' seconds). Every
     process started is ended before this returns or raises, also on KeyboardInterrupt; SIGTERM
-    is turned into KeyboardInterrupt while it runs."""
+    is turned into KeyboardInterrupt while it runs. ``private_seed``: a
+    :class:`~fl_split.seeding.PrivateSeed` (each node gets its own, see the module docstring).
+    Runs under umask 077; the work directory and everything in it are owner-only afterwards."""
+    if private_seed is not None:
+        from fl_split.seeding import PrivateSeed
+
+        private_seed = PrivateSeed.coerce(private_seed)
     dep = LocalDeployment(cfg, workdir, tls=tls, node_auth=node_auth, private_seed=private_seed,
                           party_format=party_format, echo=echo, timeout=timeout, party_files=party_files)
     previous = previous_int = None
@@ -436,6 +464,7 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
         # Ctrl-C / SIGINT ends the deployment even when this process was started with SIGINT ignored
         # (a background job of a non-interactive shell inherits SIG_IGN, and Python then keeps it)
         previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_umask = os.umask(PRIVATE_UMASK)
     try:
         t0 = time.monotonic()
         dep.prepare()
@@ -451,6 +480,9 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
         return results
     finally:
         dep.stop()
+        os.umask(previous_umask)
+        if dep.workdir.is_dir():
+            make_owner_only(dep.workdir)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         if previous_int is not None:

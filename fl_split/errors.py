@@ -30,6 +30,11 @@ class ConfigError(FlSplitError, ValueError):
         super().__init__(text)
 
 
+class PrivateSeedError(FlSplitError, ValueError):
+    """A private seed that is too short, guessable, malformed, or kept where others can read it
+    (:class:`fl_split.seeding.PrivateSeed`); the CLI exits with code 2."""
+
+
 class DataError(FlSplitError, ValueError):
     """Data cannot be loaded, partitioned or aligned as asked."""
 

@@ -45,6 +45,7 @@ import numpy as np
 
 from fl_split.config import DATA_KEYS, RunConfig, key_of
 from fl_split.errors import ConfigError, DataError
+from fl_split.secure_files import create_private, private_dir
 
 if TYPE_CHECKING:  # heavy imports stay lazy: the CLI imports this module to build its parser
     from fl_split.data.base import PartyData
@@ -178,7 +179,7 @@ def save_party(path: str | os.PathLike, data: "PartyData", facts: PublicFacts) -
         arrays["y_test"] = data.y_test.numpy()
     arrays["__meta__"] = np.frombuffer(json.dumps(_meta(data, facts)).encode("utf-8"), dtype=np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.npz")
+    tmp = create_private(path.with_name(f".{path.name}.tmp.npz"))  # 0600 before the data goes in
     np.savez(tmp, **arrays)
     os.replace(tmp, path)
     return path
@@ -236,14 +237,14 @@ def save_party_table(path: str | os.PathLike, data: "PartyData", facts: PublicFa
             "input_shape": list(data.input_shape), "train_ids": np.asarray(data.train_ids).tolist(),
             "test_ids": np.asarray(data.test_ids).tolist()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = create_private(path.with_name(f".{path.name}.tmp"))  # 0600 before the data goes in
     if fmt == "csv":
         frame.to_csv(tmp, index=False, float_format="%.9g")
     else:
         frame.to_parquet(tmp, index=False, engine="pyarrow")
     os.replace(tmp, path)
     meta_path = meta_path_of(path)
-    tmp_meta = meta_path.with_name(f".{meta_path.name}.tmp")
+    tmp_meta = create_private(meta_path.with_name(f".{meta_path.name}.tmp"))
     tmp_meta.write_text(json.dumps(meta))
     os.replace(tmp_meta, meta_path)
     return path
@@ -547,7 +548,7 @@ def export_parties(cfg: RunConfig, out_dir: str | os.PathLike, fmt: str = "npz")
                           "pretraining needs the public records and runs in simulation")
     prepared = prepare_data(cfg)
     facts = public_facts(cfg, prepared)
-    out = Path(out_dir).expanduser()
+    out = private_dir(Path(out_dir).expanduser())  # 0700, files 0600: the host's file holds the labels
     if fmt == "npz":
         return {p: save_party(out / f"{p}.npz", d, facts) for p, d in prepared.parties.items()}
     return {p: save_party_table(out / f"{p}.{fmt}", d, facts, seed=cfg.seed) for p, d in prepared.parties.items()}

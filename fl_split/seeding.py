@@ -11,12 +11,21 @@ Two kinds of random numbers exist in a run (``docs/accounting.md``, "Threat mode
   could rebuild a party's generator it could subtract the noise: every guarantee would be void.
 
 A :class:`PartySecret` is 256 bits: fresh operating-system entropy by default, or — for
-reproducible research runs — derived from a ``--private-seed`` and the party's name *inside*
-the party (:meth:`PartySecret.from_private_seed`). A party's draws are keyed by purpose and its
-own draw counter, ``HMAC-SHA256(secret, purpose | counter)``: the counter only increases and is
-part of the party's state, so no two draws share noise (a batch asked for again gets fresh noise,
-``fl_split.parties``, issue 16), a party restored from its state continues exactly, and without the
-secret nothing about them can be computed from public facts. The secret is kept in the party's own
+reproducible research runs — derived from a :class:`PrivateSeed` and the party's name *inside*
+the party (:meth:`PartySecret.from_private_seed`). A private seed holds at least 128 secret bits
+(``--private-seed HEX``, ``--private-seed-file PATH`` of an owner-only file, ``--private-seed -``
+for stdin) and a party's secret is ``HKDF-SHA256(seed, party)``: a party that learns its own
+secret, or the seed of its own node, learns nothing about another party's. Small integers (the
+old ``--private-seed 5``) can be searched in seconds and are refused, except under the explicit
+research flag ``--insecure-private-seed``, which stretches them with PBKDF2-HMAC-SHA256
+(:data:`INSECURE_PBKDF2_ITERATIONS` iterations per party, ≈0.14 s on one core) and is recorded
+as ``private_randomness = "insecure-private-seed"`` (:meth:`PrivateSeed.legacy`, API only, is the
+old single-SHA-256 derivation, kept so that committed experiment numbers reproduce). A party's
+draws are keyed by purpose and its own draw counter, ``HMAC-SHA256(secret, purpose | counter)``:
+the counter only increases and is part of the party's state, so no two draws share noise (a batch
+asked for again gets fresh noise, ``fl_split.parties``, issue 16), a party restored from its state
+continues exactly, and without the secret nothing about them can be computed from public facts.
+The secret is kept in the party's own
 state and never written into a message, a reply, a log line, a report or a results file
 (``repr`` hides it).
 
@@ -28,18 +37,34 @@ never are: a release is always a function of private data plus noise.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
+import os
+import re
 import secrets as _secrets
+import stat
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from fl_split.errors import PrivateSeedError
+
 #: how a party's secret was obtained (reported as ``privacy[party].private_randomness``)
 OS_ENTROPY = "os-entropy"
 PRIVATE_SEED = "private-seed"
+INSECURE_PRIVATE_SEED = "insecure-private-seed"
+SOURCES = (OS_ENTROPY, PRIVATE_SEED, INSECURE_PRIVATE_SEED)
 SECRET_BYTES = 32
+#: a private seed holds at least this many bytes (128 bits): out of reach of any search
+MIN_SEED_BYTES = 16
+#: PBKDF2-HMAC-SHA256 iterations that stretch an ``--insecure-private-seed`` integer, per party
+#: (OWASP's 2023 figure for PBKDF2-HMAC-SHA256; ≈0.14 s on one core of the development machine,
+#: so a search over 10^6 integers costs ≈40 core-hours instead of seconds — still no protection for
+#: 0, 1, 11: the flag's name says so)
+INSECURE_PBKDF2_ITERATIONS = 600_000
 
 
 def _text(*parts: object) -> bytes:
@@ -64,6 +89,206 @@ def numpy_rng(seed: int, *parts: object) -> np.random.Generator:
 
 
 # -- private randomness (each party's own) --------------------------------------------------------
+def _hkdf_sha256(ikm: bytes, salt: bytes, info: bytes, length: int = SECRET_BYTES) -> bytes:
+    """HKDF-SHA256 (RFC 5869: extract, then expand) — the KDF for >= 128-bit input keying material."""
+    prk = hmac.new(salt, ikm, hashlib.sha256).digest()
+    out, block, i = b"", b"", 1
+    while len(out) < length:
+        block = hmac.new(prk, block + info + bytes([i]), hashlib.sha256).digest()
+        out += block
+        i += 1
+    return out[:length]
+
+
+@functools.lru_cache(maxsize=256)
+def _insecure_party_key(value: int, party: str) -> bytes:
+    return hashlib.pbkdf2_hmac("sha256", str(value).encode("ascii"),
+                               _text("fl_split insecure private seed", party), INSECURE_PBKDF2_ITERATIONS, SECRET_BYTES)
+
+
+_HEX = re.compile(r"(0x)?([0-9a-fA-F]+)")
+SEED_ALLOWED = (f"at least {2 * MIN_SEED_BYTES} hexadecimal digits ({8 * MIN_SEED_BYTES} bits; make one with "
+                f"`fl-split seed --out FILE`), a seed file (--private-seed-file PATH, owner-only) or - (read "
+                f"stdin); a small integer only with --insecure-private-seed (research reproduction)")
+
+
+class PrivateSeed:
+    """Where reproducible party secrets come from: >= 128 secret bits, never a guessable integer.
+
+    * :meth:`parse` (``--private-seed HEX``), :meth:`read_file` (``--private-seed-file PATH``: the
+      file must be owner-only), :meth:`generate` (``fl-split seed``);
+    * :meth:`insecure` (``--insecure-private-seed``): an integer, for reproducing old research
+      numbers only — stretched with PBKDF2, reported as ``"insecure-private-seed"``;
+    * :meth:`for_party`: the seed of one party's node (``deploy local`` writes one per SuperNode):
+      it derives that party's secret and nobody else's (it *is* the party's key, bound to its name).
+
+    ``repr`` hides the value; :meth:`file_text` is the only way to write it (to an owner-only file).
+    """
+
+    __slots__ = ("_material", "source", "party", "_kdf")
+
+    def __init__(self, material: bytes, source: str = PRIVATE_SEED, party: str | None = None,
+                 kdf: str | None = None) -> None:
+        if source not in (PRIVATE_SEED, INSECURE_PRIVATE_SEED):
+            raise ValueError(f"private seed source must be {PRIVATE_SEED!r} or {INSECURE_PRIVATE_SEED!r}")
+        kdf = kdf or ("hkdf" if source == PRIVATE_SEED else "pbkdf2")
+        if kdf not in (("hkdf",) if source == PRIVATE_SEED else ("pbkdf2", "sha256-v1")):
+            raise ValueError(f"a {source} seed cannot use the {kdf!r} derivation")
+        material = bytes(material)
+        if party is not None and len(material) != SECRET_BYTES:
+            raise PrivateSeedError(f"a party's seed is {SECRET_BYTES} bytes")
+        if source == PRIVATE_SEED and len(material) < MIN_SEED_BYTES:
+            raise PrivateSeedError(f"a private seed holds {len(material) * 8} bits; allowed: {SEED_ALLOWED}")
+        self._material, self.source, self.party, self._kdf = material, source, party, kdf
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def generate(cls) -> "PrivateSeed":
+        """256 bits of operating-system entropy (``secrets.token_bytes``)."""
+        return cls(_secrets.token_bytes(SECRET_BYTES))
+
+    @classmethod
+    def parse(cls, text: str, what: str = "--private-seed") -> "PrivateSeed":
+        """A hex seed of >= 32 digits. A bare (small) integer is refused with what is allowed."""
+        raw = str(text).strip()
+        m = _HEX.fullmatch(raw)
+        if not m or len(m.group(2)) < 2 * MIN_SEED_BYTES:
+            shown = repr(raw) if len(raw) <= 12 else "<hidden>"  # a refused seed may still be someone's secret
+            why = ("a small integer can be searched in seconds" if raw.isdigit() else
+                   f"{len(m.group(2)) * 4} bits" if m else "not hexadecimal")
+            raise PrivateSeedError(f"{what}: got {shown} ({why}); allowed: {SEED_ALLOWED}")
+        digits = m.group(2)
+        return cls(bytes.fromhex(digits if len(digits) % 2 == 0 else "0" + digits))
+
+    @classmethod
+    def insecure(cls, value: int) -> "PrivateSeed":
+        """``--insecure-private-seed``: an integer >= 0 (research reproduction only; see module doc)."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PrivateSeedError(f"--private-seed: got {value!r}; allowed with --insecure-private-seed: "
+                                   f"an integer >= 0")
+        return cls(str(value).encode("ascii"), INSECURE_PRIVATE_SEED)
+
+    @classmethod
+    def legacy(cls, value: int) -> "PrivateSeed":
+        """API only, to reproduce numbers committed before issue 16: the integer ``value`` with the
+        old derivation, one SHA-256 of the integer and the party's name — searchable at ~10^5 seeds
+        per second, so a receiver recovers it from one release. Reported as insecure."""
+        seed = cls.insecure(value)
+        return cls(seed._material, INSECURE_PRIVATE_SEED, kdf="sha256-v1")
+
+    @classmethod
+    def from_text(cls, text: str, what: str) -> "PrivateSeed":
+        """The contents of a seed file (or stdin): ``#`` comment lines, optionally ``# party: NAME``
+        and ``# source: insecure-private-seed`` (a per-party seed written by ``deploy local``), and
+        the seed in hex."""
+        party = None
+        source = PRIVATE_SEED
+        body = []
+        for line in str(text).splitlines():
+            line = line.strip()
+            if line.startswith("#"):
+                key, _, value = line.lstrip("#").partition(":")
+                if key.strip() == "party":
+                    party = value.strip()
+                elif key.strip() == "source":
+                    source = value.strip()
+            elif line:
+                body.append(line)
+        if source not in (PRIVATE_SEED, INSECURE_PRIVATE_SEED):
+            raise PrivateSeedError(f"{what}: source {source!r}; allowed: {PRIVATE_SEED} or {INSECURE_PRIVATE_SEED}")
+        seed = cls.parse("".join(body), what)
+        if party is not None or source != PRIVATE_SEED:
+            if party is None:
+                raise PrivateSeedError(f"{what}: a '# source:' line without '# party:'; allowed: a seed "
+                                       f"written by fl-split seed or deploy local")
+            return cls(seed._material, source, party)
+        return seed
+
+    @classmethod
+    def read_file(cls, path: str | os.PathLike, what: str = "--private-seed-file") -> "PrivateSeed":
+        """A seed from an owner-only file. A file that the group or others may read (or write) is
+        refused: the seed derives the party's noise, so a reader could subtract it."""
+        p = Path(path).expanduser()
+        try:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as exc:
+            raise PrivateSeedError(f"{what}: cannot read {str(p)!r} ({exc.strerror}); allowed: {SEED_ALLOWED}") from None
+        with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise PrivateSeedError(f"{what}: {str(p)!r} is not a regular file")
+            if st.st_mode & 0o077:
+                raise PrivateSeedError(f"{what}: {str(p)!r} has mode {stat.S_IMODE(st.st_mode):04o}: the group or "
+                                       f"others can access it; allowed: an owner-only file (chmod 600 {p})")
+            text = fh.read(1 << 16)
+        return cls.from_text(text, f"{what} {str(p)!r}")
+
+    @classmethod
+    def coerce(cls, value: "PrivateSeed | str | bytes") -> "PrivateSeed":
+        """``value`` as a :class:`PrivateSeed`: a seed, a hex string, or >= 16 raw bytes. An ``int``
+        is refused: write ``PrivateSeed.insecure(n)`` to say it is a guessable research seed."""
+        if isinstance(value, PrivateSeed):
+            return value
+        if isinstance(value, (bytes, bytearray)):
+            return cls(bytes(value))
+        if isinstance(value, str):
+            return cls.parse(value)
+        raise PrivateSeedError(f"private seed: got a {type(value).__name__}; allowed: a PrivateSeed, a hex "
+                               f"string of >= {2 * MIN_SEED_BYTES} digits, >= {MIN_SEED_BYTES} bytes, or "
+                               f"PrivateSeed.insecure(n) for a small integer (research reproduction only)")
+
+    # -- derivation ------------------------------------------------------------------------------
+    def party_key(self, party: str) -> bytes:
+        """The 256-bit secret of ``party``: HKDF-SHA256 of the seed and the party's name (or, for an
+        insecure integer, PBKDF2). A per-party seed is that key itself, for its own party only."""
+        if self.party is not None:
+            if party != self.party:
+                raise PrivateSeedError(f"this private seed belongs to {self.party}, not {party}")
+            return self._material
+        if self._kdf == "sha256-v1":
+            return hashlib.sha256(_text("fl_split private seed", int(self._material.decode("ascii")), party)).digest()
+        if self.source == INSECURE_PRIVATE_SEED:
+            return _insecure_party_key(int(self._material.decode("ascii")), str(party))
+        return _hkdf_sha256(self._material, b"fl_split private seed v2", _text("party secret", party))
+
+    def for_party(self, party: str) -> "PrivateSeed":
+        """The seed of ``party``'s node alone (``deploy local`` writes it to that node's own file)."""
+        return PrivateSeed(self.party_key(party), self.source, party)
+
+    def file_text(self) -> str:
+        """What a seed file holds (see :meth:`from_text`); write it to an owner-only file only."""
+        lines = ["# fl-split private seed: keep this file owner-only (chmod 600); whoever reads it can "
+                 "rebuild the noise of the parties it derives"]
+        if self.party is not None:
+            lines.append(f"# party: {self.party}")
+        if self.source != PRIVATE_SEED:
+            if self.party is None:
+                raise PrivateSeedError("an --insecure-private-seed integer is not written to a seed file")
+            lines.append(f"# source: {self.source}")
+        lines.append(self._material.hex())
+        return "\n".join(lines) + "\n"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, PrivateSeed)
+                and (self.source, self.party, self._kdf) == (other.source, other.party, other._kdf)
+                and hmac.compare_digest(self._material, other._material))
+
+    def __hash__(self) -> int:
+        return hash(hashlib.sha256(b"fl_split seed fingerprint" + self._material).digest()[:8])
+
+    def __repr__(self) -> str:
+        return f"PrivateSeed(<hidden>, source={self.source!r}{'' if self.party is None else ', party=' + repr(self.party)})"
+
+    __str__ = __repr__
+
+    def __reduce__(self):  # pickling (Ray actors of an in-process simulation) keeps the value
+        return (_rebuild_seed, (self._material, self.source, self.party, self._kdf))
+
+
+def _rebuild_seed(material: bytes, source: str, party: str | None, kdf: str | None = None) -> PrivateSeed:
+    return PrivateSeed(material, source, party, kdf)
+
+
 class PartySecret:
     """A party's private randomness: 256 secret bits and the generators keyed by them.
 
@@ -76,8 +301,8 @@ class PartySecret:
     def __init__(self, key: bytes, source: str) -> None:
         if not isinstance(key, (bytes, bytearray)) or len(key) != SECRET_BYTES:
             raise ValueError(f"a party secret is {SECRET_BYTES} bytes")
-        if source not in (OS_ENTROPY, PRIVATE_SEED):
-            raise ValueError(f"party secret source must be {OS_ENTROPY!r} or {PRIVATE_SEED!r}, got {source!r}")
+        if source not in SOURCES:
+            raise ValueError(f"party secret source must be one of {SOURCES}, got {source!r}")
         self._key = bytes(key)
         self.source = source
 
@@ -87,19 +312,17 @@ class PartySecret:
         return cls(_secrets.token_bytes(SECRET_BYTES), OS_ENTROPY)
 
     @classmethod
-    def from_private_seed(cls, private_seed: int, party: str) -> "PartySecret":
-        """Reproducible research runs: the secret of ``party`` derived from ``--private-seed``.
+    def from_private_seed(cls, private_seed: "PrivateSeed | str | bytes", party: str) -> "PartySecret":
+        """Reproducible research runs: the secret of ``party`` derived from a :class:`PrivateSeed`
+        (``HKDF-SHA256(seed, party)``; see the module docstring).
 
         Whoever knows the private seed can rebuild every party's noise: it must stay with the
-        person who runs all parties (simulation), or be set per SuperNode in a deployment."""
-        seed = int(private_seed)
-        if seed < 0:
-            raise ValueError("--private-seed must be an integer >= 0")
-        key = hashlib.sha256(_text("fl_split private seed", seed, party)).digest()
-        return cls(key, PRIVATE_SEED)
+        person who runs all parties (simulation), or be one seed per SuperNode in a deployment."""
+        seed = PrivateSeed.coerce(private_seed)
+        return cls(seed.party_key(party), seed.source)
 
     @classmethod
-    def for_party(cls, party: str, private_seed: int | None) -> "PartySecret":
+    def for_party(cls, party: str, private_seed: "PrivateSeed | None") -> "PartySecret":
         """``from_private_seed`` when a private seed is given, else :meth:`fresh`."""
         return cls.fresh() if private_seed is None else cls.from_private_seed(private_seed, party)
 

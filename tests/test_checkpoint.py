@@ -28,8 +28,9 @@ from fl_split.cli import main
 from fl_split.config import RunConfig
 from fl_split.engine import GuestFailure, LocalEngine, run_experiment
 from fl_split.errors import ConfigError
+from fl_split.seeding import PrivateSeed
 
-PS = 11  # private seed of every comparison: same seeds => same numbers
+PS = PrivateSeed.legacy(11)  # private seed of every comparison: same seeds => same numbers
 
 
 def _cfg(tmp_path=None, **kw) -> RunConfig:
@@ -194,7 +195,7 @@ def test_sigkill_and_resume_from_the_command_line(tmp_path):
     ``--resume``: the same final metric and epsilon as an uninterrupted run with the same seeds."""
     ck = tmp_path / "ck"
     args = ["--dataset", "digits", "--guests", "2", "--epochs", "3", "--defense", "gaussian", "--sigma", "0.7",
-            "--denoise", "scale", "--no-progress", "--private-seed", str(PS), "--checkpoint-every", "10"]
+            "--denoise", "scale", "--no-progress", "--private-seed", "5eed" * 8, "--checkpoint-every", "10"]
     env = dict(os.environ, FL_SPLIT_NO_DOWNLOAD="1", OMP_NUM_THREADS="1")
     killed_out = tmp_path / "killed.json"
     proc = subprocess.Popen([sys.executable, "-m", "fl_split.cli", "train", *args, "--checkpoint-dir", str(ck),
@@ -261,7 +262,7 @@ def test_bad_resumes_are_refused(tmp_path):
     LocalEngine(cfg.replace(resume=True, checkpoint_every=4, on_guest_failure="pad"), PS)
     # a private seed that does not derive the checkpointed secrets
     with pytest.raises(ConfigError, match=r"^--private-seed: .*does not derive (host|guest-\d)'s checkpointed secret"):
-        LocalEngine(cfg.replace(resume=True), PS + 1).run()
+        LocalEngine(cfg.replace(resume=True), PrivateSeed.legacy(12)).run()
     # a damaged or truncated party checkpoint
     good = party_checkpoint_path(ck, "guest-2", 8)
     saved = good.read_bytes()

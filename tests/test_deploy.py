@@ -85,9 +85,10 @@ def test_deploy_refuses_local_engine_options(tmp_path):
 @pytest.mark.slow
 def test_loopback_tls_deployment_with_two_guests(tmp_path):
     """The whole path as separate processes; same final metric as the local engine with the same
-    public and private seeds; every process gone afterwards."""
+    public and private seeds (an --insecure-private-seed integer: each node still gets a seed file
+    of its own, recorded as insecure); every process gone afterwards."""
     workdir, out_path = tmp_path / "dep", tmp_path / "results.json"
-    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--tls", *SMALL, "--private-seed", "5",
+    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--tls", *SMALL, "--private-seed", "5", "--insecure-private-seed",
                            "--workdir", str(workdir), "--out", str(out_path)],
                           capture_output=True, text=True, timeout=900)
     left = _deployment_pids(workdir)
@@ -106,12 +107,16 @@ def test_loopback_tls_deployment_with_two_guests(tmp_path):
     # the run went through the SuperLink with TLS; the private seed stayed in the node configs
     assert "https://127.0.0.1" in (workdir / "logs" / "superlink.log").read_text()
     assert "private-seed" not in (workdir / "run-config.toml").read_text()
+    assert "--insecure-private-seed" in proc.stderr and "can be searched" in proc.stderr
+    assert {r["private_randomness"] for r in results["privacy"].values()} == {"insecure-private-seed"}
     # the local engine, same options and seeds, in this process
     from fl_split.cli import build_parser, config_from_args
     from fl_split.engine import run_experiment
 
     cfg = config_from_args(build_parser().parse_args(["train", *SMALL]))
-    local = run_experiment(cfg, private_seed=5)
+    from fl_split.seeding import PrivateSeed
+
+    local = run_experiment(cfg, private_seed=PrivateSeed.insecure(5))
     assert results["final"]["value"] == local["final"]["value"]
     assert results["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)
     for party, rep in local["privacy"].items():

@@ -17,12 +17,13 @@ from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine, MonolithicEngine, coordinate
 from fl_split.parties import GuestParty, HostParty
 from fl_split.protocol import decode
+from fl_split.seeding import PrivateSeed
 
 from tests.helpers import StatelessTransport
 
 BASE = dict(dataset="digits", epochs=2, batch_size=32, lr=0.01, limit=500, progress=False, seed=3)
 #: the same private seed gives the split parties and the monolithic model the same initial weights
-PS = 17
+PS = PrivateSeed.legacy(17)
 
 
 def _losses(results):

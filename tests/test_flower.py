@@ -43,10 +43,12 @@ from fl_split.flower import records as R
 from fl_split.flower.node import handle, node_role
 from fl_split.flower.strategy import VerticalSplitStrategy
 from fl_split.party_files import export_parties
+from fl_split.seeding import PrivateSeed
 
 ROOT = Path(__file__).resolve().parents[1]
 #: every equivalence below runs both sides with this private seed (the parties' secrets derive from it)
-PS = 5
+PS_HEX = "5eed" * 8  # a 128-bit private seed (the CLI takes it as --private-seed HEX)
+PS = PrivateSeed.parse(PS_HEX)
 
 
 def _cfg(**kw) -> RunConfig:
@@ -191,9 +193,9 @@ def test_pyproject_app_config_is_runconfig():
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())
     flwr = conf["tool"]["flwr"]
     app_cfg = dict(flwr["app"]["config"])
-    # the parties' private seed (simulation only) is the one key that is not a RunConfig option:
-    # the ServerApp drops it, only the ClientApps read it
-    assert app_cfg.pop("private-seed") == ""
+    # the parties' private seed file (simulation only) is the one key that is not a RunConfig option:
+    # the ServerApp drops it, only the ClientApps read it; a seed value is never a key (issue 16)
+    assert app_cfg.pop("private-seed-file") == "" and "private-seed" not in app_cfg
     want = {key_of(f.name): MAIN_JOB.get(f.name, f.default) for f in option_fields()}
     assert list(app_cfg) == list(want)
     for k, v in want.items():
@@ -422,13 +424,21 @@ def test_inline_deployment_from_party_files(tmp_path, tls_material):
         return {"dataplane-ca": str(tls_material["ca"]), "dataplane-certfile": str(tls_material[f"{name}_cert"]),
                 "dataplane-keyfile": str(tls_material[f"{name}_key"])}
 
-    # in a deployment each SuperNode sets its own private seed (here all the same one)
-    configs = [{"role": "guest", "guest-index": 2, "data-path": str(files["guest-2"]), "private-seed": PS, **tls(2)},
-               {"role": "host", "data-path": str(files["host"]), "private-seed": PS, "dataplane-address": address,
-                "dataplane-certfile": str(tls_material["host_cert"]),
+    # in a deployment each SuperNode reads its own seed file (here each party's seed derived from PS,
+    # as deploy local writes them: the same secrets as the local engine's)
+    from fl_split.secure_files import write_private
+
+    seeds = {p: str(write_private(tmp_path / f"{p}.seed", PS.for_party(p).file_text().encode()))
+             for p in ("host", "guest-1", "guest-2", "guest-3")}
+    configs = [{"role": "guest", "guest-index": 2, "data-path": str(files["guest-2"]),
+                "private-seed-file": seeds["guest-2"], **tls(2)},
+               {"role": "host", "data-path": str(files["host"]), "private-seed-file": seeds["host"],
+                "dataplane-address": address, "dataplane-certfile": str(tls_material["host_cert"]),
                 "dataplane-keyfile": str(tls_material["host_key"]), "dataplane-client-ca": str(tls_material["ca"])},
-               {"role": "guest", "guest-index": 3, "data-path": str(files["guest-3"]), "private-seed": PS, **tls(3)},
-               {"role": "guest", "guest-index": 1, "data-path": str(files["guest-1"]), "private-seed": PS, **tls(1)}]
+               {"role": "guest", "guest-index": 3, "data-path": str(files["guest-3"]),
+                "private-seed-file": seeds["guest-3"], **tls(3)},
+               {"role": "guest", "guest-index": 1, "data-path": str(files["guest-1"]),
+                "private-seed-file": seeds["guest-1"], **tls(1)}]
     got = VerticalSplitStrategy(cfg).run(InlineGrid(configs, fresh_process=True))
     assert _strip(got) == _strip(_local(cfg))
     relay = VerticalSplitStrategy(cfg.replace(data_plane="flower")).run(InlineGrid(configs, fresh_process=True))
@@ -726,7 +736,7 @@ def test_cli_flower_engine_one_host_four_guests(tmp_path, capsys):
     out = tmp_path / "r.json"
     cpus = _sim_cpus(5)
     argv = ["train", "--engine", "flower", "--guests", "4", "--batches-per-round", "4", "--epochs", "2",
-            "--limit", "300", "--seed", "1", "--no-progress", "--out", str(out), "--private-seed", str(PS),
+            "--limit", "300", "--seed", "1", "--no-progress", "--out", str(out), "--private-seed", PS_HEX,
             "--num-cpus", str(cpus), "--device", "cpu"]
     from fl_split.cli import main
 
@@ -797,7 +807,7 @@ def test_cli_flower_guest_killed_mid_epoch_pad_goes_on_as_the_local_engine(tmp_p
     cpus = _sim_cpus(3)
     code = main(["train", "--engine", "flower", "--guests", "2", "--epochs", "2", "--limit", "300", "--seed", "1",
                  "--no-progress", "--out", str(out), "--num-cpus", str(cpus), "--dataplane-timeout", "60",
-                 "--on-guest-failure", "pad", "--private-seed", str(PS), "--device", "cpu"])
+                 "--on-guest-failure", "pad", "--private-seed", PS_HEX, "--device", "cpu"])
     assert code == 0, capsys.readouterr().err
     got = json.loads(out.read_text())
     assert [(f["guest"], f["round"], f["action"]) for f in got["guest_failures"]] == [("guest-2", 3, "pad")]
@@ -875,6 +885,9 @@ def test_flwr_run_cli_against_our_own_superlink(tmp_path):
 
     before = (ROOT / "pyproject.toml").read_bytes()
     out = tmp_path / "flwr-run.json"
+    from fl_split.secure_files import write_private
+
+    seed_file = write_private(tmp_path / "private-seed", PS.file_text().encode())  # a path, never the seed
     link = LocalSuperLink()
     try:
         cmd = [str(Path(sys.executable).parent / "flwr"), "run", ".", "--stream",
@@ -882,7 +895,7 @@ def test_flwr_run_cli_against_our_own_superlink(tmp_path):
                # direct data plane needs them together; they share this machine's cores)
                "--federation-config", "num-supernodes=3 client-resources-num-cpus=1 init-args-num-cpus=3",
                "--run-config", f"guests=2 epochs=1 limit=200 batches-per-round='epoch' out='{out}' "
-                               f"private-seed='{PS}'"]
+                               f"private-seed-file='{seed_file}'"]
         proc = subprocess.run(cmd, cwd=ROOT, env=link.env, capture_output=True, text=True, timeout=400)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert "epoch 1: train loss" in proc.stdout + proc.stderr

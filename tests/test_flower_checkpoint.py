@@ -19,6 +19,9 @@ from fl_split.checkpoint import CheckpointError, load_coordinator
 from fl_split.config import RunConfig
 from fl_split.deploy import ProcessGroup
 from fl_split.flower.processes import process_table
+from fl_split.seeding import PrivateSeed
+
+PS_HEX = "5eed" * 8  # a 128-bit private seed: the same on the command line and in the local reference
 
 ARGS = ["--dataset", "digits", "--guests", "2", "--epochs", "2", "--limit", "150", "--seed", "3",
         "--defense", "gaussian", "--no-progress"]
@@ -38,7 +41,7 @@ def test_flower_checkpoints_refused_where_not_supported():
 def test_flower_run_killed_mid_epoch_resumes_to_the_same_metric_and_epsilon(tmp_path):
     directory = tmp_path / "ckpt"
     cmd = [sys.executable, "-m", "fl_split.cli", "train", "--engine", "flower", "--num-cpus", "0.5", *ARGS,
-           "--private-seed", "1", "--checkpoint-dir", str(directory)]
+           "--private-seed", PS_HEX, "--checkpoint-dir", str(directory)]
     group = ProcessGroup(tmp_path / "logs")
     proc = group.spawn("run", cmd, dict(os.environ))
     wal = directory / "guest-1.wal"
@@ -82,7 +85,7 @@ def test_flower_run_killed_mid_epoch_resumes_to_the_same_metric_and_epsilon(tmp_
     from fl_split.cli import build_parser, config_from_args
     from fl_split.engine import run_experiment
 
-    local = run_experiment(config_from_args(build_parser().parse_args(["train", *ARGS])), private_seed=1)
+    local = run_experiment(config_from_args(build_parser().parse_args(["train", *ARGS])), private_seed=PrivateSeed.parse(PS_HEX))
     assert res["final"]["value"] == local["final"]["value"]
     assert res["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)
     for party, rep in local["privacy"].items():

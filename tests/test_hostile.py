@@ -20,6 +20,7 @@ from fl_split.errors import ProtocolError
 from fl_split.protocol import MAX_ABS, Message as Wire, batch_digest, decode, encode
 from fl_split.schedule import BatchKey
 from fl_split.state import flatten
+from fl_split.seeding import PrivateSeed
 
 
 def _cfg(**kw) -> RunConfig:
@@ -58,7 +59,7 @@ def _with_value(blob: bytes, value: float) -> bytes:
 @pytest.fixture()
 def run():
     """host and guest after one good round (round 1), the guest owing round 1's gradients."""
-    host, guests, plan = make_parties(_cfg(), private_seed=3)
+    host, guests, plan = make_parties(_cfg(), private_seed=PrivateSeed.legacy(3))
     g = guests["guest-1"]
     keys1 = tuple(plan.schedule.train_keys(1)[:1])
     acts = g.step([], keys1, 1)
@@ -194,7 +195,7 @@ def _ask(ctx, mtype: str, **values):
 
     msg = Message(R.content(**values), dst_node_id=ctx.node_id, message_type=mtype, group_id="0")
     msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-    reply = handle(message_from_proto(message_to_proto(msg)), ctx, 3)
+    reply = handle(message_from_proto(message_to_proto(msg)), ctx, PrivateSeed.legacy(3))
     return reply.content
 
 

@@ -20,7 +20,7 @@ from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine, MonolithicEngine, run_experiment
 from fl_split.errors import ConfigError
 from fl_split.merge import merged_shape
-from fl_split.seeding import PartySecret
+from fl_split.seeding import PartySecret, PrivateSeed
 from fl_split.models.registry import build_bottom, build_modules, get_architecture, model_names, output_shape
 from fl_split.models.vision import CutBasicBlock, PadShortcut, stripe_pool
 
@@ -98,7 +98,7 @@ SHAPE_CASES = [
                          ids=[f"{m}-cut{c}-{'x'.join(map(str, i))}" for m, c, i in SHAPE_CASES])
 def test_image_shapes_compose_concat(model, cut, image, parties):
     shapes = _stripes(*image, parties)
-    sm = build_modules(model, cut, "concat", shapes, 10, private_seed=1)
+    sm = build_modules(model, cut, "concat", shapes, 10, private_seed=PrivateSeed.legacy(1))
     outs, merged, logits = _forward(sm, shapes)
     for p, s in shapes.items():
         assert tuple(outs[p].shape[1:]) == sm.cut_shapes[p] == output_shape(sm.bottoms[p], s)
@@ -115,7 +115,7 @@ def test_image_shapes_compose_concat(model, cut, image, parties):
 def test_image_shapes_compose_sum_equal_stripes(model, cut, image):
     c, h, w = image
     shapes = {"host": (c, h, w // 2), "guest-1": (c, h, w // 2), "guest-2": (c, h, w // 2)}
-    sm = build_modules(model, cut, "sum", shapes, 7, private_seed=2)
+    sm = build_modules(model, cut, "sum", shapes, 7, private_seed=PrivateSeed.legacy(2))
     outs, merged, logits = _forward(sm, shapes)
     assert sm.merged_shape == sm.cut_shapes["host"] == tuple(merged.shape[1:])
     torch.testing.assert_close(merged, outs["host"] + outs["guest-1"] + outs["guest-2"])
@@ -125,7 +125,7 @@ def test_image_shapes_compose_sum_equal_stripes(model, cut, image):
 def test_sum_of_unequal_stripe_outputs_is_refused():
     shapes = {"host": (1, 8, 1), "guest-1": (1, 8, 4)}  # conv1 outputs 16x4x1 vs 16x4x2
     with pytest.raises(ConfigError, match=r"--merge.*host=16x4x1, guest-1=16x4x2"):
-        build_modules("cnn-stripe", 1, "sum", shapes, 10, private_seed=0)
+        build_modules("cnn-stripe", 1, "sum", shapes, 10, private_seed=PrivateSeed.legacy(0))
 
 
 @pytest.mark.parametrize("model", MLP_MODELS)
@@ -136,7 +136,7 @@ def test_mlp_shapes_compose(model, merge, parties):
     widths = [5, 3, 4][:parties]
     shapes = {p: (w,) for p, w in zip(["host", "guest-1", "guest-2"], widths)}
     for cut in range(1, len(arch.hidden) + 1):
-        sm = build_modules(model, cut, merge, shapes, 6, private_seed=0)
+        sm = build_modules(model, cut, merge, shapes, 6, private_seed=PrivateSeed.legacy(0))
         outs, merged, logits = _forward(sm, shapes)
         hidden = arch.hidden[cut - 1]
         assert all(s == (hidden,) for s in sm.cut_shapes.values())
@@ -147,32 +147,32 @@ def test_mlp_shapes_compose(model, merge, parties):
 def test_paper_layer_sizes():
     """The cut widths 003 Table 1 / 001 Table 10 give for one party holding the whole image,
     and what 2 parties' stripes re-assemble to."""
-    one = lambda m, cut, shape: build_modules(m, cut, "concat", {"host": shape}, 10, 0).cut_shapes["host"]  # noqa: E731
+    one = lambda m, cut, shape: build_modules(m, cut, "concat", {"host": shape}, 10, PrivateSeed.legacy(0)).cut_shapes["host"]  # noqa: E731
     assert math.prod(one("cnn-mnist", 2, (1, 28, 28))) == 12544   # '2×Conv2d | FC - FC'
     assert one("cnn-mnist", 3, (1, 28, 28)) == (256,)              # '2×Conv2d - FC | FC'
     assert one("resnet20", 5, (3, 32, 32)) == (256,)               # 'Conv2d - 3×ResBlock | FC'
     assert one("resnet18-split", 6, (3, 32, 32)) == (512,)         # 003 'Conv2d - 4×ResBlock | FC'
     assert one("resnet18-split", 2, (3, 32, 32)) == (64, 32, 32)   # 001 Table 10 guest output
     # two 32x16 stripes: the top of 001's split gets the whole 64x32x32 map back
-    sm = build_modules("resnet18-split", 2, "concat", _stripes(3, 32, 32, 2), 100, 0)
+    sm = build_modules("resnet18-split", 2, "concat", _stripes(3, 32, 32, 2), 100, PrivateSeed.legacy(0))
     assert sm.cut_shapes == {"host": (64, 32, 16), "guest-1": (64, 32, 16)}
     assert sm.merged_shape == (64, 32, 32)
-    sm = build_modules("cnn-mnist", 2, "concat", _stripes(1, 28, 28, 2), 10, 0)
+    sm = build_modules("cnn-mnist", 2, "concat", _stripes(1, 28, 28, 2), 10, PrivateSeed.legacy(0))
     assert sm.merged_shape == (64, 14, 14)
 
 
 def test_paper_parameter_counts():
     # 001 Table 10, CIFAR100 model: guest = 1728 + 128 + 2 x 73984; host top after the merge =
     # 230144 + 295424 + 919040 + 1180672 + 3673088 + 4720640 + 51300
-    sm = build_modules("resnet18-split", 2, "concat", {"host": (3, 32, 16), "guest-1": (3, 32, 16)}, 100, 0)
+    sm = build_modules("resnet18-split", 2, "concat", {"host": (3, 32, 16), "guest-1": (3, 32, 16)}, 100, PrivateSeed.legacy(0))
     assert _params(sm.bottoms["guest-1"]) == 1728 + 128 + 2 * 73984
     assert _params(sm.top) == 230144 + 295424 + 919040 + 1180672 + 3673088 + 4720640 + 51300
     # ResNet-20 (He et al. 2016, option A): 0.27M = 269,722 with a 64->10 head; 003's head reads
     # the 2x2 max-pooled map, 256 -> 10
-    sm = build_modules("resnet20", 1, "concat", {"host": (3, 32, 32)}, 10, 0)
+    sm = build_modules("resnet20", 1, "concat", {"host": (3, 32, 32)}, 10, PrivateSeed.legacy(0))
     assert _params(sm.bottoms["host"]) + _params(sm.top) == 269722 - 650 + 2570
     # CNN-MNIST of 003: conv 1->32, conv 32->64, FC 12544->256, FC 256->10
-    sm = build_modules("cnn-mnist", 2, "concat", {"host": (1, 28, 28)}, 10, 0)
+    sm = build_modules("cnn-mnist", 2, "concat", {"host": (1, 28, 28)}, 10, PrivateSeed.legacy(0))
     assert _params(sm.bottoms["host"]) == (9 * 32 + 32) + (9 * 32 * 64 + 64)
     assert _params(sm.top) == (12544 * 256 + 256) + (256 * 10 + 10)
 
@@ -186,11 +186,11 @@ def test_narrow_stripes_width_one_to_four():
     shapes = {"host": (1, 8, 1), "guest-1": (1, 8, 2), "guest-2": (1, 8, 3), "guest-3": (1, 8, 4)}
     for model in ("cnn-stripe", "cnn-mnist", "resnet20"):
         for cut in range(1, get_architecture(model).num_layers() + 1):
-            sm = build_modules(model, cut, "concat", shapes, 10, private_seed=0)
+            sm = build_modules(model, cut, "concat", shapes, 10, private_seed=PrivateSeed.legacy(0))
             _, _, logits = _forward(sm, shapes)
             assert tuple(logits.shape) == (3, 10)
     # the pooled widths are ceil(w / 2) per pooling stage (1 -> 1, 3 -> 2 -> 1)
-    sm = build_modules("cnn-stripe", 2, "concat", shapes, 10, private_seed=0)
+    sm = build_modules("cnn-stripe", 2, "concat", shapes, 10, private_seed=PrivateSeed.legacy(0))
     assert [s[-1] for s in sm.cut_shapes.values()] == [1, 1, 1, 1]
     assert sm.merged_shape == (32, 2, 4)
 
@@ -225,7 +225,7 @@ def test_invalid_cut_names_allowed_range(model):
             arch.check_cut(bad, "concat")
     shape = (1, 8, 8) if arch.inputs == "image" else (8,)
     with pytest.raises(ConfigError, match=rf"1\.\.{n}"):
-        build_modules(model, n + 1, "concat", {"host": shape}, 10, private_seed=0)
+        build_modules(model, n + 1, "concat", {"host": shape}, 10, private_seed=PrivateSeed.legacy(0))
     arch.check_cut(n, "concat")  # the last bottom layer is a valid cut with any merge
 
 
@@ -262,7 +262,7 @@ def _guest_outputs(model, cut, shape):
     x = torch.randn((64, *shape), generator=torch.Generator().manual_seed(5))
     out = {}
     for act in ("native", "none", "relu", "tanh"):
-        bottom = build_bottom(arch, "guest-1", shape, cut, act, PartySecret.from_private_seed(4, "guest-1"))  # same weights for every act
+        bottom = build_bottom(arch, "guest-1", shape, cut, act, PartySecret.from_private_seed(PrivateSeed.legacy(4), "guest-1"))  # same weights for every act
         bottom.eval()
         with torch.no_grad():
             out[act] = bottom(x)
@@ -296,16 +296,16 @@ def test_avgpool_cut_activation_goes_before_the_pool():
     assert not torch.allclose(out["native"], torch.relu(out["none"]))  # avg does not commute with relu
     arch = get_architecture("resnet18-split")
     x = torch.randn((64, *shape), generator=torch.Generator().manual_seed(5))
-    stage = build_bottom(arch, "guest-1", shape, 5, "tanh", PartySecret.from_private_seed(4, "guest-1")).eval()   # same weights, no pool
+    stage = build_bottom(arch, "guest-1", shape, 5, "tanh", PartySecret.from_private_seed(PrivateSeed.legacy(4), "guest-1")).eval()   # same weights, no pool
     with torch.no_grad():
         torch.testing.assert_close(out["tanh"], stage(x).mean(dim=(2, 3)))
 
 
 def test_host_bottom_keeps_native_activation():
     arch = get_architecture("cnn-stripe")
-    host = build_bottom(arch, "host", (1, 8, 4), 2, "tanh", PartySecret.from_private_seed(0, "host"))
+    host = build_bottom(arch, "host", (1, 8, 4), 2, "tanh", PartySecret.from_private_seed(PrivateSeed.legacy(0), "host"))
     assert not any(isinstance(m, nn.Tanh) for m in host.modules())
-    guest = build_bottom(arch, "guest-1", (1, 8, 4), 2, "tanh", PartySecret.from_private_seed(0, "guest-1"))
+    guest = build_bottom(arch, "guest-1", (1, 8, 4), 2, "tanh", PartySecret.from_private_seed(PrivateSeed.legacy(0), "guest-1"))
     assert sum(isinstance(m, nn.Tanh) for m in guest.modules()) == 1
 
 
@@ -333,9 +333,9 @@ def test_pad_shortcut_is_option_a():
 
 def test_construction_is_seeded_per_party():
     arch = get_architecture("resnet20")
-    a = build_bottom(arch, "guest-1", (3, 8, 4), 2, "native", PartySecret.from_private_seed(9, "guest-1")).state_dict()
-    b = build_bottom(arch, "guest-1", (3, 8, 4), 2, "native", PartySecret.from_private_seed(9, "guest-1")).state_dict()
-    c = build_bottom(arch, "guest-2", (3, 8, 4), 2, "native", PartySecret.from_private_seed(9, "guest-2")).state_dict()
+    a = build_bottom(arch, "guest-1", (3, 8, 4), 2, "native", PartySecret.from_private_seed(PrivateSeed.legacy(9), "guest-1")).state_dict()
+    b = build_bottom(arch, "guest-1", (3, 8, 4), 2, "native", PartySecret.from_private_seed(PrivateSeed.legacy(9), "guest-1")).state_dict()
+    c = build_bottom(arch, "guest-2", (3, 8, 4), 2, "native", PartySecret.from_private_seed(PrivateSeed.legacy(9), "guest-2")).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["conv1.0.weight"], c["conv1.0.weight"])
 
@@ -350,7 +350,7 @@ def test_split_equals_monolithic_image_models(model, cut, guests):
     same losses and the same trained weights (and BatchNorm statistics) as the monolithic model."""
     cfg = RunConfig(dataset="digits", model=model, cut_layer=cut, guests=guests, epochs=1, limit=200,
                     batch_size=32, optimizer="adam", progress=False, seed=3)
-    split_engine, mono_engine = LocalEngine(cfg, private_seed=3), MonolithicEngine(cfg, private_seed=3)
+    split_engine, mono_engine = LocalEngine(cfg, private_seed=PrivateSeed.legacy(3)), MonolithicEngine(cfg, private_seed=PrivateSeed.legacy(3))
     init = {k: v.clone() for k, v in mono_engine.model.top.state_dict().items()}
     split, mono = split_engine.run(), mono_engine.run()
     np.testing.assert_allclose([h["train_loss"] for h in split["history"]],

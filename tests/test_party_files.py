@@ -150,6 +150,7 @@ import pandas as pd  # noqa: E402
 
 from fl_split.engine import run_experiment  # noqa: E402
 from fl_split.party_files import check_parties, load_parties  # noqa: E402
+from fl_split.seeding import PrivateSeed  # noqa: E402
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
@@ -176,8 +177,8 @@ def test_table_files_round_trip_exactly(tmp_path, fmt, kw):
 def test_local_engine_from_party_files_equals_prepared_data(tmp_path):
     cfg = _cfg(epochs=1, defense="gaussian", sigma=0.7)
     export_parties(cfg, tmp_path, "csv")
-    a = run_experiment(cfg, private_seed=4)
-    b = run_experiment(cfg.replace(party_files=str(tmp_path)), private_seed=4)
+    a = run_experiment(cfg, private_seed=PrivateSeed.legacy(4))
+    b = run_experiment(cfg.replace(party_files=str(tmp_path)), private_seed=PrivateSeed.legacy(4))
     assert a["final"] == b["final"] and a["privacy"]["guest-1"]["epsilon"] == b["privacy"]["guest-1"]["epsilon"]
 
 

@@ -23,6 +23,7 @@ from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine, LocalTransport, coordinate
 from fl_split.errors import ConfigError
 from fl_split.protocol import decode
+from fl_split.seeding import PrivateSeed
 
 from tests.helpers import StatelessTransport
 
@@ -140,7 +141,7 @@ def test_geometric_schedule_is_per_iteration_and_stays_below_epsilon():
     and cost nothing)."""
     cfg = RunConfig(**{**BASE, "epochs": 3}, defense="r3elu", protect="guest", epsilon=2.0,
                     schedule="geometric", accountant="basic")
-    engine = LocalEngine(cfg, private_seed=1)
+    engine = LocalEngine(cfg, private_seed=PrivateSeed.legacy(1))
     rep = engine.run()["privacy"]["guest-1"]
     sched = engine.plan.schedule
     nb = sched.num_train_batches()
@@ -216,10 +217,10 @@ def test_denoising_combines_with_r3elu_and_rr():
 def test_mechanism_runs_are_reproducible_only_with_a_private_seed():
     cfg = RunConfig(**BASE, defense="laplace", protect="both", epsilon=8.0)
     losses = lambda r: [h["train_loss"] for h in r["history"]]  # noqa: E731
-    a, b = LocalEngine(cfg, private_seed=4).run(), LocalEngine(cfg, private_seed=4).run()
+    a, b = LocalEngine(cfg, private_seed=PrivateSeed.legacy(4)).run(), LocalEngine(cfg, private_seed=PrivateSeed.legacy(4)).run()
     assert losses(a) == losses(b)
-    assert losses(a) != losses(LocalEngine(cfg, private_seed=5).run())
-    assert losses(a) != losses(LocalEngine(cfg.replace(seed=6), private_seed=4).run())  # another schedule
+    assert losses(a) != losses(LocalEngine(cfg, private_seed=PrivateSeed.legacy(5)).run())
+    assert losses(a) != losses(LocalEngine(cfg.replace(seed=6), private_seed=PrivateSeed.legacy(4)).run())  # another schedule
     assert losses(LocalEngine(cfg).run()) != losses(LocalEngine(cfg).run())  # fresh secrets each run
 
 
@@ -228,8 +229,8 @@ def test_restored_parties_with_ledger_match_live():
     accounts exactly like a live one: the ledger survives with the party."""
     cfg = RunConfig(**{**BASE, "epochs": 1, "limit": 200}, defense="r3elu", protect="both", epsilon=8.0,
                     allocation="importance", accountant="basic")
-    live = LocalEngine(cfg, private_seed=7).run()
-    t = StatelessTransport(cfg, private_seed=7)
+    live = LocalEngine(cfg, private_seed=PrivateSeed.legacy(7)).run()
+    t = StatelessTransport(cfg, private_seed=PrivateSeed.legacy(7))
     restored = coordinate(cfg, t.plan, t, "stateless")
     assert [h["train_loss"] for h in live["history"]] == [h["train_loss"] for h in restored["history"]]
     from fl_split.parties import GuestParty
@@ -269,7 +270,7 @@ def test_importance_tight_allocation_from_the_cli_config():
         # U starts at 0 and is refreshed before each epoch (001 §3.4): it is in use from epoch 2 on
         cfg = RunConfig(**{**BASE, "epochs": 2}, defense="r3elu", protect="guest", epsilon=8.0, allocation=alloc,
                         accountant="basic", top_k=8)
-        engine = LocalEngine(cfg, private_seed=2)
+        engine = LocalEngine(cfg, private_seed=PrivateSeed.legacy(2))
         res = engine.run()
         assert res["stopped_reason"] == "completed"
         reps[alloc] = res["privacy"]["guest-1"]
@@ -294,7 +295,7 @@ def test_release_diagnostics_public_in_reports_measured_ones_local(caplog):
     measured on private values stays with the party, which warns in its own log when its releases
     are mostly noise (R3eLU at ε = 1 on digits)."""
     cfg = RunConfig(**BASE, defense="r3elu", protect="both", epsilon=1.0, accountant="basic")
-    engine = LocalEngine(cfg, private_seed=3)
+    engine = LocalEngine(cfg, private_seed=PrivateSeed.legacy(3))
     with caplog.at_level("WARNING", logger="fl_split"):
         res = engine.run()
     g = res["privacy"]["guest-1"]
@@ -332,7 +333,7 @@ def test_dpsgd_combines_with_a_cut_layer_mechanism_in_one_ledger():
     release and one DP-SGD step per epoch)."""
     cfg = RunConfig(**BASE, defense="laplace", protect="guest", epsilon=50.0, dp_sgd="guest", dp_sgd_sigma=1.0,
                     accountant="basic")
-    rep = LocalEngine(cfg, private_seed=1).run()["privacy"]["guest-1"]
+    rep = LocalEngine(cfg, private_seed=PrivateSeed.legacy(1)).run()["privacy"]["guest-1"]
     assert set(rep["by_direction"]) == {"forward", "update"}
     assert rep["mechanism"]["local_update"]["name"] == "dpsgd"
     from fl_split.privacy.dpsgd import dpsgd_cost
@@ -340,7 +341,7 @@ def test_dpsgd_combines_with_a_cut_layer_mechanism_in_one_ledger():
     step = dp_accounting.get_epsilon_gaussian(dpsgd_cost(1.0, cfg.max_grad_norm).dp_event.noise_multiplier,
                                               cfg.delta / cfg.epochs)
     assert rep["epsilon"] == pytest.approx(cfg.epochs * (50.0 + step), rel=1e-3)
-    host = LocalEngine(cfg.replace(dp_sgd="host", protect="guest"), private_seed=1).run()["privacy"]["host"]
+    host = LocalEngine(cfg.replace(dp_sgd="host", protect="guest"), private_seed=PrivateSeed.legacy(1)).run()["privacy"]["host"]
     assert set(host["by_direction"]) == {"update"} and host["epsilon"] > 0
     with pytest.raises(ConfigError, match="--dp-sgd"):
         make_parties(RunConfig(**BASE, defense="dpsgd", dp_sgd="guest"))
@@ -351,7 +352,7 @@ def test_backward_importance_allocation_scores_the_hosts_top_inputs():
     with the parameters of its top's first layer connected to them (input side), and each guest's
     backward mechanism gets its own slice (concat) of those importances."""
     cfg = RunConfig(**BASE, defense="r3elu", protect="host", epsilon=8.0, allocation="importance")
-    engine = LocalEngine(cfg, private_seed=2)
+    engine = LocalEngine(cfg, private_seed=PrivateSeed.legacy(2))
     engine.run()
     host = engine.host
     u = host.importance.tracker.values

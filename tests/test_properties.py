@@ -142,6 +142,7 @@ import pytest  # noqa: E402
 
 from fl_split.errors import DataError  # noqa: E402
 from fl_split.protocol import blob_list, parse_keys  # noqa: E402
+from fl_split.seeding import PrivateSeed  # noqa: E402
 
 json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70),
                                      st.floats(allow_nan=False), st.text(max_size=8)),
@@ -184,7 +185,7 @@ def _parties():
         from fl_split.config import RunConfig
 
         host, guests, plan = make_parties(RunConfig(dataset="digits", guests=1, limit=120, batch_size=16,
-                                                    defense="laplace", protect="both", progress=False), private_seed=1)
+                                                    defense="laplace", protect="both", progress=False), private_seed=PrivateSeed.legacy(1))
         g = guests["guest-1"]
         k1 = tuple(plan.schedule.train_keys(1)[:1])
         grads = host.train(k1, {"guest-1": g.step([], k1, 1)}, 1)["guest-1"]

@@ -11,6 +11,7 @@ from fl_split.config import RunConfig
 from fl_split.errors import ProtocolError
 from fl_split.protocol import MAGIC, Message, batch_digest, decode, encode
 from fl_split.schedule import BatchKey
+from fl_split.seeding import PrivateSeed
 
 KEY = BatchKey("train", 1, 3)
 
@@ -269,7 +270,7 @@ def test_parties_take_the_fast_path_and_train_as_before():
     try:
         for kw in ({}, {"defense": "rr"}, {"batches_per_round": 3}):
             LocalEngine(RunConfig(dataset="digits", guests=2, epochs=1, limit=200, progress=False, **kw),
-                        private_seed=1).run()
+                        private_seed=PrivateSeed.legacy(1)).run()
     finally:
         P.decode = real
     assert calls["decode"] == 0

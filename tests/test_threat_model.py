@@ -34,7 +34,7 @@ from fl_split.errors import ConfigError
 from fl_split.models.registry import build_bottom
 from fl_split.protocol import decode
 from fl_split.schedule import BatchKey
-from fl_split.seeding import PartySecret, derive_seed
+from fl_split.seeding import PartySecret, PrivateSeed, derive_seed
 
 BASE = dict(dataset="digits", guests=2, epochs=1, batch_size=32, lr=0.01, limit=300, progress=False, seed=11)
 
@@ -63,11 +63,12 @@ def _public_guesses(cfg: RunConfig, party: str, purpose: tuple, key: BatchKey) -
     old = torch.Generator()
     old.manual_seed(derive_seed(cfg.seed, party, *purpose, *key.as_tuple()))
     guesses["run seed (pre-issue-8 derivation)"] = old
-    for s in {cfg.seed, 0, 1, key.epoch}:
-        guessed = PartySecret.from_private_seed(s, party)
-        guesses[f"private seed guessed = {s}"] = guessed.torch_generator(*purpose, *key.as_tuple())
-        # the current derivation (issue 16): purpose and the party's draw counter (0: its first draw)
-        guesses[f"private seed guessed = {s}, draw counter 0"] = guessed.torch_generator(purpose[0], 0)
+    for s in {cfg.seed, 0, 1, key.epoch}:  # the old derivation and the --insecure-private-seed one
+        for kind, seed in (("legacy", PrivateSeed.legacy(s)), ("insecure", PrivateSeed.insecure(s))):
+            guessed = PartySecret.from_private_seed(seed, party)
+            guesses[f"private seed guessed = {s} ({kind})"] = guessed.torch_generator(*purpose, *key.as_tuple())
+            # the current derivation (issue 16): purpose and the party's draw counter (0: its first draw)
+            guesses[f"private seed guessed = {s} ({kind}), draw counter 0"] = guessed.torch_generator(purpose[0], 0)
     return guesses
 
 
@@ -133,7 +134,8 @@ def test_adversary_cannot_rebuild_the_guests_initial_weights():
         old = arch.bottom(shape, plan.cut, plan.guest_cut_activation)
     attempts = {"run seed": old,
                 "private seed = run seed": build_bottom(arch, "guest-1", shape, plan.cut, plan.guest_cut_activation,
-                                                        PartySecret.from_private_seed(cfg.seed, "guest-1"))}
+                                                        PartySecret.from_private_seed(PrivateSeed.legacy(cfg.seed),
+                                                                                    "guest-1"))}
     for name, module in attempts.items():
         guess = torch.cat([p.detach().flatten() for p in module.parameters()])
         assert abs(_corr(actual, guess)) < 5 / math.sqrt(actual.numel()), name
@@ -149,11 +151,12 @@ def _releases(cfg, private_seed):
 def test_same_public_seed_different_releases_unless_private_seed(defense):
     cfg = RunConfig(**BASE, defense=defense, epsilon=50.0)
     assert not torch.equal(_releases(cfg, None), _releases(cfg, None))
-    torch.testing.assert_close(_releases(cfg, 123), _releases(cfg, 123), rtol=0, atol=0)
-    assert not torch.equal(_releases(cfg, 123), _releases(cfg, 124))
+    seed = PrivateSeed.parse("123" * 11)
+    torch.testing.assert_close(_releases(cfg, seed), _releases(cfg, seed), rtol=0, atol=0)
+    assert not torch.equal(_releases(cfg, seed), _releases(cfg, PrivateSeed.parse("124" * 11)))
 
 
-@pytest.mark.parametrize("private_seed", [None, 987654321987])
+@pytest.mark.parametrize("private_seed", [None, "987654321987" * 3])
 def test_results_hold_no_secret(tmp_path, private_seed):
     out = tmp_path / "r.json"
     args = ["train", "--dataset", "digits", "--guests", "2", "--epochs", "1", "--limit", "200", "--no-progress",
@@ -193,7 +196,7 @@ def test_batchnorm_is_refused_by_name_under_a_defence():
 def test_batchnorm_couples_records_which_is_why():
     """The measured reason: with BatchNorm in training mode, changing record 0 moves the other rows."""
     cfg = RunConfig(**BASE, model="mnist-mlp-bn")
-    host, guests, plan = make_parties(cfg, private_seed=1)
+    host, guests, plan = make_parties(cfg, private_seed=PrivateSeed.legacy(1))
     bottom = guests["guest-1"].bottom.train()
     x = guests["guest-1"].rows(BatchKey("train", 1, 0))
     x2 = x.clone()
@@ -202,7 +205,7 @@ def test_batchnorm_couples_records_which_is_why():
         moved = (bottom(x2)[1:] - bottom(x)[1:]).abs().max()
     assert moved > 1e-3
     cfg_group = cfg.replace(norm="group")
-    host, guests, plan = make_parties(cfg_group, private_seed=1)
+    host, guests, plan = make_parties(cfg_group, private_seed=PrivateSeed.legacy(1))
     bottom = guests["guest-1"].bottom.train()
     with torch.no_grad():
         assert torch.equal(bottom(x2)[1:], bottom(x)[1:])
@@ -211,11 +214,11 @@ def test_batchnorm_couples_records_which_is_why():
 # -- aggregates only --------------------------------------------------------------------------------
 def test_host_tells_the_coordinator_epoch_aggregates_only(tmp_path):
     cfg = RunConfig(**{**BASE, "epochs": 2})
-    res = LocalEngine(cfg, private_seed=3).run()
+    res = LocalEngine(cfg, private_seed=PrivateSeed.legacy(3)).run()
     assert [set(h) for h in res["history"]] == [{"epoch", *AGGREGATES, "epoch_time_s"}] * 2
     assert any("aggregate metrics released to the coordinator" in a for a in res["privacy"]["host"]["assumptions"])
     metrics = tmp_path / "host.json"
-    kept = LocalEngine(cfg.replace(report_metrics="none", host_metrics=str(metrics)), private_seed=3).run()
+    kept = LocalEngine(cfg.replace(report_metrics="none", host_metrics=str(metrics)), private_seed=PrivateSeed.legacy(3)).run()
     assert [h["test_metric"] for h in kept["history"]] == [None, None]
     assert kept["final"]["value"] is None and kept["final"]["kept_by_host"] == str(metrics)
     own = json.loads(metrics.read_text())["history"]
@@ -440,22 +443,37 @@ def test_wire_audit_flower(defense, plane, flower_identity, monkeypatch):
         assert {R.MSG_ROLE, R.MSG_SETUP, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_REPORT} <= set(audited)
 
 
-def test_deployment_refuses_a_private_seed_in_the_run_config():
+def test_deployment_refuses_a_private_seed_in_the_run_config(tmp_path):
+    """A seed value is refused in the run config (the SuperLink stores it) and in the node config
+    (the SuperNode's command line); a seed *file* is read on the node, from its node config in a
+    deployment and never from the run config there (issue 16)."""
     from flwr.app import Context, RecordDict
 
     from fl_split.flower import FederationError
     from fl_split.flower.node import NodeRole, private_seed_of
+    from fl_split.secure_files import write_private
+
+    seed = PrivateSeed.generate()
+    path = write_private(tmp_path / "seed", seed.file_text().encode())
+
+    def ctx(node=None, run=None):
+        return Context(run_id=1, node_id=2, node_config=node or {}, state=RecordDict(), run_config=run or {})
 
     role = NodeRole("guest-1", "guest", 1, "deployment", "g.npz")
-    ctx = Context(run_id=1, node_id=2, node_config={"private-seed": 4}, state=RecordDict(),
-                  run_config={"private-seed": "4"})
-    with pytest.raises(FederationError, match="every party and the coordinator can read"):
-        private_seed_of(role, ctx)
-    ctx.run_config = {"private-seed": ""}
-    assert private_seed_of(role, ctx) == 4
+    with pytest.raises(FederationError, match="the SuperLink stores and every party can read"):
+        private_seed_of(role, ctx(run={"private-seed": "4"}))
+    with pytest.raises(FederationError, match="on the SuperNode's command line"):
+        private_seed_of(role, ctx(node={"private-seed": "ab" * 16}))
+    with pytest.raises(FederationError, match="private-seed-file is set in the run config"):
+        private_seed_of(role, ctx(run={"private-seed-file": str(path)}))
+    assert private_seed_of(role, ctx(node={"private-seed-file": str(path)}, run={"private-seed": ""})) == seed
+    # a node's own seed file (deploy local writes one per party) must be this party's
+    other = write_private(tmp_path / "host-seed", seed.for_party("host").file_text().encode())
+    with pytest.raises(FederationError, match="belongs to host, not guest-1"):
+        private_seed_of(role, ctx(node={"private-seed-file": str(other)}))
     sim = NodeRole("guest-1", "guest", 1, "simulation")
-    assert private_seed_of(sim, Context(run_id=1, node_id=2, node_config={}, state=RecordDict(),
-                                        run_config={"private-seed": "9"})) == 9
-    assert private_seed_of(sim, ctx, given=3) == 3
-    assert private_seed_of(sim, Context(run_id=1, node_id=2, node_config={}, state=RecordDict(),
-                                        run_config={"private-seed": ""})) is None
+    assert private_seed_of(sim, ctx(run={"private-seed-file": str(path)})) == seed
+    assert private_seed_of(sim, ctx(), given=PrivateSeed.legacy(3)) == PrivateSeed.legacy(3)
+    assert private_seed_of(sim, ctx(run={"private-seed-file": ""})) is None
+
+

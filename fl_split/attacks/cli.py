@@ -91,7 +91,7 @@ def cmd_attack(ns: argparse.Namespace) -> int:
     from fl_split.attacks.runner import run_attack
 
     _show_party_warnings()
-    result = run_attack(cfg, opts, private_seed=ns.private_seed)
+    result = run_attack(cfg, opts, private_seed=ns.seed_value)
     if cfg.out:
         write_json_atomic(cfg.out, result)
     print_attack_summary(result)

@@ -82,9 +82,11 @@ def render() -> str:
             lines.append(f"# main job: {toml_value(MAIN_JOB[f.name])} (fl-split train default: {toml_value(f.default)})")
         lines.append(f"{key_of(f.name)} = {toml_value(values[key_of(f.name)])}")
     lines += ["# simulation only, read by the ClientApps and never by the ServerApp: derive each party's secret "
-              "randomness from this integer (reproducible runs); empty = fresh OS entropy per party. In a "
-              "deployment set it in a SuperNode's --node-config, never here (docs/accounting.md, threat model)",
-              'private-seed = ""']
+              "randomness from the seed in this owner-only file (fl-split seed --out FILE; reproducible runs); "
+              "empty = fresh OS entropy per party. A seed value (private-seed) is refused: the SuperLink stores "
+              "the run config. In a deployment set it in a SuperNode's --node-config, never here "
+              "(docs/accounting.md, threat model)",
+              'private-seed-file = ""']
     lines.append(END)
     return "\n".join(lines) + "\n"
 

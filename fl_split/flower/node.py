@@ -10,7 +10,7 @@ comes from its ``node_config``:
 
 The party is built lazily from the run configuration the coordinator sends with ``setup``, with a
 secret of its own (:class:`~fl_split.seeding.PartySecret`) created *here*, on the party's node:
-fresh OS entropy, or derived from a ``private-seed`` the coordinator never sends (see
+fresh OS entropy, or derived from a private seed file the coordinator never reads (see
 :func:`private_seed_of`). Its whole state (secret, models, optimizer, pending batches, ledger,
 receiver caches) is written to ``context.state`` after every message
 (:func:`fl_split.parties.export_flat`),
@@ -130,37 +130,52 @@ def _deployment_plan(cfg: RunConfig, path: str, mtime: float):
     return plan_from_facts(cfg, facts)
 
 
-def private_seed_of(role: NodeRole, context: Context, given: int | None = None) -> int | None:
-    """The private seed this node's party derives its secret from, or ``None`` (OS entropy).
+def private_seed_of(role: NodeRole, context: Context, given=None):
+    """The :class:`~fl_split.seeding.PrivateSeed` this node's party derives its secret from, or
+    ``None`` (OS entropy).
 
     * ``given``: passed to the ClientApp by an in-process simulation (``fl-split train --engine
-      flower --private-seed S``), whose run-config is empty;
-    * simulation under ``flwr run``: the run-config key ``private-seed`` (all parties run under one
-      user; the ServerApp drops the key and never sends or writes it);
-    * deployment: only the SuperNode's own ``--node-config "private-seed=S"``. A ``private-seed`` in
-      the run-config is refused there: every party and the coordinator can read it, and whoever
-      knows it can rebuild every party's noise.
+      flower --private-seed-file F``), whose run-config is empty;
+    * simulation under ``flwr run``: the run-config key ``private-seed-file`` (a path, read here on
+      the node; all parties run under one user and the ServerApp drops the key);
+    * deployment: only the SuperNode's own ``--node-config "private-seed-file='PATH'"`` (an
+      owner-only file on the node's machine). A ``private-seed-file`` in the run config is refused
+      there: the coordinator and every party choose the run config, not this party.
+
+    A seed *value* is refused everywhere: in the run config the SuperLink stores it (and every
+    party can read it), in the node config it is on the SuperNode's command line (readable by
+    every local user in ``/proc/PID/cmdline``).
     """
-    run_value = str(context.run_config.get("private-seed", "")).strip()
-    node_value = str(context.node_config.get("private-seed", "")).strip()
+    from fl_split.seeding import PrivateSeed, PrivateSeedError
+
+    if str(context.run_config.get("private-seed", "")).strip():
+        raise FederationError("private-seed is set in the run config, which the SuperLink stores and every party "
+                              "can read; allowed: a path to an owner-only seed file, run-config private-seed-file "
+                              "(simulation) or this SuperNode's node-config private-seed-file (deployment)")
+    if str(context.node_config.get("private-seed", "")).strip():
+        raise FederationError(f"{role.party}: private-seed is set in the node config, which is on the SuperNode's "
+                              f"command line (readable by every local user); allowed: node-config "
+                              f"private-seed-file='PATH' of an owner-only file")
+    run_file = str(context.run_config.get("private-seed-file", "")).strip()
+    node_file = str(context.node_config.get("private-seed-file", "")).strip()
     if role.mode == "deployment":
-        if run_value:
-            raise FederationError("private-seed is set in the run config, which every party and the coordinator "
-                                  "can read; set it in this SuperNode's --node-config instead (or leave it out "
-                                  "for fresh OS entropy)")
-        value = node_value
+        if run_file:
+            raise FederationError("private-seed-file is set in the run config, which the coordinator and every "
+                                  "party choose; set it in this SuperNode's --node-config instead (or leave it "
+                                  "out for fresh OS entropy)")
+        path, what = node_file, "node-config private-seed-file"
     elif given is not None:
-        return int(given)
+        return PrivateSeed.coerce(given)
     else:
-        value = run_value or node_value
-    if not value:
+        path, what = run_file or node_file, "private-seed-file"
+    if not path:
         return None
     try:
-        seed = int(value)
-    except ValueError:
-        raise FederationError(f"private-seed is {value!r}; allowed: an integer >= 0") from None
-    if seed < 0:
-        raise FederationError(f"private-seed is {seed}; allowed: an integer >= 0")
+        seed = PrivateSeed.read_file(path, what)
+        if seed.party is not None:
+            seed.party_key(role.party)  # a node's own seed file must be this party's
+    except PrivateSeedError as exc:
+        raise FederationError(f"{role.party}: {exc}") from None
     return seed
 
 
@@ -391,7 +406,7 @@ def _checkpoint_setup(context: Context, role: NodeRole, party, cfg: RunConfig, r
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"{role.party}: malformed checkpoint settings in setup ({type(exc).__name__})") from None
     directory = checkpoint_dir_of(role, cfg, dict(context.node_config))
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(directory, mode=0o700, exist_ok=True)  # it will hold this party's secret
     if resume:
         restore_party(party, directory, round_, run=run, config=cfg.to_dict(), private_seed=seed)
     else:
@@ -412,8 +427,9 @@ def _reply(message: Message, **values: Any) -> Message:
 
 def make_client_app(private_seed: int | None = None):
     """The fl_split ClientApp: :func:`handle` registered under every message type the coordinator
-    sends. ``private_seed`` is for in-process simulations (``fl-split train --engine flower
-    --private-seed S``), whose run-config is empty: it stays in the ClientApp, never in a message."""
+    sends. ``private_seed`` (a :class:`~fl_split.seeding.PrivateSeed`) is for in-process simulations
+    (``fl-split train --engine flower --private-seed-file F``), whose run-config is empty: it stays
+    in the ClientApp, never in a message."""
     def _handle(message: Message, context: Context) -> Message:
         return handle(message, context, private_seed)
 

@@ -144,12 +144,19 @@ def privacy_line(party: str, rep: dict[str, Any]) -> str:
 
 
 #: run-config keys the coordinator must not use, send or write (read by the ClientApps only)
-PRIVATE_KEYS = ("private-seed",)
+PRIVATE_KEYS = ("private-seed", "private-seed-file")
 
 
 def config_from_context(context: Context) -> RunConfig:
     """The run configuration of ``flwr run`` (``[tool.flwr.app.config]`` + ``--run-config``), without
-    ``private-seed``: that one is for the parties' own secrets (simulation), never sent or written."""
+    ``private-seed-file``: that path is for the parties' own secrets (simulation), never sent or
+    written. A seed *value* (``private-seed``) is refused: the SuperLink stores the run config."""
+    from fl_split.errors import ConfigError
+
+    if str(context.run_config.get("private-seed", "")).strip():
+        raise ConfigError("private-seed", "<hidden>", "empty; give private-seed-file = a path to an owner-only "
+                          "seed file (simulation) or each SuperNode's node-config private-seed-file",
+                          reason="the SuperLink stores the run config and every party can read it")
     public = {k: v for k, v in dict(context.run_config).items() if k not in PRIVATE_KEYS}
     return RunConfig.from_mapping(public).replace(engine="flower", progress=False)
 

@@ -29,7 +29,7 @@ def party_privacy_report(*, role: str, ledger, mechanism: Mechanism, update: dic
     """A party's entry of the results' ``privacy`` block.
 
     ``mechanism``: the party's cut-layer mechanism (first iteration); ``update``: the description of
-    its local-update policy when that is DP-SGD; ``randomness``: ``"os-entropy"`` or
+    its local-update policy when that is DP-SGD; ``randomness``: ``"os-entropy"``, ``"insecure-private-seed"`` or
     ``"private-seed"``; ``aggregates``: the party (the host) reports per-epoch aggregate metrics.
     """
     desc = dict(mechanism.describe())
