@@ -28,13 +28,15 @@ from fl_split.parties import export_flat, import_flat
 from fl_split.privacy.sampling import snap
 from fl_split.protocol import Message, decode, encode
 from fl_split.schedule import BatchKey
+from fl_split.seeding import PrivateSeed
 
-PS = 5  # private seed: every run here is reproducible
+PS_N = 5
+PS = PrivateSeed.legacy(PS_N)  # private seed: every run here is reproducible
 BASE = dict(dataset="digits", guests=2, epochs=2, batch_size=32, lr=0.01, limit=300, progress=False, seed=3)
 K1, K2, K3 = BatchKey("train", 1, 0), BatchKey("train", 1, 1), BatchKey("train", 1, 2)
 
 
-def _guest(cfg: RunConfig, private_seed: int = PS):
+def _guest(cfg: RunConfig, private_seed: PrivateSeed = PS):
     host, guests, plan = make_parties(cfg, private_seed)
     return guests["guest-1"]
 
@@ -225,7 +227,7 @@ def test_draw_counters_survive_export_and_import():
     before = g.draws
     assert before >= 1
     arrays, skeleton = export_flat(g)
-    twin = _guest(cfg, private_seed=PS + 1)  # another secret: the import replaces it
+    twin = _guest(cfg, private_seed=PrivateSeed.legacy(PS_N + 1))  # another secret: the import replaces it
     import_flat(twin, arrays, skeleton)
     assert twin.draws == before and twin._times == g._times
     grad = torch.zeros(32, *g.cut_shape)
@@ -233,7 +235,7 @@ def test_draw_counters_survive_export_and_import():
     b = twin.step([_gradient(twin, K1, 1, grad)], [K1], 2)
     assert a == b  # the restored party continues exactly ...
     assert g.draws == twin.draws == before + 1  # ... with a new counter for the new release
-    third = _guest(cfg, private_seed=PS + 2)
+    third = _guest(cfg, private_seed=PrivateSeed.legacy(PS_N + 2))
     import_flat(third, *export_flat(g))
     assert third._times == g._times == {K1: 2} and third.draws == g.draws  # the repeat count travels too
 
@@ -248,7 +250,7 @@ def test_private_seed_same_run_same_numbers_and_other_seed_differs():
         return out
 
     assert run(PS) == run(PS)
-    assert run(PS)[0] != run(PS + 1)[0]
+    assert run(PS)[0] != run(PrivateSeed.legacy(PS_N + 1))[0]
     first, again = run(PS)
     assert first != again
 

@@ -19,6 +19,7 @@ from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine
 from fl_split.errors import BudgetExceeded, ConfigError
 from fl_split.privacy.r3elu import AllocationRelease
+from fl_split.seeding import PrivateSeed
 
 BASE = dict(dataset="digits", guests=1, epochs=3, batch_size=64, limit=400, seed=0, defense="r3elu",
             protect="guest", epsilon=8.0, allocation="importance", accountant="basic", top_k=8)
@@ -61,7 +62,7 @@ def test_allocation_is_charged_per_refresh_and_only_the_released_value_is_used()
     """Three epochs, allocation refreshed before each (001 §3.4): U = 0 before epoch 1 (nothing
     learned, data-independent: no release, uniform), then two releases of ε/10 each, charged to every
     training record; the mechanism's importances are the released shares, never the tracker's U."""
-    engine = LocalEngine(RunConfig(**BASE), private_seed=5)
+    engine = LocalEngine(RunConfig(**BASE), private_seed=PrivateSeed.legacy(5))
     res = engine.run()
     guest = engine.guests["guest-1"]
     led = res["privacy"]["guest-1"]
@@ -80,7 +81,7 @@ def test_allocation_epsilon_flag_and_per_batch_refresh():
     """``--allocation-epsilon`` sets each release's ε; refreshing before every batch releases (and
     charges) one allocation per training batch after the first update."""
     cfg = RunConfig(**{**BASE, "epochs": 1, "importance_refresh": "batch", "allocation_epsilon": 0.5})
-    engine = LocalEngine(cfg, private_seed=6)
+    engine = LocalEngine(cfg, private_seed=PrivateSeed.legacy(6))
     res = engine.run()
     batches = engine.plan.schedule.num_train_batches()
     rep = res["parties"]["guest-1"]["allocation"]
@@ -97,7 +98,7 @@ def test_allocation_over_budget_releases_nothing():
     """A budget that covers the training releases but not the allocation: the party refuses before
     anything of the request leaves (atomic charge), and the run stops with ``budget``."""
     cfg = RunConfig(**{**BASE, "epochs": 2, "budget": 16.5})  # 2·8 fits, 2·8 + 0.8 does not
-    engine = LocalEngine(cfg, private_seed=7)
+    engine = LocalEngine(cfg, private_seed=PrivateSeed.legacy(7))
     res = engine.run()
     assert res["stopped_reason"] == "budget"
     led = engine.guests["guest-1"].ledger
@@ -109,7 +110,7 @@ def test_host_backward_allocation_is_charged_to_the_host():
     """--protect host: the host's importances over its top's inputs are released and charged to
     the host's ledger, and each guest's backward mechanism uses its part of the released shares."""
     cfg = RunConfig(**{**BASE, "protect": "host", "epochs": 2})
-    engine = LocalEngine(cfg, private_seed=8)
+    engine = LocalEngine(cfg, private_seed=PrivateSeed.legacy(8))
     res = engine.run()
     host = res["privacy"]["host"]
     assert host["by_direction"]["allocation"]["batches"] >= 1

@@ -60,7 +60,7 @@ def data_flags(paths: dict[str, str]) -> list[str]:
 
 def _run(tmp_path, name: str, args: list[str]) -> dict:
     out = tmp_path / f"{name}.json"
-    assert main(["train", *args, *OPTS, "--private-seed", "11", "--out", str(out)]) == 0
+    assert main(["train", *args, *OPTS, "--private-seed", "11" * 16, "--out", str(out)]) == 0
     return json.loads(out.read_text())
 
 
@@ -261,7 +261,7 @@ def test_deploy_local_party_files_from_own_tables(tmp_path):
     for p in ("host", "guest-1", "guest-2"):
         data, _ = load_party(parties / f"{p}.npz", p)
         np.testing.assert_array_equal(np.sort(np.concatenate([data.train_ids, data.test_ids])), inter)
-    run = ["--guests", "2", "--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed", "7"]
+    run = ["--guests", "2", "--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed", "7" * 32]
     workdir, out = tmp_path / "dep", tmp_path / "dep.json"
     proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", *run,
                            "--party-files", str(parties), "--workdir", str(workdir), "--out", str(out)],

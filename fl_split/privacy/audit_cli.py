@@ -101,7 +101,7 @@ def cmd_audit(ns: argparse.Namespace) -> int:
     if opts["mis_account"] is not None and cfg.defense == "dpsgd":
         raise ConfigError("mis-account", ns.mis_account, "off with --defense dpsgd (it wraps boundary mechanisms)")
     _check_out_path(ns.out)
-    secret = PartySecret.for_party("audit", ns.private_seed)
+    secret = PartySecret.for_party("audit", ns.seed_value)
     total = audit.progress_steps(cfg, opts["releases"], opts["trials"])
     from rich.console import Console
 
