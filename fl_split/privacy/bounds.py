@@ -232,16 +232,6 @@ class PeerTrust:
             return
         self.monitors.setdefault(peer, ScaleMonitor()).add(ScaleMonitor.rms(t))
 
-    def describe(self) -> dict:
-        """Public: which statistic guards each peer (the range, from public parameters)."""
-        out = {}
-        for peer in self.mechanisms:
-            rng = self.mechanisms[peer](None).public_range()
-            out[peer] = rng.describe() if rng is not None else {
-                "statistic": "running RMS", "factor": ScaleMonitor.FACTOR, "window": ScaleMonitor.WINDOW,
-                "warmup": ScaleMonitor.WARMUP}
-        return out
-
 
 __all__ = ["GAUSS_K", "LAPLACE_K", "PeerTrust", "PublicRange", "ScaleMonitor", "bits_range", "dlap_range",
            "gaussian_range", "zeros_range"]
