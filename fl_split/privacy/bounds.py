@@ -88,38 +88,40 @@ class PublicRange:
 
     def violation(self, t: torch.Tensor) -> str | None:
         """``None`` when ``t`` (a batch ``(B, …)``) is within the range; else one sentence naming the
-        statistic, its value and the bound."""
-        v = t.detach().reshape(t.shape[0] if t.dim() else 1, -1).to(torch.float64)
+        statistic, its value and the bound. A few vectorised passes over the float32 values (the
+        bounds are Python floats, compared exactly; the L2 norm's float32 error is far below
+        :data:`FLOAT_SLACK`)."""
+        v = t.detach()
         if v.numel() == 0:
             return None
+        v = v.reshape(v.shape[0] if v.dim() else 1, -1)
+        if not v.is_floating_point():
+            v = v.float()
         if self.alphabet is not None:
-            ok = torch.zeros_like(v, dtype=torch.bool)
-            for a in self.alphabet:
+            ok = v == self.alphabet[0]
+            for a in self.alphabet[1:]:
                 ok |= v == a
             if not bool(ok.all()):
                 bad = float(v[~ok][0])
                 return (f"value {bad:.6g} is not in the alphabet {{{', '.join(f'{a:g}' for a in self.alphabet)}}} "
                         f"of its {self.mechanism} mechanism ({self.why})")
             return None
-        lo = self.lo - FLOAT_SLACK * abs(self.lo)
-        hi = self.hi + FLOAT_SLACK * abs(self.hi)
-        vmin, vmax = float(v.min()), float(v.max())
-        if vmax > hi:
+        vmin, vmax = (float(x) for x in torch.aminmax(v))
+        if not vmax <= self.hi + FLOAT_SLACK * abs(self.hi):
             return (f"max value {vmax:.6g} exceeds the public bound {self.hi:.6g} of its {self.mechanism} mechanism "
                     f"({self.why})")
-        if vmin < lo:
+        if not vmin >= self.lo - FLOAT_SLACK * abs(self.lo):
             return (f"min value {vmin:.6g} is below the public bound {self.lo:.6g} of its {self.mechanism} mechanism "
                     f"({self.why})")
         if self.row_l2 is not None:
-            norm = float(v.norm(dim=1).max())
-            if norm > self.row_l2 * (1 + FLOAT_SLACK):
+            norm = float(torch.linalg.vector_norm(v, dim=1).amax())
+            if not norm <= self.row_l2 * (1 + FLOAT_SLACK):
                 return (f"max per-sample L2 norm {norm:.6g} exceeds the public bound {self.row_l2:.6g} of its "
                         f"{self.mechanism} mechanism ({self.why})")
         if self.grid is not None:
             units = v / self.grid  # exact: the grid is a power of two
-            off = units != torch.round(units)
-            if bool(off.any()):
-                bad = float(v[off][0])
+            if not torch.equal(units, torch.round(units)):
+                bad = float(v[units != torch.round(units)][0])
                 return (f"value {bad:.9g} is not on the grid {self.grid:g} of its {self.mechanism} mechanism "
                         f"(every release is grid·integer; {self.why})")
         return None
@@ -178,7 +180,8 @@ class ScaleMonitor:
 
     @staticmethod
     def rms(t: torch.Tensor) -> float:
-        return float(t.detach().to(torch.float64).pow(2).mean().sqrt()) if t.numel() else 0.0
+        n = t.numel()
+        return float(torch.linalg.vector_norm(t.detach())) / math.sqrt(n) if n else 0.0
 
     def violation(self, rms: float) -> str | None:
         if len(self._rms) < self.WARMUP:
@@ -211,17 +214,28 @@ class PeerTrust:
     what: str
     mechanisms: dict[str, Callable[["BatchKey"], "Mechanism"]]
     monitors: dict[str, ScaleMonitor] = field(default_factory=dict)
+    _ranges: dict[int, tuple] = field(default_factory=dict, repr=False)
+    _rms: dict[tuple, float] = field(default_factory=dict, repr=False)  # computed by check, kept by record
 
     def public_range(self, peer: str, key: "BatchKey") -> PublicRange | None:
         get = self.mechanisms.get(peer)
-        return None if get is None else get(key).public_range()
+        if get is None:
+            return None
+        mech = get(key)
+        hit = self._ranges.get(id(mech))
+        if hit is None or hit[0] is not mech:  # a mechanism's parameters are fixed: its range too
+            if len(self._ranges) > 64:
+                self._ranges.clear()
+            hit = self._ranges[id(mech)] = (mech, mech.public_range())
+        return hit[1]
 
     def check(self, peer: str, key: "BatchKey", t: torch.Tensor, round_: int | None = None) -> None:
         rng = self.public_range(peer, key)
         if rng is not None:
             why = rng.violation(t)
         elif key.phase == "train":
-            why = self.monitors.get(peer, ScaleMonitor()).violation(ScaleMonitor.rms(t))
+            rms = self._rms[(peer, key)] = ScaleMonitor.rms(t)
+            why = self.monitors.get(peer, ScaleMonitor()).violation(rms)
         else:
             why = None
         if why is not None:
@@ -230,7 +244,10 @@ class PeerTrust:
     def record(self, peer: str, key: "BatchKey", t: torch.Tensor) -> None:
         if key.phase != "train" or self.public_range(peer, key) is not None:
             return
-        self.monitors.setdefault(peer, ScaleMonitor()).add(ScaleMonitor.rms(t))
+        rms = self._rms.pop((peer, key), None)
+        self.monitors.setdefault(peer, ScaleMonitor()).add(ScaleMonitor.rms(t) if rms is None else rms)
+        if len(self._rms) > 1024:  # checked but never recorded (a refused request): forget them
+            self._rms.clear()
 
 
 __all__ = ["GAUSS_K", "LAPLACE_K", "PeerTrust", "PublicRange", "ScaleMonitor", "bits_range", "dlap_range",
