@@ -312,3 +312,12 @@ def test_scale_monitor_warms_up_then_refuses_a_jump():
     with pytest.raises(ReleaseOutOfRange, match="guest-1's activations for train"):
         trust.check("guest-1", key, torch.full((4, 3), 1000.0))
     trust.check("guest-1", BatchKey("test", 1, 0), torch.full((4, 3), 1000.0))  # test releases: no statistic
+
+
+@pytest.mark.parametrize("mech", [m for m in MECHANISMS if not isinstance(m, Exhausted)],
+                         ids=lambda m: f"{m.name}-{m.direction}")
+def test_project_puts_any_tensor_inside_the_range(mech):
+    # what the attacks' malicious host does to stay inside the range the guest checks
+    rng = mech.public_range()
+    wild = torch.randn(8, mech.width, generator=torch.Generator().manual_seed(2)) * 1e4
+    assert rng.violation(wild) is not None and rng.violation(rng.project(wild)) is None

@@ -127,6 +127,23 @@ class PublicRange:
         return None
 
 
+    def project(self, t: torch.Tensor) -> torch.Tensor:
+        """The nearest tensor within the range (what a hostile sender that knows the check sends:
+        the attacks' malicious host, ``fl_split.attacks.fsha``): per sample scaled into the L2
+        bound, clamped to ``[lo, hi]``, snapped to the grid or the nearest alphabet value."""
+        v = t.detach().reshape(t.shape[0] if t.dim() else 1, -1).to(torch.float64)
+        if self.alphabet is not None:
+            a = torch.tensor(self.alphabet, dtype=v.dtype, device=v.device)
+            return a[(v[..., None] - a).abs().argmin(dim=-1)].reshape(t.shape).to(t.dtype)
+        if self.row_l2 is not None:
+            norms = torch.linalg.vector_norm(v, dim=1, keepdim=True)
+            v = v * (self.row_l2 * (1 - 1e-6) / norms.clamp_min(self.row_l2))
+        v = v.clamp(self.lo, self.hi)
+        if self.grid is not None:
+            v = torch.round(v / self.grid).mul_(self.grid).clamp_(self.lo, self.hi)
+        return v.reshape(t.shape).to(t.dtype)
+
+
 # -- the ranges of the shipped mechanisms (called by their ``public_range()``) ----------------------
 def gaussian_range(direction: str, width: int, sigma: float, bound: float) -> PublicRange:
     """Gaussian (000/003 §3.3): forward ``clamp(v, ±bound) + N(0, σ²)``; backward a per-sample
