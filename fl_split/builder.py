@@ -272,7 +272,8 @@ def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = N
                       mechanisms=_mechanisms(plan, lambda i: privacy_factory.forward_mechanism(cfg, width, i)),
                       secret=secret, ledger=make_ledger(cfg, name), sample_rate=plan.sample_rate,
                       grad_postprocess=privacy_factory.postprocess(cfg, "backward"), importance=importance,
-                      device=dev)
+                      device=dev,
+                      host_mechanisms=_mechanisms(plan, lambda i: privacy_factory.backward_mechanism(cfg, width, i)))
 
 
 def _host_importance(plan: RunPlan, top: nn.Module):
@@ -327,7 +328,9 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, priv
                      ledger=make_ledger(cfg, "host"), sample_rate=plan.sample_rate,
                      act_postprocess=privacy_factory.postprocess(cfg, "forward"), one_shot=cfg.one_shot,
                      importance=importance, importance_parts=parts, report_metrics=cfg.report_metrics,
-                     metrics_file=cfg.host_metrics, device=dev)
+                     metrics_file=cfg.host_metrics, device=dev,
+                     guest_mechanisms={g: _mechanisms(plan, lambda i, w=w: privacy_factory.forward_mechanism(cfg, w, i))
+                                       for g, w in widths.items()})
 
 
 @functools.lru_cache(maxsize=4)

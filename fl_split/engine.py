@@ -20,6 +20,13 @@ guest; with ``pad`` the host zero-fills that guest's embedding from that round o
 (``transport.drop_guest``), nothing more is sent to or released for it, and
 ``results["guest_failures"]`` says who failed in which round.
 
+**A guest whose release is out of its public range** (issue 16, :mod:`fl_split.privacy.bounds`):
+the host refuses the round before anything changes (:class:`~fl_split.errors.ReleaseOutOfRange`);
+the coordinator treats that guest as a failed guest — ``stop`` names it, the statistic and the
+public bound and stops; ``pad`` drops it and the host plays the same round again with the other
+guests' releases. A guest that refuses the *host's* gradients stops the run (never padded: the
+guest is not the one at fault).
+
 :class:`MonolithicEngine` trains the same modules as one model with one optimizer, in the same
 batch order: the "no split" baseline of 001 Table 1, and the reference of the equivalence test.
 """
@@ -35,7 +42,7 @@ from tqdm.auto import tqdm
 
 from fl_split.builder import make_monolithic, make_parties, optimizer_settings
 from fl_split.config import RunConfig
-from fl_split.errors import BudgetExceeded, ConfigError, PartyError, ProtocolError
+from fl_split.errors import BudgetExceeded, ConfigError, PartyError, ProtocolError, ReleaseOutOfRange
 from fl_split.parties import GuestParty, HostParty, batch_metric, resolve_device
 from fl_split.schedule import BatchKey, EvalRound, TrainRound, plan_rounds
 
@@ -161,13 +168,23 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoi
             wire["bytes_to_host"] += sum(len(b) for bl in acts.values() for b in bl)
             wire["messages_to_host"] += sum(len(bl) for bl in acts.values())
             if isinstance(rnd, TrainRound):
-                owed = transport.host_train(rnd.keys, acts, rnd.round)
+                while True:
+                    try:
+                        owed = transport.host_train(rnd.keys, acts, rnd.round)
+                        break
+                    except ReleaseOutOfRange as exc:
+                        acts = _refused_release(cfg, transport, exc, acts, rnd.round, failures, absent, checkpoints)
                 if cfg.progress:  # (a disabled bar still formats its postfix: ~20 µs a round)
                     bar.update(len(rnd.keys))
                     bar.set_postfix(epoch=rnd.epoch, refresh=False)
             elif isinstance(rnd, EvalRound):
-                owed = {g: [] for g in active}
-                metrics = transport.host_evaluate(rnd.keys, acts, rnd.round)
+                while True:
+                    try:
+                        metrics = transport.host_evaluate(rnd.keys, acts, rnd.round)
+                        break
+                    except ReleaseOutOfRange as exc:
+                        acts = _refused_release(cfg, transport, exc, acts, rnd.round, failures, absent, checkpoints)
+                owed = {g: [] for g in transport.guests if g not in absent}
                 now = time.perf_counter()
                 history.append(_epoch_record(rnd.epoch, metrics, now - t_epoch))
                 t_epoch = now
@@ -232,6 +249,22 @@ def _on_guest_failure(cfg: RunConfig, transport, fail: GuestFailure, round_: int
         absent.add(g)
         transport.drop_guest(g, round_)
     return {g: list(bl) for g, bl in fail.partial.items() if g not in absent}
+
+
+def _refused_release(cfg: RunConfig, transport, exc: ReleaseOutOfRange, acts: dict[str, list[bytes]], round_: int,
+                     failures: list, absent: set, checkpoints) -> dict[str, list[bytes]]:
+    """The host refused a guest's release as out of its public range (nothing changed at the host):
+    that guest failed. ``stop`` raises with one line naming it, the statistic and the bound;
+    ``pad`` drops it and returns the round's other releases, for the host to play the round again."""
+    guest = exc.sender
+    if guest not in acts or guest in absent:  # not a guest of this round: nothing to pad
+        raise exc
+    fail = GuestFailure(round_, {guest: f"ReleaseOutOfRange: {exc}"},
+                        {g: bl for g, bl in acts.items() if g != guest})
+    stop = cfg.on_guest_failure == "stop"
+    original = ReleaseOutOfRange(exc.sender, exc.receiver, exc.what, exc.batch, exc.round,
+                                 exc.reason + ("; stopped (--on-guest-failure stop)" if stop else "")) if stop else exc
+    return _on_guest_failure(cfg, transport, fail, round_, failures, absent, checkpoints, original)
 
 
 #: what the host may tell the coordinator about an epoch (its declared aggregates)
@@ -309,6 +342,10 @@ class LocalTransport:
                 out[g] = self.parties[g].step(owed[g], keys, round_)
             except (BudgetExceeded, ConfigError):
                 raise
+            except ReleaseOutOfRange as exc:
+                if exc.sender == "host":  # the guest refused the host's gradients: the host is at fault
+                    raise
+                failed[g] = f"{type(exc).__name__}: {exc}"
             except Exception as exc:  # noqa: BLE001 - a failing guest is reported, the others go on
                 failed[g] = f"{type(exc).__name__}: {exc}"
         if failed:

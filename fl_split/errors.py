@@ -70,3 +70,24 @@ class PartyError(FlSplitError):
         self.detail = message
         where = f" in round {round_}" if round_ is not None else ""
         super().__init__(f"{party} failed{where}: {message}")
+
+
+class ReleaseOutOfRange(ProtocolError):
+    """An authenticated peer sent a well-formed release that its public mechanism cannot produce
+    (issue 16, ``fl_split.privacy.bounds``): e.g. values far beyond ``bound + k·σ``, off the Laplace
+    grid, outside randomized response's bits, or (no defence) a batch RMS far above the peer's
+    running median. Raised by the receiver *before* any of its state changes.
+
+    ``sender``: the peer that sent it; ``receiver``: who refused it; ``what``: "activations" or
+    "gradients"; ``batch``: the batch key in words; ``reason``: the statistic, its value and the
+    public bound."""
+
+    def __init__(self, sender: str, receiver: str, what: str, batch: str, round_: int | None, reason: str) -> None:
+        self.sender = sender
+        self.receiver = receiver
+        self.what = what
+        self.batch = batch
+        self.round = round_
+        self.reason = reason
+        where = f" in round {round_}" if round_ is not None else ""
+        super().__init__(f"{receiver} refused {sender}'s {what} for {batch}{where}: {reason}")

@@ -53,6 +53,13 @@ and within ``protocol.MAX_ABS``). Any violation raises :class:`~fl_split.errors.
 naming the peer, and the party's models, optimizer, secret, pending batches and ledger are as
 before. The host does not update on a batch whose loss is not finite.
 
+**Bounded trust** (issue 16, :mod:`fl_split.privacy.bounds`). A well-formed message can still hold
+values the sender's mechanism cannot produce (a guest multiplying its releases by 1,000). Each
+receiver knows its peer's mechanism from the public configuration and checks every release against
+its public range (or, with no defence, the peer's running scale) right after the protocol checks,
+before any state changes; a violation raises :class:`~fl_split.errors.ReleaseOutOfRange` naming the
+sender, the statistic and the bound. Receiver-side denoising runs after the check.
+
 **Write-ahead releases.** When the party's ledger has a write-ahead log (``--checkpoint-dir``) the
 party settles every charge before the values leave (:meth:`Ledger.settle
 <fl_split.privacy.ledger.Ledger.settle>`): a digest of each released message — for a DP-SGD step,
@@ -81,6 +88,7 @@ from fl_split.errors import ProtocolError
 from fl_split.local_update import LocalUpdate
 from fl_split.merge import Merge
 from fl_split.privacy.base import Mechanism, NoDefense, PostProcess
+from fl_split.privacy.bounds import PeerTrust
 from fl_split.privacy.diagnostics import LocalDiagnostics
 from fl_split.privacy.disclosure import party_privacy_report
 from fl_split.protocol import Message, batch_digest, decode, decode_expected, encode, frame_limit
@@ -583,8 +591,11 @@ class GuestParty(_Party):
                  cut_shape: tuple[int, ...], mechanisms: MechanismSchedule, secret: PartySecret,
                  ledger: "Ledger | None" = None, sample_rate: float = 1.0,
                  grad_postprocess: PostProcess | None = None, importance: Importance | None = None,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", host_mechanisms: MechanismSchedule | None = None) -> None:
         super().__init__(name, data, schedule, secret, ledger, sample_rate, device)
+        #: what this guest checks of the host's gradients: the public range of the host's backward
+        #: mechanism (``host_mechanisms``, from the public configuration), else their running scale
+        self.trust = PeerTrust(name, "gradients", {"host": host_mechanisms} if host_mechanisms is not None else {})
         if not data.has_features:
             raise ValueError(f"{name}: a guest must hold feature columns")
         self.update = update
@@ -685,6 +696,10 @@ class GuestParty(_Party):
             for m in msgs:
                 m.check(kind="gradients", sender="host", receiver=self.name, key=m.key, ids=self.ids(m.key),
                         sample_shape=self.cut_shape, digest=self.digest(m.key), round_=self._pending[m.key].round)
+        for m in msgs:  # bounded trust: within the host's public mechanism (before anything changes)
+            self.trust.check("host", m.key, m.tensor, self._pending[m.key].round)
+        for m in msgs:
+            self.trust.record("host", m.key, m.tensor)
         cost = self.update.cost()
         charge = None
         if cost is not None and msgs:
@@ -806,8 +821,12 @@ class HostParty(_Party):
                  act_postprocess: PostProcess | None = None, one_shot: bool = False,
                  importance: Importance | None = None, importance_parts: dict[str, Callable] | None = None,
                  report_metrics: str = "epoch", metrics_file: str = "",
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu",
+                 guest_mechanisms: dict[str, MechanismSchedule] | None = None) -> None:
         super().__init__("host", data, schedule, secret, ledger, sample_rate, device)
+        #: what the host checks of each guest's releases: the public range of the guest's forward
+        #: mechanism (``guest_mechanisms``, from the public configuration), else its running scale
+        self.trust = PeerTrust("host", "activations", dict(guest_mechanisms or {}))
         if data.y_train is None:
             raise ValueError("the host must hold the labels")
         if report_metrics not in ("epoch", "none"):
@@ -874,6 +893,13 @@ class HostParty(_Party):
                 raise ProtocolError(f"host: {len(blobs)} activation messages from {g}, expected {len(keys)}")
             out[g] = [self._check(b, "activations", g, k, self.guest_shapes[g], round_).tensor
                       for b, k in zip(blobs, keys)]
+        fresh = [g for g in active if blobs_by_guest[g]]
+        for g in fresh:  # bounded trust: within the guest's public mechanism (before anything changes)
+            for k, t in zip(keys, out[g]):
+                self.trust.check(g, k, t, round_)
+        for g in fresh:
+            for k, t in zip(keys, out[g]):
+                self.trust.record(g, k, t)
         if self.one_shot:
             for g in active:
                 if blobs_by_guest[g]:

@@ -26,7 +26,9 @@ Our choices where the paper leaves room (``docs/attacks.md``):
 * the host's receiver-side post-processing (denoising by scaling or masking, 003) is applied to
   what it receives before ``D`` and ``f̃⁻¹``, as in 003 Fig. 5's FSHA rows (a host that skipped it
   would attack the noisy release itself); its backward defence (``--protect host``) protects the
-  host's own data and is not applied — a malicious host sends what it wants;
+  host's own data and is not applied — a malicious host sends what it wants, *within* the public
+  range of its declared backward mechanism, which the honest guest checks (issue 16,
+  ``fl_split.privacy.bounds``): its gradient is projected into that range (``PublicRange.project``);
 * the hijacked run trains no task model: ``final`` has no metric.
 
 Metric: MSE of the reconstructions of the test records' last releases (inputs in [0, 1]; the
@@ -168,6 +170,9 @@ class FSHAHost:
             digest = self.party.digest(key)
             for g in self.guests:
                 t = delta.detach() if g == self.victim else torch.zeros_like(msgs[g][i])
+                rng = self.party.backward_mechanisms[g](key).public_range()
+                if rng is not None:  # the guest refuses what its mechanism cannot make: stay inside it
+                    t = rng.project(t)
                 grads[g].append(encode(Message("gradients", "host", g, round_, key, digest, t.float().cpu(), "float32")))
             if self.iterations % self.every == 0:
                 with torch.no_grad():

@@ -23,8 +23,12 @@ and the reason a split run with no defence is the same training as the monolithi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from fl_split.privacy.bounds import PublicRange
 
 
 @dataclass
@@ -73,6 +77,13 @@ class Mechanism:
         admits over ``noise_sd`` (an upper bound on every release's private ``stats["snr"]``).
         Empty when nothing is perturbed."""
         return {}
+
+    def public_range(self) -> "PublicRange | None":
+        """What every honest release satisfies, from public parameters only (issue 16,
+        :mod:`fl_split.privacy.bounds`): the receiver checks each release against it before using
+        it. ``None`` (the identity: no defence) means no public bound; the receiver then watches
+        the peer's running scale instead."""
+        return None
 
     def cost(self) -> "PrivacyCost | None":
         """The privacy cost of one release of one record; ``None`` = no privacy claim.

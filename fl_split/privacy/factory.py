@@ -96,6 +96,11 @@ class Exhausted(Mechanism):
     def local_grad(self, ctx, grad):
         return grad * 0.0
 
+    def public_range(self):
+        from fl_split.privacy.bounds import zeros_range
+
+        return zeros_range(self.name, f"the geometric schedule's iteration {self.iteration} releases zeros")
+
     def describe(self) -> dict:
         return {"name": self.name, "iteration": self.iteration,
                 "reason": f"geometric schedule: epsilon/2^{self.iteration} is below epsilon*2^-40"}

@@ -42,6 +42,7 @@ import dp_accounting
 import torch
 
 from fl_split.privacy.base import Mechanism, PrivacyCost, Release
+from fl_split.privacy.bounds import PublicRange, bits_range, dlap_range, gaussian_range
 from fl_split.privacy.ledger import pure_dp_event
 from fl_split.privacy.r3elu import (ALLOCATIONS, ImportanceTracker, R3eLU, activation_probability, clip_k,
                                     geometric_epsilon)
@@ -136,6 +137,10 @@ class Laplace(Mechanism):
         sd = self.noise_sd()
         return {"noise_scale": self.b, "noise_sd": sd, "snr_bound": 0.0 if self.signal_free else self.bound / sd}
 
+    def public_range(self) -> PublicRange:
+        """``γ·(n + Z)``, ``|n| ≤ M``: on the grid ``γ``, ``|v| ≤ γ·(M + 42t) ≈ bound + 42·b``."""
+        return dlap_range(self.name, self.gamma, self.units, self.t)
+
     def privacy_cost(self) -> PrivacyCost:
         if self.signal_free:  # input-independent: costs 0; charged as the requested ε (an upper bound)
             event = pure_dp_event(self.epsilon)
@@ -211,6 +216,10 @@ class Gaussian(Mechanism):
         rms_max = self.bound if self.direction == "forward" else self.bound / math.sqrt(self.width)
         return {"noise_scale": self.sigma, "noise_sd": self.sigma, "snr_bound": rms_max / self.sigma}
 
+    def public_range(self) -> PublicRange:
+        """``|v| ≤ bound + 9σ`` per element, and the per-sample L2 bound (:func:`bounds.gaussian_range`)."""
+        return gaussian_range(self.direction, self.width, self.sigma, self.bound)
+
     def privacy_cost(self) -> PrivacyCost:
         return PrivacyCost("gaussian", dp_accounting.GaussianDpEvent(noise_multiplier=self.sigma / self.sensitivity_l2),
                            epsilon=None, sensitivity_l2=self.sensitivity_l2,
@@ -259,6 +268,10 @@ class RandomizedResponse(Mechanism):
         noise_sd = math.sqrt(q * (1 - q))
         snr = (2 * q - 1) / noise_sd if noise_sd > 0 else math.inf
         return {"snr": snr, "snr_bound": snr, "keep_probability": q, "noise_scale": 1.0 - q, "noise_sd": noise_sd}
+
+    def public_range(self) -> PublicRange:
+        """Bits: every released value is 0 or 1."""
+        return bits_range(self.name, "randomized response releases bits")
 
     def describe(self) -> dict:
         return {"name": self.name, "direction": self.direction, "width": self.width, "epsilon": self.epsilon,

@@ -384,6 +384,37 @@ class R3eLU(Mechanism):
         return {"importance_active": self._uses_importance(), "noise_scale_mean": float(s.mean()),
                 "noise_scale_min": float(s.min()), "noise_scale_max": float(s.max())}
 
+    def public_range(self):
+        """What every honest release satisfies, from public parameters only (issue 16,
+        :mod:`fl_split.privacy.bounds`); forward releases are ``≥ 0``.
+
+        * ``uniform``: ``γ·(n + Z)`` with ``|n| ≤ M``: on the grid ``γ``, ``|v| ≤ γ·(M + 42t)``
+          (``≈ C + 42·b``);
+        * importance allocations: the per-element grids and scales follow the sender's private
+          ``U``, so the range covers every ``U``: each ``γ_i`` is a power of two no finer than the
+          grid of the smallest possible scale ``per·C/ε_l`` (``w_i ≤ 1``, ``A ≥ w_i``), and each
+          scale is at most ``1.5·per·C·d/(f·ε_l)`` (``w_i ≥ f/d``; ``M_i·γ_i ≤ C + γ_i/2 ≤ 1.5·C``;
+          the grid keeps ``γ_i·T_MIN ≤`` the target scale, so the ``T_MIN`` floor adds nothing),
+          taken twice over (``ε' < ε_l``, ``t``'s rounding up): ``|v| ≤ 1.5·C + 42·b_max``.
+        """
+        from fl_split.privacy.bounds import LAPLACE_K, PublicRange, dlap_range
+
+        forward = self.direction == "forward"
+        if not self._uses_importance_allocation():
+            return dlap_range(self.name, self.gamma, self._uniform.units, self.t,
+                              nonnegative=forward)
+        per = 1.0 if forward else 2.0
+        grid = float(choose_grid(per * self.c / self.eps_l, self.c))
+        b_max = 2.0 * per * 1.5 * self.c * self.width / (self.importance_floor * self.eps_l)
+        hi = 1.5 * self.c + LAPLACE_K * b_max
+        return PublicRange(self.name, 0.0 if forward else -hi, hi, grid=grid,
+                           why=f"{self.allocation} allocation, any importances: grid {grid:g}, |v| <= 1.5·C + "
+                               f"{LAPLACE_K:g}·b_max, b_max = 2·1.5·{per:g}·C·d/(f·eps_l) = {b_max:.6g}"
+                               + ("; values >= 0" if forward else ""))
+
+    def _uses_importance_allocation(self) -> bool:
+        return self.allocation != "uniform"
+
     def privacy_cost(self) -> PrivacyCost:
         # dp_accounting 0.6 has no generic pure-DP event; the binary randomized response with
         # keep probability e^ε_p/(1+e^ε_p) has the privacy profile that dominates every ε_p-DP
