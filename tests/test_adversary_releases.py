@@ -22,6 +22,7 @@ from fl_split.privacy.factory import Exhausted
 from fl_split.privacy.mechanisms import Gaussian, Laplace, R3eLU, RandomizedResponse
 from fl_split.protocol import decode, encode
 from fl_split.schedule import BatchKey
+from fl_split.seeding import PrivateSeed
 from tests.test_hostile import assert_untouched, snapshot
 
 #: the defences of the acceptance test (the main job's first); each with the options it needs
@@ -95,7 +96,7 @@ def _start(defence: str) -> int:
 @pytest.mark.parametrize("defence", list(DEFENCES))
 def test_a_guest_scaling_its_releases_is_stopped_within_the_epoch(defence):
     cfg = _cfg(defence)
-    engine = LocalEngine(cfg, private_seed=4, transport=lambda t: ScalingGuest(t, start=_start(defence)))
+    engine = LocalEngine(cfg, private_seed=PrivateSeed.legacy(4), transport=lambda t: ScalingGuest(t, start=_start(defence)))
     per_epoch = engine.plan.schedule.num_train_batches()
     with pytest.raises(ReleaseOutOfRange) as err:
         engine.run()
@@ -116,7 +117,7 @@ def test_a_guest_scaling_its_releases_is_stopped_within_the_epoch(defence):
 def test_pad_zero_fills_the_scaling_guest_and_charges_nothing_for_it(defence):
     start = _start(defence)
     cfg = _cfg(defence, on_guest_failure="pad", epochs=2)
-    engine = LocalEngine(cfg, private_seed=4, transport=lambda t: ScalingGuest(t, start=start))
+    engine = LocalEngine(cfg, private_seed=PrivateSeed.legacy(4), transport=lambda t: ScalingGuest(t, start=start))
     results = engine.run()
     assert results["stopped_reason"] == "completed"
     [f] = results["guest_failures"]
@@ -144,7 +145,7 @@ def test_pad_on_a_refused_test_release_goes_on():
                 out[self.guest] = scaled(out[self.guest], self.factor)
             return out
 
-    engine = LocalEngine(_cfg("gaussian", on_guest_failure="pad"), private_seed=4, transport=ScalingTest)
+    engine = LocalEngine(_cfg("gaussian", on_guest_failure="pad"), private_seed=PrivateSeed.legacy(4), transport=ScalingTest)
     results = engine.run()
     assert results["stopped_reason"] == "completed"
     [f] = results["guest_failures"]
@@ -155,7 +156,7 @@ def test_pad_on_a_refused_test_release_goes_on():
 # -- the refusal changes nothing ----------------------------------------------------------------------
 @pytest.mark.parametrize("defence", list(DEFENCES))
 def test_the_host_refuses_a_scaled_release_with_its_state_untouched(defence):
-    host, guests, plan = make_parties(_cfg(defence), private_seed=3)
+    host, guests, plan = make_parties(_cfg(defence), private_seed=PrivateSeed.legacy(3))
     keys = plan.schedule.train_keys(1)
     warm = ScaleMonitor.WARMUP + 1 if defence == "none" else 1
     owed = {g: [] for g in guests}
@@ -182,7 +183,7 @@ def test_the_host_refuses_a_scaled_release_with_its_state_untouched(defence):
 
 @pytest.mark.parametrize("defence", ["gaussian", "laplace", "r3elu", "none"])
 def test_a_guest_refuses_scaled_gradients_from_the_host_untouched(defence):
-    host, guests, plan = make_parties(_cfg(defence, guests=1), private_seed=3)
+    host, guests, plan = make_parties(_cfg(defence, guests=1), private_seed=PrivateSeed.legacy(3))
     g = guests["guest-1"]
     keys = plan.schedule.train_keys(1)
     warm = ScaleMonitor.WARMUP + 1 if defence == "none" else 1
@@ -204,7 +205,7 @@ def test_a_guest_refuses_scaled_gradients_from_the_host_untouched(defence):
 @pytest.mark.parametrize("mode", ["stop", "pad"])
 def test_a_host_scaling_its_gradients_stops_the_run_naming_the_host(mode):
     # never padded: the guests did nothing wrong
-    engine = LocalEngine(_cfg("gaussian", on_guest_failure=mode), private_seed=4,
+    engine = LocalEngine(_cfg("gaussian", on_guest_failure=mode), private_seed=PrivateSeed.legacy(4),
                          transport=lambda t: ScalingHost(t, start=3))
     with pytest.raises(ReleaseOutOfRange) as err:
         engine.run()
@@ -241,7 +242,7 @@ def test_cli_exit_status_and_one_line(monkeypatch, capsys, tmp_path):
 @pytest.mark.parametrize("defence", list(DEFENCES))
 def test_honest_runs_never_trip(defence):
     for seed in (1, 2):
-        results = LocalEngine(_cfg(defence, epochs=3, seed=seed), private_seed=seed).run()
+        results = LocalEngine(_cfg(defence, epochs=3, seed=seed), private_seed=PrivateSeed.legacy(seed)).run()
         assert results["stopped_reason"] == "completed" and results["guest_failures"] == []
 
 
@@ -249,7 +250,7 @@ def test_honest_geometric_schedule_and_importance_allocation_never_trip():
     for kw in (dict(defense="laplace", schedule="geometric", epsilon=50.0),
                dict(defense="r3elu", allocation="importance", epsilon=20.0),
                dict(defense="r3elu", allocation="importance-tight", importance_refresh="batch", epsilon=20.0)):
-        results = LocalEngine(_cfg("none", epochs=2, **kw), private_seed=5).run()
+        results = LocalEngine(_cfg("none", epochs=2, **kw), private_seed=PrivateSeed.legacy(5)).run()
         assert results["stopped_reason"] == "completed" and results["guest_failures"] == []
 
 
