@@ -108,6 +108,32 @@ def private_seed_from_args(ns: argparse.Namespace, on_argv: bool = True):
     return seed
 
 
+def _add_run_dir_flags(p: argparse.ArgumentParser) -> None:
+    """``train``: where what a researcher keeps goes (fl_split.rundir, docs/results.md)."""
+    g = p.add_argument_group("what is kept of the run (docs/results.md)")
+    where = g.add_mutually_exclusive_group()
+    where.add_argument("--run-dir", dest="run_dir", metavar="DIR", default=None,
+                       help="write results.json, epochs.csv (per-epoch metrics) and curves.png here after the run "
+                            "[default: $FL_SPLIT_RUNS or ./runs, in <UTC time>-<dataset>-<defense>/; with --out "
+                            "FILE: none]")
+    where.add_argument("--no-run-dir", dest="run_dir", action="store_const", const="", help="write no run directory")
+    g.add_argument("--tensorboard", dest="tensorboard", metavar="DIR", default=None,
+                   help="also log each epoch's metrics and each party's final epsilon as TensorBoard scalars "
+                        "into DIR (tensorboard --logdir DIR)")
+
+
+def _check_run_dir(path: str | None) -> None:
+    """``--run-dir`` / ``--tensorboard``: refused before anything runs when they cannot be written."""
+    if not path:
+        return
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ConfigError("run-dir", path, "a directory (created if missing)", reason="it is a file")
+    if (p / "results.json").exists():
+        raise ConfigError("run-dir", path, "a directory without results.json",
+                          reason="it holds another run's results (a run directory is never overwritten)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fl-split", description="Vertical split learning with privacy protection.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -115,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Run one split-learning experiment and print accuracy and each party's epsilon.")
     _add_train_flags(train)
     _add_private_seed(train)
+    _add_run_dir_flags(train)
     export = sub.add_parser(
         "export-parties", help="write one data file per party (host.npz, guest-1.npz, ...) for a Flower deployment",
         description="Prepare the dataset as a run would (shared-ID split, column partition, each party's own "
@@ -275,7 +302,9 @@ def print_summary(results: dict[str, Any]) -> None:
         console.print("SNR bound: the largest signal-to-noise ratio per element the mechanism's parameters allow "
                       "(public; each party logs its measured SNR locally, see docs/mechanisms.md)")
     wire = results["wire"]
-    value = "kept by the host" if final.get("value") is None else f"{final['value']:.4f}"
+    value = (f"{final['value']:.4f}" if final.get("value") is not None
+             else f"none ({final['value_reason']})" if final.get("value_reason") and not final.get("kept_by_host")
+             else "kept by the host")
     line = (f"final test {final['metric']}: {value}   training time: {results['time_s']:.1f} s   "
             f"wire: {wire['bytes_to_host'] / 1e6:.2f} MB to host, {wire['bytes_to_guests'] / 1e6:.2f} MB to guests")
     console.print(line)
@@ -331,12 +360,32 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
         for line in hopeless_releases(plan_run(cfg)):
             print(f"fl-split: warning: {line}", file=sys.stderr)
+    run_dir = getattr(ns, "run_dir", None)
+    tb_dir = getattr(ns, "tensorboard", None)
+    _check_run_dir(run_dir)
+    if tb_dir is not None:
+        from fl_split.tracking import check_tensorboard
+
+        check_tensorboard(tb_dir)
     results = run_experiment(cfg, private_seed=ns.seed_value)
     if cfg.out:
         write_json_atomic(cfg.out, results)
+    kept = None
+    if run_dir or (run_dir is None and not cfg.out):
+        from fl_split.rundir import default_run_dir, write_run_dir
+
+        kept = write_run_dir(results, run_dir or default_run_dir(results))
+    if tb_dir is not None:
+        from fl_split.tracking import log_tensorboard
+
+        log_tensorboard(results, tb_dir, name=None if kept is None else kept.name)
     print_summary(results)
     if cfg.out:
         print(f"results written to {cfg.out}")
+    if kept is not None:
+        print(f"run directory: {kept} (results.json, epochs.csv, curves.png)")
+    if tb_dir is not None:
+        print(f"TensorBoard scalars written to {tb_dir} (tensorboard --logdir {tb_dir})")
     return 0
 
 

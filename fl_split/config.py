@@ -62,6 +62,14 @@ def _open_unit(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1
 
 
+def _device_ok(v: str) -> bool:
+    """``--device``: auto, cpu, cuda or cuda:N (whether GPU N exists is checked where the parties run,
+    :func:`fl_split.devices.resolve`)."""
+    if v in (AUTO, "cpu", "cuda"):
+        return True
+    return v.startswith("cuda:") and v[5:].isdigit() and str(int(v[5:])) == v[5:]
+
+
 def _dataset_names() -> tuple:
     from fl_split.data.registry import dataset_names
 
@@ -153,7 +161,9 @@ class RunConfig:
     # --- execution ------------------------------------------------------------------------
     engine: str = _opt("local", "local = in-process parties; flower = a Flower simulation on Ray",
                        choices=("local", "flower"))
-    device: str = _opt(AUTO, "where parties put their tensors", choices=(AUTO, "cpu", "cuda"))
+    device: str = _opt(AUTO, "where parties put their tensors: auto, cpu, cuda or cuda:N (GPU number N of this "
+                             "machine)", check=lambda v: isinstance(v, str) and _device_ok(v),
+                       allowed="auto, cpu, cuda or cuda:N (N an integer >= 0)")
     batches_per_round: Any = _opt(1, "mini-batches carried by one Flower round ('epoch' = all of an "
                                      "epoch); 1 = exact sequential semantics", group="flower",
                                   kind="int_or_epoch", allowed="'epoch' or an integer >= 1")
@@ -296,6 +306,11 @@ class RunConfig:
             from fl_split.data.own import check_data_option
 
             check_data_option(self)
+        if self.budget != AUTO and self.defense == "none" and self.dp_sgd == "none":
+            raise ConfigError("budget", self.budget, "auto without a defense, or --budget with --defense "
+                              + "|".join(d for d in DEFENSES if d != "none") + " or --dp-sgd",
+                              reason="with --defense none and no --dp-sgd nothing is charged to any party, so the "
+                                     "budget would never bind")
         if self.on_guest_failure == "pad" and self.merge == "mul":
             raise ConfigError("on-guest-failure", "pad", "stop with --merge mul",
                               reason="a zero-filled embedding makes a product merge zero for every sample")

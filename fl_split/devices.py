@@ -23,18 +23,31 @@ from fl_split.errors import ConfigError
 
 
 def resolve(name: str) -> str:
-    """``cpu`` or ``cuda`` for ``--device name`` in this process (``auto``: CUDA if visible)."""
+    """``cpu``, ``cuda`` or ``cuda:N`` for ``--device name`` in this process (``auto``: CUDA if
+    visible). ``cuda:N`` must name a GPU this process can see: otherwise one line naming --device
+    and the devices that are available."""
     import torch
 
     if name == "cpu":
         return "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
+    if name == "cuda" or name.startswith("cuda:"):
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
             raise ConfigError("device", name, "auto or cpu (no CUDA device is visible)")
-        return "cuda"
+        if name != "cuda":
+            index = name[5:]
+            if not index.isdigit() or int(index) >= n:
+                raise ConfigError("device", name, available_text(n),
+                                  reason=f"this machine has {n} visible GPU(s), numbered 0..{n - 1}")
+        return name
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    raise ConfigError("device", name, "auto, cpu or cuda")
+    raise ConfigError("device", name, "auto, cpu, cuda or cuda:N")
+
+
+def available_text(n: int) -> str:
+    """What ``--device`` may be on a machine with ``n`` visible GPUs."""
+    return "auto, cpu" + ("" if n == 0 else ", cuda or " + ", ".join(f"cuda:{i}" for i in range(n)))
 
 
 def with_device(cfg):
@@ -46,14 +59,18 @@ def for_simulation(cfg):
     """``cfg`` with ``--device`` resolved for an in-process Flower simulation on this machine: the
     same rule as :func:`with_device`; CUDA needs ``--num-gpus > 0`` (Ray hides GPUs from actors
     that reserve none)."""
+    if cfg.device.startswith("cuda:"):
+        raise ConfigError("device", cfg.device, "auto, cpu or cuda with --engine flower",
+                          reason="Ray assigns each ClientApp its GPU(s) (--num-gpus) and renumbers them, so GPU "
+                                 "number N of this machine means nothing inside a ClientApp")
     device = resolve(cfg.device) if cfg.device == "auto" else cfg.device
-    if device == "cuda" and cfg.num_gpus <= 0:
+    if device.startswith("cuda") and cfg.num_gpus <= 0:
         import torch
 
         n = torch.cuda.device_count() if cfg.device == "auto" else 0
         share = f"{max(0.01, int(100 * n / (cfg.guests + 1)) / 100):g}" if n else "0.33"
         chose = (f"--device auto chose cuda (this machine has {n} GPU(s), as the local engine would use)"
-                 if cfg.device == "auto" else "--device cuda")
+                 if cfg.device == "auto" else f"--device {cfg.device}")
         raise ConfigError("num-gpus", cfg.num_gpus, f"a share of a GPU per ClientApp, e.g. --num-gpus {share} "
                           f"({cfg.guests + 1} parties on {max(n, 1)} GPU(s)), or --device cpu",
                           reason=f"{chose}, but a Flower ClientApp sees a GPU only when Ray reserves one for it")

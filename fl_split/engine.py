@@ -212,6 +212,10 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoi
     if checkpoints is not None:
         results["checkpoint"] = checkpoints.describe()
     results.update(stopped)
+    if not history and stopped["stopped_reason"] != "completed":
+        why = f"no epoch was evaluated: the run stopped ({stopped['stopped_reason']}) in round {last}: " \
+              f"{stopped.get('stopped_detail', '')}"
+        results["final"]["value_reason"] = results["final"]["train_loss_reason"] = why
     return results
 
 
@@ -291,8 +295,9 @@ def make_results(cfg: RunConfig, plan, history: list[dict], wire: dict, elapsed:
     config.update(model=plan.arch, cut_layer=plan.cut)
     last = history[-1] if history else {}
     kept = cfg.report_metrics == "none" and engine != "monolithic"
-    final = {"metric": plan.metric, "value": last.get("test_metric", float("nan")),
-             "train_loss": last.get("train_loss", float("nan"))}
+    final = {"metric": plan.metric, "value": last.get("test_metric"), "train_loss": last.get("train_loss")}
+    if not history:  # strict JSON: no NaN; null with the reason (fl_split.results)
+        final["value_reason"] = final["train_loss_reason"] = "no epoch was evaluated"
     if kept:
         final.update(value=None, train_loss=None, kept_by_host=cfg.host_metrics)
     return {

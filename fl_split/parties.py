@@ -107,13 +107,11 @@ _PHASES = ("train", "test")
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            from fl_split.errors import ConfigError
+    """``--device`` as a torch device, by the one rule of :func:`fl_split.devices.resolve`
+    (``cuda:N`` checked against the GPUs this process sees)."""
+    from fl_split.devices import resolve
 
-            raise ConfigError("device", name, "auto or cpu (no CUDA device is visible)")
-        return torch.device("cuda")
-    return torch.device("cpu")
+    return torch.device(resolve(name))
 
 
 def set_mode(module: nn.Module, train: bool) -> None:

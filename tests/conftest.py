@@ -1,6 +1,7 @@
 """Shared test setup: offline, quiet, deterministic."""
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -8,6 +9,8 @@ import torch
 # nothing may download during tests (spec §6); loaders raise DataError instead
 os.environ.setdefault("FL_SPLIT_NO_DOWNLOAD", "1")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+# `fl-split train` without --out writes a run directory (fl_split.rundir): never into the checkout
+os.environ.setdefault("FL_SPLIT_RUNS", tempfile.mkdtemp(prefix="fl-split-test-runs-"))
 
 
 @pytest.fixture(autouse=True)
