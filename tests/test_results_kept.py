@@ -1,0 +1,190 @@
+"""What a researcher keeps of a run (issue 17, docs/results.md): strict JSON, a run directory by
+default, TensorBoard scalars, and the refusals that stop a run that could not mean what it says
+(--budget without a defense, a --device GPU that is not there)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from fl_split.cli import main
+from fl_split.config import RunConfig
+from fl_split.errors import ConfigError
+from fl_split.results import jsonable, write_json_atomic
+
+SEED = "5eed" * 8  # 128-bit private seed (small integers are refused)
+TINY = ["--dataset", "breast-cancer", "--epochs", "2", "--no-progress", "--private-seed", SEED]
+
+
+def _run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# -- strict JSON -------------------------------------------------------------------------------
+
+def test_non_finite_numbers_become_null_with_a_reason(tmp_path):
+    path = tmp_path / "r.json"
+    write_json_atomic(path, {"final": {"value": float("nan"), "loss": float("inf")},
+                             "kept": {"value": float("nan"), "value_reason": "the host keeps it"},
+                             "series": [1.0, float("-inf")]})
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    assert data["final"]["value"] is None and "not a finite number" in data["final"]["value_reason"]
+    assert data["final"]["loss"] is None and "inf" in data["final"]["loss_reason"]
+    assert data["kept"] == {"value": None, "value_reason": "the host keeps it"}  # an existing reason wins
+    assert data["series"] == [1.0, None]
+
+
+def test_numpy_nan_is_caught_too():
+    np = pytest.importorskip("numpy")
+    assert jsonable({"v": np.float32("nan")}) == {"v": None, "v_reason": "not a finite number (nan): no value was "
+                                                                          "computed"}
+
+
+def test_a_budget_refused_first_release_writes_null_and_why(tmp_path, capsys):
+    """--budget below the cost of one release: the run stops before any epoch is evaluated; the
+    results say so instead of writing "value": NaN (invalid JSON)."""
+    out = tmp_path / "r.json"
+    code, stdout, _ = _run(["train", *TINY, "--defense", "laplace", "--epsilon", "1", "--budget", "0.5",
+                            "--out", str(out)], capsys)
+    assert code == 0
+    data = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    assert data["stopped_reason"] == "budget" and data["history"] == []
+    assert data["final"]["value"] is None and data["final"]["train_loss"] is None
+    assert data["final"]["value_reason"].startswith("no epoch was evaluated: the run stopped (budget)")
+    assert "budget" in stdout and "none (no epoch was evaluated" in stdout
+
+
+# -- refusals ----------------------------------------------------------------------------------
+
+def test_budget_without_a_defense_is_refused(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="--budget"):
+        RunConfig(budget=5.0)
+    RunConfig(budget=5.0, defense="laplace")  # a defense charges: the budget binds
+    RunConfig(budget=5.0, dp_sgd="guest")  # DP-SGD charges the same ledger
+    code, _, stderr = _run(["train", *TINY, "--budget", "5", "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 2 and stderr.count("\n") == 1
+    assert stderr.startswith("fl-split: error: --budget: got 5.0") and "never bind" in stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["cuda:", "cuda:-1", "cuda:x", "gpu", "cuda:01"])
+def test_device_form_is_checked(value):
+    with pytest.raises(ConfigError, match="--device.*cuda:N"):
+        RunConfig(device=value)
+
+
+def test_device_cuda_n_names_what_is_available(monkeypatch):
+    import torch
+
+    from fl_split.devices import resolve
+
+    assert RunConfig(device="cuda:1").device == "cuda:1"  # the form is accepted; the GPU is checked where used
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ConfigError, match=r"--device: got 'cuda:1'.*no CUDA device is visible"):
+        resolve("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve("cuda:1") == "cuda:1" and resolve("cuda:0") == "cuda:0" and resolve("cuda") == "cuda"
+    with pytest.raises(ConfigError, match=r"--device: got 'cuda:2'.*allowed: auto, cpu, cuda or cuda:0, cuda:1"):
+        resolve("cuda:2")
+
+
+def test_device_cuda_n_is_refused_in_a_simulation():
+    from fl_split.devices import for_simulation
+
+    with pytest.raises(ConfigError, match="--device.*Ray assigns"):
+        for_simulation(RunConfig(device="cuda:0", engine="flower", num_gpus=0.5))
+
+
+def test_device_cuda_n_without_a_gpu_writes_nothing(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a GPU number 7")
+    code, _, stderr = _run(["train", *TINY, "--device", "cuda:7", "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 2 and stderr.startswith("fl-split: error: --device: got 'cuda:7'")
+    assert not (tmp_path / "run").exists()
+
+
+# -- run directory and tracking ----------------------------------------------------------------
+
+def _check_run_dir(folder, epochs):
+    data = json.loads((folder / "results.json").read_text())
+    rows = list(csv.DictReader((folder / "epochs.csv").open()))
+    assert [int(r["epoch"]) for r in rows] == list(range(1, epochs + 1))
+    for r, h in zip(rows, data["history"]):
+        assert math.isclose(float(r["test_accuracy"]), h["test_metric"])
+        assert math.isclose(float(r["train_loss"]), h["train_loss"])
+    assert (folder / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left
+    return data
+
+
+def test_train_without_out_writes_a_run_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FL_SPLIT_RUNS", str(tmp_path / "runs"))
+    code, stdout, _ = _run(["train", *TINY, "--defense", "laplace", "--epsilon", "50"], capsys)
+    assert code == 0
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert folder.name.endswith("-breast-cancer-laplace")
+    data = _check_run_dir(folder, 2)
+    assert data["final"]["value"] == data["history"][-1]["test_metric"]
+    assert f"run directory: {folder}" in stdout
+
+
+def test_out_alone_writes_no_run_directory_and_run_dir_is_never_overwritten(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FL_SPLIT_RUNS", str(tmp_path / "runs"))
+    out = tmp_path / "r.json"
+    assert _run(["train", *TINY, "--out", str(out)], capsys)[0] == 0
+    assert out.exists() and not (tmp_path / "runs").exists()
+    run = tmp_path / "mine"
+    assert _run(["train", *TINY, "--run-dir", str(run)], capsys)[0] == 0
+    _check_run_dir(run, 2)
+    before = (run / "results.json").read_bytes()
+    code, _, stderr = _run(["train", *TINY, "--run-dir", str(run)], capsys)
+    assert code == 2 and stderr.startswith("fl-split: error: --run-dir") and "never overwritten" in stderr
+    assert (run / "results.json").read_bytes() == before
+    assert _run(["train", *TINY, "--no-run-dir"], capsys)[0] == 0
+    assert not (tmp_path / "runs").exists()
+
+
+def test_tensorboard_scalars_per_epoch_and_epsilon(tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = tmp_path / "tb"
+    code, _, _ = _run(["train", *TINY, "--epochs", "3", "--defense", "laplace", "--epsilon", "50",
+                       "--run-dir", str(tmp_path / "run"), "--tensorboard", str(tb)], capsys)
+    assert code == 0
+    data = json.loads((tmp_path / "run" / "results.json").read_text())
+    (folder,) = tb.iterdir()
+    assert folder.name == "run"  # named after the run directory
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"test/accuracy", "test/loss", "train/loss", "epsilon/guest-1"} <= tags
+    assert "epsilon/host" not in tags  # the host's releases are not perturbed: no epsilon is claimed
+    test = acc.Scalars("test/accuracy")
+    assert [e.step for e in test] == [1, 2, 3]
+    for e, h in zip(test, data["history"]):
+        assert math.isclose(e.value, h["test_metric"], rel_tol=1e-6)
+    (eps,) = acc.Scalars("epsilon/guest-1")
+    assert eps.step == 3 and math.isclose(eps.value, data["privacy"]["guest-1"]["epsilon"], rel_tol=1e-6)
+
+
+def test_tensorboard_into_a_file_is_refused_before_the_run(tmp_path, capsys):
+    bad = tmp_path / "f"
+    bad.write_text("x")
+    code, _, stderr = _run(["train", *TINY, "--tensorboard", str(bad), "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 2 and stderr.startswith("fl-split: error: --tensorboard")
+    assert not (tmp_path / "run").exists()
