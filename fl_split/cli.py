@@ -407,6 +407,7 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
     import signal
     from dataclasses import replace
 
+    print("deploy local: checking the options …", flush=True)  # a deployment is never silent (issue 17)
     from fl_split.deploy import deploy_local
 
     # a deployment that seems stuck: `kill -USR1 <pid>` prints every thread's stack to stderr
@@ -432,6 +433,7 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
     if not ns.tls:
         print("fl-split: warning: --insecure: the SuperLink, the SuperNodes and the data plane talk in plaintext "
               "and nodes are not authenticated; use this on loopback only", file=sys.stderr)
+    print(f"deploy local: {cfg.guests + 1} parties on 127.0.0.1, work directory {ns.workdir}", flush=True)
     results = deploy_local(cfg, ns.workdir, tls=ns.tls, node_auth=ns.node_auth, private_seed=ns.seed_value,
                            party_format=ns.party_format, timeout=ns.deploy_timeout, party_files=party_dir)
     if cfg.out:

@@ -465,13 +465,22 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
         # (a background job of a non-interactive shell inherits SIG_IGN, and Python then keeps it)
         previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     previous_umask = os.umask(PRIVATE_UMASK)
+    say = dep.echo  # one line as each phase starts: a deployment is never silent while it sets up
+
     try:
         t0 = time.monotonic()
+        say(f"deploy: preparing {dep.workdir}: "
+            + ("checking the given party files" if party_files is not None else "exporting one data file per party")
+            + (", making certificates and keys" if tls else "") + " …")
         dep.prepare()
+        say("deploy: starting the SuperLink …")
         dep.start_superlink()
         if dep.node_auth:
+            say(f"deploy: registering {len(dep.parties)} SuperNode public keys …")
             dep.register_nodes()
+        say(f"deploy: starting {len(dep.parties)} SuperNodes ({', '.join(dep.parties)}) …")
         dep.start_supernodes()
+        say(f"deploy: running the job on {dep.address} (flwr run) …")
         results = dep.run()
         marks = dep.timeline
         results["deployment"] = {"run_id": str(dep.run_id), "workdir": str(dep.workdir), "tls": tls,
