@@ -188,3 +188,37 @@ def test_tensorboard_into_a_file_is_refused_before_the_run(tmp_path, capsys):
     code, _, stderr = _run(["train", *TINY, "--tensorboard", str(bad), "--run-dir", str(tmp_path / "run")], capsys)
     assert code == 2 and stderr.startswith("fl-split: error: --tensorboard")
     assert not (tmp_path / "run").exists()
+
+
+# -- deploy local: never silent ----------------------------------------------------------------
+
+def test_deploy_local_says_each_phase_before_it_starts(tmp_path, monkeypatch):
+    """A line is echoed as each phase *starts* (so a slow export or SuperLink start is never
+    silent), in order; the fake deployment records which phase ran after which line."""
+    import fl_split.deploy as D
+
+    events: list[str] = []
+
+    class Fake:
+        def __init__(self, cfg, workdir, *, echo, **kw):
+            self.echo = lambda line: events.append(f"say {line}")
+            self.workdir, self.parties, self.node_auth = tmp_path / "w", cfg.parties, True
+            self.address, self.run_id, self.timeline = "127.0.0.1:1", 7, {}
+
+        def __getattr__(self, name):
+            return lambda *a, **k: events.append(name)
+
+        def run(self):
+            events.append("run")
+            return {}
+
+    monkeypatch.setattr(D, "LocalDeployment", Fake)
+    D.deploy_local(RunConfig(engine="flower", guests=2), tmp_path / "w")
+    phases = [e for e in events if not e.startswith("say ")]
+    assert phases[:5] == ["prepare", "start_superlink", "register_nodes", "start_supernodes", "run"]
+    said = [i for i, e in enumerate(events) if e.startswith("say ")]
+    for phase in phases[:5]:  # every phase comes right after its own line
+        i = events.index(phase)
+        assert i - 1 in said, events
+    assert "exporting one data file per party, making certificates and keys" in events[0]
+    assert "3 SuperNodes (host, guest-1, guest-2)" in events[events.index("start_supernodes") - 1]
