@@ -282,13 +282,25 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
         for line in hopeless_releases(plan_run(cfg)):
             print(f"fl-split: warning: {line}", file=sys.stderr)
-    results = run_experiment(cfg, private_seed=ns.private_seed)
+    if cfg.engine == "flower" and not cfg.monolithic:
+        # Ctrl-C / SIGTERM: end Ray's processes and exit 130 at once (fl_split.flower.processes)
+        from fl_split.flower.processes import exit_on_signals
+
+        with exit_on_signals("fl-split: interrupted; no results written"):
+            results = run_experiment(cfg, private_seed=ns.private_seed, say=_say)
+    else:
+        results = run_experiment(cfg, private_seed=ns.private_seed)
     if cfg.out:
         write_json_atomic(cfg.out, results)
     print_summary(results)
     if cfg.out:
         print(f"results written to {cfg.out}")
     return 0
+
+
+def _say(line: str) -> None:
+    """A one-line note of the run (what --num-cpus auto chose) on stderr."""
+    print(f"fl-split: {line}", file=sys.stderr, flush=True)
 
 
 def cmd_export_parties(ns: argparse.Namespace) -> int:

@@ -100,9 +100,11 @@ class FlowerEngine:
 
     def __init__(self, cfg: RunConfig, client_app=None, num_supernodes: int | None = None,
                  verbose: bool = False, stop_grace: float = STOP_GRACE, poll_interval: float | None = None,
-                 private_seed: int | None = None) -> None:
+                 private_seed: int | None = None, say=None) -> None:
         from fl_split.flower.transport import POLL_INTERVAL
 
+        #: called with the one line that says what ``--num-cpus auto`` chose (the CLI prints it)
+        self.say = say
         self.cfg = cfg
         self.private_seed = private_seed
         self.poll_interval = POLL_INTERVAL if poll_interval is None else poll_interval
@@ -137,11 +139,23 @@ class FlowerEngine:
         for_simulation(cfg)
         check_options(cfg)
         if cfg.data_plane == "direct":
-            if not cfg.ray_address:
+            if not cfg.ray_address and cfg.num_cpus != "auto":  # auto shares the CPUs: all fit by construction
                 from fl_split.flower.resources import check_capacity, local_capacity
 
                 check_capacity(cfg.guests, local_capacity(cfg.num_cpus, cfg.num_gpus), " (this machine)")
         plan_run(cfg)
+
+    def _share_cpus(self, cfgs: list[RunConfig], node_cpus: list[float], where: str) -> list[RunConfig]:
+        """Resolve ``--num-cpus auto`` (:func:`fl_split.flower.resources.auto_share`) in :attr:`cfg` and
+        ``cfgs``, and say what was chosen in one line (:attr:`say`)."""
+        from fl_split.flower.resources import resolve_num_cpus, share_line
+
+        if self.cfg.num_cpus != "auto":
+            return cfgs
+        self.cfg = resolve_num_cpus(self.cfg, self.num_supernodes, node_cpus)
+        if self.say is not None:
+            self.say(share_line(self.cfg, self.num_supernodes, node_cpus, where))
+        return [resolve_num_cpus(c, self.num_supernodes, node_cpus) for c in cfgs]
 
     def _start_ray(self) -> bool:
         """Start (or join, with ``--ray-address``) Ray for the simulation; ``False`` if this process
@@ -209,6 +223,10 @@ class FlowerEngine:
             self.check(c)
         # --device auto: resolved once, here, by the rule of every engine; the parties get the result
         cfgs = [for_simulation(c) for c in cfgs]
+        if not self.cfg.ray_address:  # --num-cpus auto: this machine's CPUs shared by the G + 1 ClientApps
+            from fl_split.flower.resources import local_cpus
+
+            cfgs = self._share_cpus(cfgs, [float(local_cpus())], "on this machine")
         from flwr.simulation import run_simulation
 
         from fl_split.flower.strategy import make_server_app
@@ -243,8 +261,12 @@ class FlowerEngine:
                 # Ray's notice about a future default of accelerator env vars (we rely on the
                 # current one: an actor without --num-gpus sees no GPU)
                 warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
+                sigterm = _sigterm_handler()
                 started = self._start_ray()
+                _restore_sigterm(sigterm)
                 timeline["ray_started"] = time.perf_counter()
+                if self.cfg.ray_address:  # --num-cpus auto: the cluster's CPUs, known once joined
+                    cfgs = self._share_cpus(cfgs, _cluster_cpus(), "in the Ray cluster")
                 watchdog.start()
                 # the direct data plane runs all G + 1 ClientApps at once: past Flower's thread pool
                 from fl_split.flower.resources import widened_worker_pool
@@ -306,6 +328,27 @@ class FlowerEngine:
         if "engine_start" in t and "ray_stopped" in t:
             out["total"] = t["ray_stopped"] - t["engine_start"]
         return out
+
+
+def _sigterm_handler():
+    """This process's Python-level SIGTERM handler (``None`` off the main thread)."""
+    return signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+
+
+def _restore_sigterm(handler) -> None:
+    """Ray's driver start replaces SIGTERM's handler (a ``sys.exit`` that then waits forever for
+    Flower's threads; measured: still alive after SIGTERM, or an abort with Ray's ``*** SIGTERM
+    received`` dump): give SIGTERM back to the Python handler set before Ray started (the CLI's,
+    :func:`fl_split.flower.processes.exit_on_signals`), if there was one."""
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _cluster_cpus() -> list[float]:
+    """The CPUs of every live node of the Ray cluster this process joined."""
+    import ray
+
+    return [float(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive") and n.get("Resources")]
 
 
 class _Collect(logging.Handler):
