@@ -176,8 +176,11 @@ class FlowerEngine:
             from fl_split.flower.resources import local_cpus
 
             # only the CPUs the G + 1 ClientApps reserve: the pool then holds G + 1 actors, not one per core
-            need = math.ceil(self.num_supernodes * float(cfg.num_cpus) - 1e-9)
-            args["num_cpus"] = max(1, min(local_cpus(), need))
+            if cfg.num_cpus == "auto":  # (run_series resolves it first; all of this machine's CPUs)
+                args["num_cpus"] = local_cpus()
+            else:
+                need = math.ceil(self.num_supernodes * float(cfg.num_cpus) - 1e-9)
+                args["num_cpus"] = max(1, min(local_cpus(), need))
         if cfg.ray_address:
             ray.init(**args)
             return True
