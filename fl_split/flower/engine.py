@@ -87,6 +87,39 @@ def _end_stuck_actors(server_done: threading.Event, finished: threading.Event, g
             pass
 
 
+class _Recorder(threading.Thread):
+    """Records, once a second while the simulation runs, every process this process started since
+    :meth:`start` (Ray's daemons, its workers and ClientApp actors), with its command line: when Ray
+    shuts down, a worker whose raylet is gone is re-parented away from this process (no longer a
+    descendant) and may linger — measured under load: all 3 ClientApp actors still running after the
+    CLI returned. :meth:`end_leftovers` ends those still running the same command, by PID."""
+
+    def __init__(self) -> None:
+        super().__init__(name="fl_split-recorder", daemon=True)
+        self.before = set(descendants(os.getpid()))
+        self.seen: dict[int, str] = {}
+        self.halt = threading.Event()
+
+    def snapshot(self) -> None:
+        for pid, cmd in descendants(os.getpid()).items():
+            if pid not in self.before and (cmd or pid not in self.seen):
+                self.seen[pid] = cmd
+
+    def run(self) -> None:
+        while not self.halt.wait(1.0):
+            self.snapshot()
+
+    def end_leftovers(self, grace: float = 3.0) -> list[int]:
+        from fl_split.flower.processes import alive, process_table
+
+        self.halt.set()
+        table = process_table(cmdline=True)
+        left = {p for p in alive(set(self.seen)) if p in table and self.seen[p] and table[p][3] == self.seen[p]}
+        if left:
+            end_processes(left, grace=grace)
+        return sorted(left)
+
+
 class FlowerEngine:
     """Run ``cfg`` as a Flower simulation; :meth:`run` returns the results dictionary.
 
@@ -259,13 +292,18 @@ class FlowerEngine:
             flwr_logger.addHandler(quiet)
         saved_path = os.environ.get("PYTHONPATH")
         started = False
+        recorder = None
         try:
             with offline_env(), warnings.catch_warnings():
                 # Ray's notice about a future default of accelerator env vars (we rely on the
                 # current one: an actor without --num-gpus sees no GPU)
                 warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
                 sigterm = _sigterm_handler()
+                recorder = _Recorder()
                 started = self._start_ray()
+                if started and not self.cfg.ray_address:  # a local instance: every process of it is ours
+                    recorder.snapshot()
+                    recorder.start()
                 _restore_sigterm(sigterm)
                 timeline["ray_started"] = time.perf_counter()
                 if self.cfg.ray_address:  # --num-cpus auto: the cluster's CPUs, known once joined
@@ -289,6 +327,9 @@ class FlowerEngine:
 
                 if ray.is_initialized():  # Flower shuts Ray down itself unless the simulation broke early
                     ray.shutdown()
+            if recorder is not None and recorder.is_alive():
+                recorder.snapshot()
+                recorder.end_leftovers()
             timeline["ray_stopped"] = time.perf_counter()
             if saved_path is None:
                 os.environ.pop("PYTHONPATH", None)
