@@ -103,8 +103,9 @@ def check_capacity(guests: int, capacity: dict[str, Any], where: str = "") -> No
     if g > 0 and slots(nodes, 0, g) < parties:
         best = _largest_share([n.get("GPU", 0) for n in nodes], parties)
         fixes.append(f"--num-gpus {best:g} or less" if best > 0 else "more GPUs")
-    flwr_run = (f"flwr run: --federation-config \"init-args-num-cpus={math.ceil(parties * max(c, 1) - 1e-9)}\" lets "
-                f"Ray count that many CPUs" if cpu_fit < parties else "flwr run: client-resources-num-gpus")
+    flwr_run = (f"flwr run: fl-split flwr-run derives a federation that fits, or --federation-config "
+                f"\"init-args-num-cpus={math.ceil(parties * max(c, 1) - 1e-9)}\" lets Ray count that many CPUs"
+                if cpu_fit < parties else "flwr run: client-resources-num-gpus")
     raise ConfigError("num-cpus" if cpu_fit < parties else "num-gpus", c if cpu_fit < parties else g,
                       " and ".join(fixes) + f" ({flwr_run}), more Ray nodes, or --data-plane flower (one ClientApp "
                       "at a time, no such need)",
