@@ -90,10 +90,10 @@ def report_with_device(party) -> dict[str, Any]:
     return {**party.report(), **describe(party.device)}
 
 
-def party_threads(setting: Any, cpus_given: float | None) -> int:
+def party_threads(setting: Any, cpus_given: float | None, limit: int | None = None) -> int:
     """Torch intra-op threads of one party: ``--threads N`` as given; ``auto`` = the whole CPUs its
-    ClientApp reserves (``floor(--num-cpus)``, at least 1), or 1 where a party reserves nothing (the
-    local engine runs the parties one after the other in one process).
+    ClientApp reserves (``floor(--num-cpus)``, at least 1, and at most ``limit``), or 1 where a party
+    reserves nothing (the local engine runs the parties one after the other in one process).
 
     Why 1 and not torch's default (one per core): a party's work per batch is small, and torch's
     OpenMP threads spin-wait for each other; when another process takes a core they stall. Measured
@@ -103,7 +103,8 @@ def party_threads(setting: Any, cpus_given: float | None) -> int:
         return max(1, int(setting))
     if not cpus_given:
         return 1
-    return max(1, int(math.floor(float(cpus_given) + 1e-9)))
+    n = max(1, int(math.floor(float(cpus_given) + 1e-9)))
+    return n if limit is None else max(1, min(n, limit))
 
 
 def apply_threads(n: int) -> int:

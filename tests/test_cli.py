@@ -178,6 +178,7 @@ def test_party_threads(setting, cpus, threads):
     from fl_split.devices import party_threads
 
     assert party_threads(setting, cpus) == threads
+    assert party_threads(setting, cpus, limit=1) == (threads if setting != "auto" else 1)  # limit caps auto only
 
 
 @pytest.mark.parametrize("threads,want", [("auto", 1), ("2", 2)])

@@ -182,7 +182,10 @@ def _set_threads(cfg: RunConfig, role: NodeRole) -> None:
     cap = capacity_here() if role.mode == "simulation" else None
     if role.mode == "simulation" and cap is None:
         return
-    apply_threads(party_threads(cfg.threads, cap["num_cpus"] if cap else None))
+    # Ray's CPUs are logical (flwr run's federation may count more than the cores): at most this
+    # machine's cores shared by the G + 1 parties that train at once
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    apply_threads(party_threads(cfg.threads, cap["num_cpus"] if cap else None, max(1, cores // (cfg.guests + 1))))
 
 
 def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None, secret=None):
