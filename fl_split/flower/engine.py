@@ -18,6 +18,12 @@ actors instead of one per core. :attr:`FlowerEngine.timeline` records where the 
 Resources: each ClientApp (Ray actor) reserves ``--num-cpus`` / ``--num-gpus``; the direct data
 plane needs all ``G + 1`` at once (checked before Ray starts, :mod:`fl_split.flower.resources`).
 ``--device auto`` is resolved here by the rule of every engine (:mod:`fl_split.devices`).
+``--num-cpus auto`` (the default) is resolved here too: the CPUs Ray sees shared by the ``G + 1``
+ClientApps (:func:`fl_split.flower.resources.auto_share`), announced in one line (``say``).
+
+Nothing is left running (issue 17): the processes of a local Ray instance that outlive
+``ray.shutdown()`` are ended by PID (:class:`_Recorder`); Ray's driver start replaces the SIGTERM
+handler, so the caller's (the CLI's :func:`fl_split.flower.processes.exit_on_signals`) is put back.
 """
 
 from __future__ import annotations
