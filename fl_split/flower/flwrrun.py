@@ -36,15 +36,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from fl_split.config import RunConfig
-from fl_split.deploy import DeploymentError, LocalDeployment, _bin, find_app_dir, free_port
+from fl_split.deploy import LocalDeployment, _bin, find_app_dir, free_port
 
 __all__ = ["FlwrRun", "federation_for", "flwr_run", "parse_pairs"]
 
@@ -127,28 +125,7 @@ class FlwrRun(LocalDeployment):
                 "--federation-config", fed]
         self.echo(f"fl-split: flwr run . --stream --federation-config \"{fed}\" (its own SuperLink on {self.address}; "
                   f"logs in {self.group.log_dir})")
-        self._mark("submitted")
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, env=self.env, cwd=self.workdir, start_new_session=True)
-        self.group.procs["flwr-run"] = proc
-        reader = threading.Thread(target=self._relay, args=(proc,), daemon=True)
-        reader.start()
-        deadline = time.monotonic() + self.timeout
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise DeploymentError(f"the run did not finish within {self.timeout:g} s")
-            self._check_alive()
-            time.sleep(0.5)
-        reader.join(timeout=5)
-        if self.run_id is None:
-            raise DeploymentError(f"flwr run exited with code {proc.returncode} without starting a run "
-                                  f"({self._last_stream_line or 'no output'})")
-        status, details = self._wait_outcome(deadline)
-        if status != "finished:completed":
-            from fl_split.deploy import _one_line
-
-            raise DeploymentError(f"run {self.run_id} {status.replace('finished:', '')}: "
-                                  f"{_one_line(details) or 'no details'} (logs: {self.group.log_dir})")
+        status = self._submit(args)
         return {"run_id": self.run_id, "status": status}
 
 
