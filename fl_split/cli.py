@@ -185,6 +185,23 @@ def build_parser() -> argparse.ArgumentParser:
                                       "--private-seed-file (reproducible runs whose party secrets nobody else can "
                                       "derive). An existing file is never overwritten.")
     seed.add_argument("--out", dest="seed_out", metavar="FILE", required=True, help="the file to create")
+    fr = sub.add_parser(
+        "flwr-run", help="flwr run . --stream with its own SuperLink and a federation that fits this machine",
+        description="Run the Flower app like `flwr run . --stream`, with a SuperLink of its own (private FLWR_HOME "
+                    "and port), a federation derived from the job (G + 1 SuperNodes sharing this machine's CPUs), "
+                    "the outcome read from the SuperLink (exit 1 when the run fails, which flwr run does not "
+                    "report) and every process it started ended afterwards, also on Ctrl-C (docs/flower.md).")
+    fr.add_argument("--run-config", default="", metavar="'K=V ...'",
+                    help="run-config overrides, as flwr run's --run-config (e.g. \"guests=2 epochs=1 "
+                         "out='r.json'\"); default: the app's main job")
+    fr.add_argument("--federation-config", default="", metavar="'K=V ...'",
+                    help="override the derived federation (num-supernodes, client-resources-num-cpus, "
+                         "init-args-num-cpus, ...)")
+    fr.add_argument("--workdir", default=None, metavar="DIR",
+                    help="FLWR_HOME, SuperLink state and logs go here [default: a temporary directory, removed "
+                         "after a successful run]")
+    fr.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+                    help="give up (and tear down) after S seconds [default: 1800]")
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser
@@ -367,7 +384,14 @@ def cmd_train(ns: argparse.Namespace) -> int:
         from fl_split.tracking import check_tensorboard
 
         check_tensorboard(tb_dir)
-    results = run_experiment(cfg, private_seed=ns.seed_value)
+    if cfg.engine == "flower" and not cfg.monolithic:
+        # Ctrl-C / SIGTERM: end Ray's processes and exit 130 at once (fl_split.flower.processes)
+        from fl_split.flower.processes import exit_on_signals
+
+        with exit_on_signals("fl-split: interrupted; no results written"):
+            results = run_experiment(cfg, private_seed=ns.seed_value, say=_say)
+    else:
+        results = run_experiment(cfg, private_seed=ns.seed_value)
     if cfg.out:
         write_json_atomic(cfg.out, results)
     kept = None
@@ -387,6 +411,11 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if tb_dir is not None:
         print(f"TensorBoard scalars written to {tb_dir} (tensorboard --logdir {tb_dir})")
     return 0
+
+
+def _say(line: str) -> None:
+    """A one-line note of the run (what --num-cpus auto chose) on stderr."""
+    print(f"fl-split: {line}", file=sys.stderr, flush=True)
 
 
 def cmd_export_parties(ns: argparse.Namespace) -> int:
@@ -475,6 +504,17 @@ def cmd_seed(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_flwr_run(ns: argparse.Namespace) -> int:
+    from fl_split.flower.flwrrun import flwr_run
+
+    if ns.timeout <= 0:
+        raise ConfigError("timeout", ns.timeout, "a number > 0")
+    result = flwr_run(ns.run_config, ns.federation_config, ns.workdir, ns.timeout)
+    print(f"fl-split: run {result['run_id']} completed; its SuperLink and every process it started have ended",
+          file=sys.stderr)
+    return 0
+
+
 def cmd_datasets() -> int:
     from rich.table import Table
 
@@ -530,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_certs(ns)
         if ns.command == "seed":
             return cmd_seed(ns)
+        if ns.command == "flwr-run":
+            return cmd_flwr_run(ns)
         if ns.command == "datasets":
             return cmd_datasets()
         if ns.command == "models":

@@ -164,6 +164,9 @@ class RunConfig:
     device: str = _opt(AUTO, "where parties put their tensors: auto, cpu, cuda or cuda:N (GPU number N of this "
                              "machine)", check=lambda v: isinstance(v, str) and _device_ok(v),
                        allowed="auto, cpu, cuda or cuda:N (N an integer >= 0)")
+    threads: Any = _opt(AUTO, "torch intra-op threads of each party: auto = 1 per party, or the whole CPUs its Flower "
+                              "ClientApp reserves (docs/flower.md, \"CPUs and threads\")",
+                        kind="int_or_auto", allowed="'auto' or an integer >= 1")
     batches_per_round: Any = _opt(1, "mini-batches carried by one Flower round ('epoch' = all of an "
                                      "epoch); 1 = exact sequential semantics", group="flower",
                                   kind="int_or_epoch", allowed="'epoch' or an integer >= 1")
@@ -178,8 +181,9 @@ class RunConfig:
     epochs_per_message: int = _opt(1, "direct data plane: epochs one control message covers (fewer Flower round trips; "
                                       "the coordinator hears of each epoch when the message ends)",
                                    check=_positive_int, allowed="an integer >= 1", group="flower")
-    num_cpus: float = _opt(1.0, "CPUs reserved per Flower client (Ray actor)", check=_positive_float,
-                           allowed="a number > 0", group="flower")
+    num_cpus: Any = _opt(AUTO, "CPUs reserved per Flower client (Ray actor); auto = the CPUs Ray has, shared by "
+                               "the G + 1 ClientApps (fractions allowed; docs/flower.md, \"CPUs and threads\")",
+                         kind="float_or_auto", allowed="'auto' or a number > 0", group="flower")
     num_gpus: float = _opt(0.0, "GPUs reserved per Flower client (Ray actor)", check=_nonneg_float,
                            allowed="a number >= 0", group="flower")
     node_timeout: float = _opt(120.0, "seconds the coordinator waits for nodes to register and reply",

@@ -358,11 +358,19 @@ class LocalDeployment:
         config = self.workdir / "run-config.toml"
         write_private(config, run_config_toml(self.cfg, self.results_path).encode("utf-8"))
         app = find_app_dir()
-        args = [_bin("flwr"), "run", str(app), self.connection, "--stream", "--run-config", str(config)]
+        self._submit([_bin("flwr"), "run", str(app), self.connection, "--stream", "--run-config", str(config)],
+                     umask=PRIVATE_UMASK)
+        if not self.results_path.exists():
+            raise DeploymentError(f"run {self.run_id} completed but wrote no results to {self.results_path}")
+        return json.loads(self.results_path.read_text(encoding="utf-8"))
+
+    def _submit(self, args: list[str], umask: int = -1) -> str:
+        """Run ``flwr run`` (``args``), relay its stream, wait for it and for the run's outcome within
+        :attr:`timeout`; returns the final status, raises :class:`DeploymentError` unless the run
+        completed."""
         self._mark("submitted")
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, env=self.env, cwd=self.workdir, start_new_session=True,
-                                umask=PRIVATE_UMASK)
+                                text=True, env=self.env, cwd=self.workdir, start_new_session=True, umask=umask)
         self.group.procs["flwr-run"] = proc
         reader = threading.Thread(target=self._relay, args=(proc,), daemon=True)
         reader.start()
@@ -382,9 +390,7 @@ class LocalDeployment:
         if status != "finished:completed":
             raise DeploymentError(f"run {self.run_id} {status.replace('finished:', '')}: "
                                   f"{_one_line(details) or 'no details'} (logs: {self.group.log_dir})")
-        if not self.results_path.exists():
-            raise DeploymentError(f"run {self.run_id} completed but wrote no results to {self.results_path}")
-        return json.loads(self.results_path.read_text(encoding="utf-8"))
+        return status
 
     _last_stream_line = ""
 

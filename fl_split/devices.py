@@ -13,10 +13,15 @@ there each party resolves ``auto`` on its own machine by the same rule.
 Every party's end-of-run report carries ``device`` (``cpu`` or ``cuda:<index>``) and, on a GPU,
 ``accelerator`` (the device's name and the GPU IDs Ray assigned), so the results say where each
 party ran.
+
+Threads (``--threads``, :func:`party_threads`): how many torch intra-op threads a party uses — the
+whole CPUs its Flower ClientApp reserves, 1 where it reserves none (the local engine, a deployment
+node) unless ``--threads N`` says otherwise.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fl_split.errors import ConfigError
@@ -100,3 +105,30 @@ def describe(device) -> dict[str, Any]:
 def report_with_device(party) -> dict[str, Any]:
     """``party.report()`` plus where the party's tensors live."""
     return {**party.report(), **describe(party.device)}
+
+
+def party_threads(setting: Any, cpus_given: float | None, limit: int | None = None) -> int:
+    """Torch intra-op threads of one party: ``--threads N`` as given; ``auto`` = the whole CPUs its
+    ClientApp reserves (``floor(--num-cpus)``, at least 1, and at most ``limit``), or 1 where a party
+    reserves nothing (the local engine runs the parties one after the other in one process).
+
+    Why 1 and not torch's default (one per core): a party's work per batch is small, and torch's
+    OpenMP threads spin-wait for each other; when another process takes a core they stall. Measured
+    on the 2-core machine (issue 17): a CLI epoch took 8.1–8.3 s with torch's default threads while
+    another job ran, 0.06–0.09 s with one thread (``experiments/bench_threads.py``)."""
+    if setting != "auto":
+        return max(1, int(setting))
+    if not cpus_given:
+        return 1
+    n = max(1, int(math.floor(float(cpus_given) + 1e-9)))
+    return n if limit is None else max(1, min(n, limit))
+
+
+def apply_threads(n: int) -> int:
+    """Set torch's intra-op threads of this process to ``n`` (returns the previous value)."""
+    import torch
+
+    old = torch.get_num_threads()
+    if old != n:
+        torch.set_num_threads(n)
+    return old

@@ -533,19 +533,29 @@ class MonolithicEngine:
         return {"hits": hits, "n": n, "loss_sum": loss_sum}
 
 
-def run_experiment(cfg: RunConfig, private_seed: int | None = None) -> dict[str, Any]:
+def run_experiment(cfg: RunConfig, private_seed: int | None = None, say=None) -> dict[str, Any]:
     """Build and run the configured experiment on the configured engine.
 
     ``private_seed`` (``--private-seed``) makes every party's private randomness reproducible; it
-    is not part of the (public) configuration and never appears in the results."""
-    if cfg.monolithic:
-        results = MonolithicEngine(cfg, private_seed=private_seed).run()
-    elif cfg.engine == "flower":
+    is not part of the (public) configuration and never appears in the results. ``say`` gets the
+    Flower engine's one line about ``--num-cpus auto``. In this process the parties train with
+    ``--threads`` torch threads (``auto``: 1, see :func:`fl_split.devices.party_threads`);
+    the previous setting is restored afterwards. A Flower ClientApp sets its own."""
+    if cfg.engine == "flower" and not cfg.monolithic:
         from fl_split.flower import FlowerEngine
 
-        results = FlowerEngine(cfg, private_seed=private_seed).run()
+        results = FlowerEngine(cfg, private_seed=private_seed, say=say).run()
     else:
-        results = LocalEngine(cfg, private_seed).run()
+        from fl_split.devices import apply_threads, party_threads
+
+        old = apply_threads(party_threads(cfg.threads, None))
+        try:
+            if cfg.monolithic:
+                results = MonolithicEngine(cfg, private_seed=private_seed).run()
+            else:
+                results = LocalEngine(cfg, private_seed).run()
+        finally:
+            apply_threads(old)
     if cfg.data:  # own data, prepared in this process: how the shared ID list was agreed (sizes, PSI traffic;
         # never an ID). A deployment's coordinator never reads data and does not come here.
         from fl_split.builder import prepare_data

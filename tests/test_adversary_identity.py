@@ -24,24 +24,10 @@ from fl_split.dataplane.host import HostEndpoint
 from fl_split.dataplane.tls import ClientTLS, ServerTLS
 from fl_split.flower.strategy import VerticalSplitStrategy
 from tests.test_dataplane import KEYS, SESSION, _echo, _guest_thread, _rogue, _rounds, guest_keys, host_keys
+from tests.test_dataplane import _task_identity, tls  # noqa: F401 - fixtures: the Flower task identity, certificates
 from tests.test_flower import InlineGrid, _cfg, _local, _simulation_nodes, _strip
 
 
-@pytest.fixture(autouse=True)
-def _task_identity():
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory):
-    from tests.tlsutil import make_certificates
-
-    return make_certificates(tmp_path_factory.mktemp("tls"))
 
 
 def _counting(party: str):

@@ -566,7 +566,8 @@ def test_capacity_follows_flowers_pool_rule():
     ({"num_cpus": 1.0, "num_gpus": 0.0, "nodes": [{"CPU": 2.0, "GPU": 0.0}]}, 2,
      r"^--num-cpus: got 1.0 \(the direct data plane runs all 3 ClientApps \(1 host \+ 2 guests\) at once, but only 2 "
      r"fit: each reserves --num-cpus 1, and Ray has 2 CPU\(s\) on 1 node\); allowed: --num-cpus 0.66 or less "
-     r"\(flwr run: --federation-config .*\), more Ray nodes, or --data-plane flower"),
+     r"\(flwr run: fl-split flwr-run derives a federation that fits, or --federation-config .*\), more Ray nodes, "
+     r"or --data-plane flower"),
     ({"num_cpus": 1.0, "num_gpus": 0.0, "nodes": [{"CPU": 1.0}, {"CPU": 1.0}]}, 2,
      r"only 2 fit: .*Ray has 2 CPU\(s\) on 2 nodes\); allowed: --num-cpus 0.5 or less"),
     ({"num_cpus": 1.0, "num_gpus": 0.5, "nodes": [{"CPU": 8.0, "GPU": 1.0}]}, 2,

@@ -917,3 +917,174 @@ def test_flwr_run_cli_against_our_own_superlink(tmp_path):
     assert got["config"]["device"] == "auto"  # flwr run's config; the parties resolved it (above)
     got["config"]["device"] = "cpu"
     assert _strip(got) == _strip(want)
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 17: defaults that fit the machine; failures are non-zero and leave nothing behind
+
+
+class _Watch:
+    """Runs ``argv`` (``python -m fl_split.cli …``) in a session of its own and records every
+    descendant it ever had (polled), so a test can check that all of them ended."""
+
+    def __init__(self, argv: list[str], cwd: Path | None = None) -> None:
+        import threading
+
+        from fl_split.flower.processes import descendants
+
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                   OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "fl_split.cli", *argv], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,
+                                     cwd=cwd or ROOT)
+        self.seen: dict[int, str] = {}
+        self._stop = threading.Event()
+
+        def poll() -> None:
+            while not self._stop.is_set():
+                for pid, cmd in descendants(self.proc.pid).items():
+                    if cmd or pid not in self.seen:  # a zombie's command line reads empty: keep the real one
+                        self.seen[pid] = cmd
+                self._stop.wait(0.25)
+
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+
+    def actors(self) -> int:
+        return sum(c.startswith("ray::ClientAppActor") for c in self.seen.values())
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        finally:
+            self._stop.set()
+            self._thread.join()
+        return self.proc.returncode, out, err
+
+    def left(self, timeout: float = 20.0) -> list[str]:
+        """Recorded descendants (and members of its session) still running after ``timeout`` s."""
+        from fl_split.flower.processes import alive, process_table
+
+        def still() -> list[str]:
+            table = process_table(cmdline=True)
+            mine = {p for p, (st, _, sid, _) in table.items() if sid == self.proc.pid and st != "Z"}
+            # a recorded PID counts only while it runs the same command (not a recycled PID)
+            same = {p for p in alive(set(self.seen)) if p in table and table[p][3] == self.seen[p]}
+            return [f"{p} {self.seen.get(p, '')[:80]}" for p in sorted(same | mine)]
+
+        deadline = time.monotonic() + timeout
+        while (rest := still()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return rest
+
+    def kill(self) -> None:
+        """Clean-up after a failed test only: end the command and its current descendants."""
+        from fl_split.flower.processes import descendants, end_processes
+
+        if self.proc.poll() is None:
+            end_processes(set(descendants(self.proc.pid)) | {self.proc.pid}, grace=2)
+            self.proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_cli_flower_engine_fits_a_small_machine_with_no_resource_flags(tmp_path):
+    """`fl-split train --engine flower --guests 2` with no --num-cpus on this (2-core) machine: the
+    CPUs Ray sees are shared by the 3 ClientApps (one line says so), the run completes and nothing
+    is left running."""
+    from fl_split.flower.resources import auto_share, local_cpus
+
+    out = tmp_path / "r.json"
+    run = _Watch(["train", "--engine", "flower", "--guests", "2", "--epochs", "1", "--limit", "200", "--no-progress",
+                  "--device", "cpu", "--out", str(out)])
+    try:
+        code, stdout, stderr = run.finish(timeout=500)
+    finally:
+        run.kill()
+    assert code == 0, stderr[-3000:]
+    share = auto_share(3, [float(local_cpus())])
+    assert f"fl-split: --num-cpus auto: {share:g} CPU per ClientApp ({local_cpus()} CPU(s) on this machine shared " \
+           f"by 3 ClientApps: 1 host + 2 guests)" in stderr
+    got = json.loads(out.read_text())
+    assert got["config"]["num_cpus"] == share and len(got["history"]) == 1
+    assert run.actors() == 3  # every party in its own Ray actor
+    assert run.left() == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_cli_flower_engine_interrupted_exits_130_and_leaves_nothing(tmp_path, sig):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) or SIGTERM while `--engine flower`
+    trains: exit 130 within 10 s (issue 17's bound; a hang measured 180 s+ before), one line and no
+    traceback on stderr, no results file, and every process it started (Ray's daemons and actors) ended."""
+    import signal as signal_mod
+
+    out = tmp_path / "r.json"
+    run = _Watch(["train", "--engine", "flower", "--guests", "2", "--epochs", "500", "--no-progress", "--device", "cpu",
+                  "--out", str(out)])
+    try:
+        deadline = time.monotonic() + 400
+        while run.actors() < 3 and run.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert run.actors() == 3, "the ClientApps never started"
+        time.sleep(3)  # the parties are set up and training
+        assert run.proc.poll() is None
+        if sig == "SIGINT":
+            os.killpg(run.proc.pid, signal_mod.SIGINT)
+        else:
+            run.proc.send_signal(signal_mod.SIGTERM)
+        try:
+            code, _, stderr = run.finish(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 10 s after {sig}")
+    finally:
+        run.kill()
+    assert code == 130
+    assert "Traceback" not in stderr and "SIGTERM received" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == "fl-split: interrupted; no results written"
+    assert not out.exists() and not list(tmp_path.iterdir())
+    assert run.left(timeout=5) == []
+
+
+@pytest.mark.slow
+def test_flwr_run_wrapper_completes_and_leaves_nothing(tmp_path):
+    """The README's Flower command, `fl-split flwr-run`: `flwr run . --stream` with its own SuperLink
+    and a federation derived from the job (2 guests on this machine's CPUs, no federation flag), exit
+    0, results written (a relative `out` lands in the caller's directory), pyproject.toml untouched,
+    and its SuperLink, SuperExec, ServerApp and Ray processes all ended."""
+    before = (ROOT / "pyproject.toml").read_bytes()
+    run = _Watch(["flwr-run", "--run-config", f"guests=2 epochs=1 limit=200 batches-per-round='epoch' out='r.json' "
+                                              f"private-seed='{PS}'", "--workdir", str(tmp_path / "work")],
+                 cwd=tmp_path)
+    try:
+        code, stdout, stderr = run.finish(timeout=500)
+    finally:
+        run.kill()
+    text = stdout + stderr
+    assert code == 0, text[-3000:]
+    assert 'federation-config "num-supernodes=3 ' in text
+    assert "epoch 1: train loss" in text and "guest-1: gaussian" in text
+    assert "completed; its SuperLink and every process it started have ended" in stderr
+    got = json.loads((tmp_path / "r.json").read_text())
+    assert got["plan"]["engine"] == "flower" and got["config"]["guests"] == 2
+    assert any("flower-superlink" in c for c in run.seen.values()), run.seen
+    assert run.left() == []
+    assert (ROOT / "pyproject.toml").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_flwr_run_wrapper_failed_run_exits_non_zero_and_leaves_nothing(tmp_path):
+    """A run whose ServerApp fails (here: 3 SuperNodes for a 1-guest job, which the coordinator
+    refuses) — `flwr run` itself exits 0 — makes `fl-split flwr-run` exit 1 with the SuperLink's
+    reason; nothing is left running, and the work directory keeps the logs."""
+    work = tmp_path / "work"
+    run = _Watch(["flwr-run", "--run-config", "epochs=1 limit=200", "--federation-config", "num-supernodes=3",
+                  "--workdir", str(work)], cwd=tmp_path)
+    try:
+        code, stdout, stderr = run.finish(timeout=500)
+    finally:
+        run.kill()
+    assert code == 1, (stdout + stderr)[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("fl-split: failed: run ") and " failed: " in last, last
+    assert (work / "logs" / "flwr-run.log").exists()
+    assert run.left() == []

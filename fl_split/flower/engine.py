@@ -18,6 +18,12 @@ actors instead of one per core. :attr:`FlowerEngine.timeline` records where the 
 Resources: each ClientApp (Ray actor) reserves ``--num-cpus`` / ``--num-gpus``; the direct data
 plane needs all ``G + 1`` at once (checked before Ray starts, :mod:`fl_split.flower.resources`).
 ``--device auto`` is resolved here by the rule of every engine (:mod:`fl_split.devices`).
+``--num-cpus auto`` (the default) is resolved here too: the CPUs Ray sees shared by the ``G + 1``
+ClientApps (:func:`fl_split.flower.resources.auto_share`), announced in one line (``say``).
+
+Nothing is left running (issue 17): the processes of a local Ray instance that outlive
+``ray.shutdown()`` are ended by PID (:class:`_Recorder`); Ray's driver start replaces the SIGTERM
+handler, so the caller's (the CLI's :func:`fl_split.flower.processes.exit_on_signals`) is put back.
 """
 
 from __future__ import annotations
@@ -87,6 +93,39 @@ def _end_stuck_actors(server_done: threading.Event, finished: threading.Event, g
             pass
 
 
+class _Recorder(threading.Thread):
+    """Records, once a second while the simulation runs, every process this process started since
+    :meth:`start` (Ray's daemons, its workers and ClientApp actors), with its command line: when Ray
+    shuts down, a worker whose raylet is gone is re-parented away from this process (no longer a
+    descendant) and may linger — measured under load: all 3 ClientApp actors still running after the
+    CLI returned. :meth:`end_leftovers` ends those still running the same command, by PID."""
+
+    def __init__(self) -> None:
+        super().__init__(name="fl_split-recorder", daemon=True)
+        self.before = set(descendants(os.getpid()))
+        self.seen: dict[int, str] = {}
+        self.halt = threading.Event()
+
+    def snapshot(self) -> None:
+        for pid, cmd in descendants(os.getpid()).items():
+            if pid not in self.before and (cmd or pid not in self.seen):
+                self.seen[pid] = cmd
+
+    def run(self) -> None:
+        while not self.halt.wait(1.0):
+            self.snapshot()
+
+    def end_leftovers(self, grace: float = 3.0) -> list[int]:
+        from fl_split.flower.processes import alive, process_table
+
+        self.halt.set()
+        table = process_table(cmdline=True)
+        left = {p for p in alive(set(self.seen)) if p in table and self.seen[p] and table[p][3] == self.seen[p]}
+        if left:
+            end_processes(left, grace=grace)
+        return sorted(left)
+
+
 class FlowerEngine:
     """Run ``cfg`` as a Flower simulation; :meth:`run` returns the results dictionary.
 
@@ -100,9 +139,11 @@ class FlowerEngine:
 
     def __init__(self, cfg: RunConfig, client_app=None, num_supernodes: int | None = None,
                  verbose: bool = False, stop_grace: float = STOP_GRACE, poll_interval: float | None = None,
-                 private_seed: int | None = None) -> None:
+                 private_seed: int | None = None, say=None) -> None:
         from fl_split.flower.transport import POLL_INTERVAL
 
+        #: called with the one line that says what ``--num-cpus auto`` chose (the CLI prints it)
+        self.say = say
         self.cfg = cfg
         self.private_seed = private_seed
         self.poll_interval = POLL_INTERVAL if poll_interval is None else poll_interval
@@ -137,11 +178,23 @@ class FlowerEngine:
         for_simulation(cfg)
         check_options(cfg)
         if cfg.data_plane == "direct":
-            if not cfg.ray_address:
+            if not cfg.ray_address and cfg.num_cpus != "auto":  # auto shares the CPUs: all fit by construction
                 from fl_split.flower.resources import check_capacity, local_capacity
 
                 check_capacity(cfg.guests, local_capacity(cfg.num_cpus, cfg.num_gpus), " (this machine)")
         plan_run(cfg)
+
+    def _share_cpus(self, cfgs: list[RunConfig], node_cpus: list[float], where: str) -> list[RunConfig]:
+        """Resolve ``--num-cpus auto`` (:func:`fl_split.flower.resources.auto_share`) in :attr:`cfg` and
+        ``cfgs``, and say what was chosen in one line (:attr:`say`)."""
+        from fl_split.flower.resources import resolve_num_cpus, share_line
+
+        if self.cfg.num_cpus != "auto":
+            return cfgs
+        self.cfg = resolve_num_cpus(self.cfg, self.num_supernodes, node_cpus)
+        if self.say is not None:
+            self.say(share_line(self.cfg, self.num_supernodes, node_cpus, where))
+        return [resolve_num_cpus(c, self.num_supernodes, node_cpus) for c in cfgs]
 
     def _start_ray(self) -> bool:
         """Start (or join, with ``--ray-address``) Ray for the simulation; ``False`` if this process
@@ -162,8 +215,11 @@ class FlowerEngine:
             from fl_split.flower.resources import local_cpus
 
             # only the CPUs the G + 1 ClientApps reserve: the pool then holds G + 1 actors, not one per core
-            need = math.ceil(self.num_supernodes * float(cfg.num_cpus) - 1e-9)
-            args["num_cpus"] = max(1, min(local_cpus(), need))
+            if cfg.num_cpus == "auto":  # (run_series resolves it first; all of this machine's CPUs)
+                args["num_cpus"] = local_cpus()
+            else:
+                need = math.ceil(self.num_supernodes * float(cfg.num_cpus) - 1e-9)
+                args["num_cpus"] = max(1, min(local_cpus(), need))
         if cfg.ray_address:
             ray.init(**args)
             return True
@@ -209,6 +265,10 @@ class FlowerEngine:
             self.check(c)
         # --device auto: resolved once, here, by the rule of every engine; the parties get the result
         cfgs = [for_simulation(c) for c in cfgs]
+        if not self.cfg.ray_address:  # --num-cpus auto: this machine's CPUs shared by the G + 1 ClientApps
+            from fl_split.flower.resources import local_cpus
+
+            cfgs = self._share_cpus(cfgs, [float(local_cpus())], "on this machine")
         from flwr.simulation import run_simulation
 
         from fl_split.flower.strategy import make_server_app
@@ -238,13 +298,22 @@ class FlowerEngine:
             flwr_logger.addHandler(quiet)
         saved_path = os.environ.get("PYTHONPATH")
         started = False
+        recorder = None
         try:
             with offline_env(), warnings.catch_warnings():
                 # Ray's notice about a future default of accelerator env vars (we rely on the
                 # current one: an actor without --num-gpus sees no GPU)
                 warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
+                sigterm = _sigterm_handler()
+                recorder = _Recorder()
                 started = self._start_ray()
+                if started and not self.cfg.ray_address:  # a local instance: every process of it is ours
+                    recorder.snapshot()
+                    recorder.start()
+                _restore_sigterm(sigterm)
                 timeline["ray_started"] = time.perf_counter()
+                if self.cfg.ray_address:  # --num-cpus auto: the cluster's CPUs, known once joined
+                    cfgs = self._share_cpus(cfgs, _cluster_cpus(), "in the Ray cluster")
                 watchdog.start()
                 # the direct data plane runs all G + 1 ClientApps at once: past Flower's thread pool
                 from fl_split.flower.resources import widened_worker_pool
@@ -264,6 +333,9 @@ class FlowerEngine:
 
                 if ray.is_initialized():  # Flower shuts Ray down itself unless the simulation broke early
                     ray.shutdown()
+            if recorder is not None and recorder.is_alive():
+                recorder.snapshot()
+                recorder.end_leftovers()
             timeline["ray_stopped"] = time.perf_counter()
             if saved_path is None:
                 os.environ.pop("PYTHONPATH", None)
@@ -306,6 +378,27 @@ class FlowerEngine:
         if "engine_start" in t and "ray_stopped" in t:
             out["total"] = t["ray_stopped"] - t["engine_start"]
         return out
+
+
+def _sigterm_handler():
+    """This process's Python-level SIGTERM handler (``None`` off the main thread)."""
+    return signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+
+
+def _restore_sigterm(handler) -> None:
+    """Ray's driver start replaces SIGTERM's handler (a ``sys.exit`` that then waits forever for
+    Flower's threads; measured: still alive after SIGTERM, or an abort with Ray's ``*** SIGTERM
+    received`` dump): give SIGTERM back to the Python handler set before Ray started (the CLI's,
+    :func:`fl_split.flower.processes.exit_on_signals`), if there was one."""
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _cluster_cpus() -> list[float]:
+    """The CPUs of every live node of the Ray cluster this process joined."""
+    import ray
+
+    return [float(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive") and n.get("Resources")]
 
 
 class _Collect(logging.Handler):

@@ -187,6 +187,22 @@ def plan_of(cfg: RunConfig, role: NodeRole):
     return _deployment_plan(cfg, path, os.path.getmtime(path) if os.path.exists(path) else 0.0)
 
 
+def _set_threads(cfg: RunConfig, role: NodeRole) -> None:
+    """This ClientApp's torch threads (``--threads``; ``auto``: the whole CPUs its Ray actor reserves,
+    else 1 — :func:`fl_split.devices.party_threads`). Skipped where the parties are threads of one
+    process (no Ray actor: the caller's setting stands)."""
+    from fl_split.devices import apply_threads, party_threads
+    from fl_split.flower.resources import capacity_here
+
+    cap = capacity_here() if role.mode == "simulation" else None
+    if role.mode == "simulation" and cap is None:
+        return
+    # Ray's CPUs are logical (flwr run's federation may count more than the cores): at most this
+    # machine's cores shared by the G + 1 parties that train at once
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    apply_threads(party_threads(cfg.threads, cap["num_cpus"] if cap else None, max(1, cores // (cfg.guests + 1))))
+
+
 def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None, secret=None):
     """``(party, public facts)`` of this node for ``cfg``, with its own secret (``secret``: the
     one restored from the node's state; else fresh or from ``private_seed``)."""
@@ -214,6 +230,7 @@ def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None,
             raise FederationError(f"node-config says this node is {role.party}, but {path!r} holds "
                                   f"{data.party}'s data")
         plan = _deployment_plan(cfg, path, mtime)
+    _set_threads(cfg, role)
     if role.role == "host":
         party = make_host(plan, data, private_seed=private_seed, secret=secret)
     else:

@@ -103,8 +103,9 @@ def check_capacity(guests: int, capacity: dict[str, Any], where: str = "") -> No
     if g > 0 and slots(nodes, 0, g) < parties:
         best = _largest_share([n.get("GPU", 0) for n in nodes], parties)
         fixes.append(f"--num-gpus {best:g} or less" if best > 0 else "more GPUs")
-    flwr_run = (f"flwr run: --federation-config \"init-args-num-cpus={math.ceil(parties * max(c, 1) - 1e-9)}\" lets "
-                f"Ray count that many CPUs" if cpu_fit < parties else "flwr run: client-resources-num-gpus")
+    flwr_run = (f"flwr run: fl-split flwr-run derives a federation that fits, or --federation-config "
+                f"\"init-args-num-cpus={math.ceil(parties * max(c, 1) - 1e-9)}\" lets Ray count that many CPUs"
+                if cpu_fit < parties else "flwr run: client-resources-num-gpus")
     raise ConfigError("num-cpus" if cpu_fit < parties else "num-gpus", c if cpu_fit < parties else g,
                       " and ".join(fixes) + f" ({flwr_run}), more Ray nodes, or --data-plane flower (one ClientApp "
                       "at a time, no such need)",
@@ -171,3 +172,33 @@ def check_worker_threads(guests: int) -> None:
                           reason=f"Flower's simulation runs at most min(32, CPUs + 4) = {limit} ClientApps at once "
                                  f"(a thread pool in flwr's vce_api), and an epoch needs all {parties}")
 
+
+
+# -- --num-cpus auto and torch threads (docs/flower.md, "CPUs and threads") ----------------------------
+def auto_share(parties: int, node_cpus: list[float]) -> float:
+    """``--num-cpus auto``: the largest CPU share per ClientApp (2 decimals, rounded down) with
+    which all ``parties`` ClientApps fit at once on nodes holding ``node_cpus`` — the CPUs Ray sees,
+    shared by the ``G + 1`` parties (2 CPUs, 3 parties: 0.66). Whole CPUs when they divide evenly
+    (16 CPUs, 3 parties: 5.33; 4 CPUs, 2 parties: 2). ``1.0`` when Ray reports no CPU at all (Ray
+    then refuses the run with its own reason)."""
+    return _largest_share([float(c) for c in node_cpus], parties) or 1.0
+
+
+def resolve_num_cpus(cfg, parties: int, node_cpus: list[float]):
+    """``cfg`` with ``num_cpus = auto`` replaced by :func:`auto_share` (unchanged otherwise)."""
+    from fl_split.config import AUTO
+
+    if cfg.num_cpus != AUTO:
+        return cfg
+    return cfg.replace(num_cpus=auto_share(parties, node_cpus))
+
+
+def share_line(cfg, parties: int, node_cpus: list[float], where: str) -> str:
+    """The one line that says what ``--num-cpus auto`` chose (printed by the CLI)."""
+    from fl_split.devices import party_threads
+
+    cpus = sum(node_cpus)
+    guests = parties - 1
+    return (f"--num-cpus auto: {cfg.num_cpus:g} CPU per ClientApp ({cpus:g} CPU(s) {where} shared by {parties} "
+            f"ClientApps: 1 host + {guests} guest{'s' if guests != 1 else ''}); "
+            f"{party_threads(cfg.threads, cfg.num_cpus)} torch thread(s) each")
