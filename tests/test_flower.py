@@ -1051,9 +1051,12 @@ def test_flwr_run_wrapper_completes_and_leaves_nothing(tmp_path):
     and a federation derived from the job (2 guests on this machine's CPUs, no federation flag), exit
     0, results written (a relative `out` lands in the caller's directory), pyproject.toml untouched,
     and its SuperLink, SuperExec, ServerApp and Ray processes all ended."""
+    from fl_split.secure_files import write_private
+
     before = (ROOT / "pyproject.toml").read_bytes()
+    seed = write_private(tmp_path / "seed", PS.file_text().encode())  # a seed value in a run config is refused
     run = _Watch(["flwr-run", "--run-config", f"guests=2 epochs=1 limit=200 batches-per-round='epoch' out='r.json' "
-                                              f"private-seed='{PS}'", "--workdir", str(tmp_path / "work")],
+                                              f"private-seed-file='{seed}'", "--workdir", str(tmp_path / "work")],
                  cwd=tmp_path)
     try:
         code, stdout, stderr = run.finish(timeout=500)

@@ -72,8 +72,15 @@ def job_config(run_config: dict[str, Any], cwd: Path) -> tuple[RunConfig, dict[s
     values = dict(run_config)
     if values.get("out"):
         values["out"] = str((cwd / Path(str(values["out"])).expanduser()).resolve())
-    merged = {**app_config(), **values}
-    merged.pop("private-seed", None)  # simulation only, read by the ClientApps (see pyproject.toml)
+    from fl_split.errors import ConfigError
+    from fl_split.flower.strategy import PRIVATE_KEYS
+
+    if str(values.get("private-seed", "")).strip():  # the SuperLink stores the run config: never a seed value
+        raise ConfigError("private-seed", "<hidden>", "empty; give private-seed-file = a path to an owner-only seed "
+                          "file (fl-split seed --out F)", reason="a run config is stored by the SuperLink")
+    if values.get("private-seed-file"):  # a path the ClientApps read; absolute, as the caller meant it
+        values["private-seed-file"] = str((cwd / Path(str(values["private-seed-file"])).expanduser()).resolve())
+    merged = {k: v for k, v in {**app_config(), **values}.items() if k not in PRIVATE_KEYS}
     return RunConfig.from_mapping(merged), values
 
 
