@@ -345,13 +345,21 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, priv
 
 @functools.lru_cache(maxsize=4)
 def _pretrained(key: tuple, cfg: RunConfig, party: str, secret: PartySecret) -> dict:
-    from fl_split.engine import MonolithicEngine
+    """The pretraining itself: the monolithic reference's training loop (:func:`train_monolithic_epoch`,
+    the one :class:`~fl_split.engine.MonolithicEngine` runs), without its per-epoch evaluation (which
+    changes no weight). It lives here, not in the engine, so that the builder never imports the
+    engine that imports it (one-way layers, docs/design.md)."""
+    from fl_split.devices import with_device
 
-    pre = cfg.replace(one_shot=False, epochs=cfg.pretrain_epochs, progress=False, report_metrics="epoch",
-                      host_metrics="")
-    engine = MonolithicEngine(pre, public=True, secret=secret)
-    engine.run()
-    return {k: v.detach().clone() for k, v in engine.model.bottoms[party].state_dict().items()}
+    pre = with_device(cfg.replace(one_shot=False, epochs=cfg.pretrain_epochs, progress=False,
+                                  report_metrics="epoch", host_metrics=""))
+    model, data, plan = make_monolithic(pre, public=True, secret=secret)
+    device = resolve_device(pre.device)
+    model.to(device)
+    optimizer = optimizer_settings(pre).make(model.parameters())
+    for epoch in range(1, pre.epochs + 1):
+        train_monolithic_epoch(model, optimizer, data, plan, epoch, device)
+    return {k: v.detach().clone() for k, v in model.bottoms[party].state_dict().items()}
 
 
 def pretrained_bottom(cfg: RunConfig, party: str, secret: PartySecret) -> dict:
@@ -414,3 +422,31 @@ def make_monolithic(cfg: RunConfig, public: bool = False, private_seed: int | No
                for p, s in plan.input_shapes.items()}
     top = build_top(arch, plan.merged_shape, plan.cut, plan.num_outputs, owner("host"))
     return MonolithicModel(bottoms, Merge(cfg.merge), top), prepared, plan
+
+
+def monolithic_batch(data: PreparedData, plan: RunPlan, key, device) -> tuple[dict, torch.Tensor]:
+    """Every feature holder's inputs and the labels of batch ``key`` (a :class:`~fl_split.schedule.BatchKey`)."""
+    pos = torch.from_numpy(plan.schedule.positions(key))
+    split = "train" if key.phase == "train" else "test"
+    xs = {p: getattr(data.parties[p], f"x_{split}").index_select(0, pos).to(device) for p in plan.input_shapes}
+    y = getattr(data.parties["host"], f"y_{split}").index_select(0, pos).to(device)
+    return xs, y
+
+
+def train_monolithic_epoch(model: MonolithicModel, optimizer, data: PreparedData, plan: RunPlan, epoch: int,
+                           device, on_batch=None) -> tuple[float, int]:
+    """One training epoch of the no-split reference over the plan's batch order; returns the summed
+    loss and the number of records (``on_batch()`` after each batch: a progress bar)."""
+    model.train()
+    loss_sum, n = 0.0, 0
+    for key in plan.schedule.train_keys(epoch):
+        xs, y = monolithic_batch(data, plan, key, device)
+        loss = torch.nn.functional.cross_entropy(model(xs), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.item() * len(y)
+        n += len(y)
+        if on_batch is not None:
+            on_batch()
+    return loss_sum, n

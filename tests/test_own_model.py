@@ -176,3 +176,92 @@ def test_batchnorm_in_a_user_model_is_refused_under_a_defence(defense):
         make_parties(cfg, PS)
     # without a defence the same module is fine (it trains like --norm batch would)
     make_parties(cfg.replace(defense="none"), PS)
+
+
+# -- one-way layers ---------------------------------------------------------------------------------
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module → the fl_split modules it imports, from the source (``ast``): module-level *and*
+    function-level imports count (a lazy import is still an arrow a reader must follow); imports
+    under ``if TYPE_CHECKING:`` do not (they never run). ``from a.b import c`` points at ``a.b.c``
+    when that is a module, else at ``a.b``; a package's ``__init__`` is not implied."""
+    root = Path(__file__).resolve().parents[1]
+    mods = {}
+    for f in (root / "fl_split").rglob("*.py"):
+        rel = f.relative_to(root).with_suffix("")
+        mods[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = f
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, f in mods.items():
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                and node.test.id == "TYPE_CHECKING" for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = m.split(".") if f.name == "__init__.py" else m.split(".")[:-1]
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            graph[m] |= {t for t in map(resolve, targets) if t and t != m}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), i.e. every import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_package_has_no_import_cycle():
+    """The package reads bottom-up (docs/design.md, "One-way layers"): no import circle at all,
+    lazy (function-level) imports included."""
+    graph = _import_graph()
+    # the walker sees the arrows it must (guards against a vacuous pass)
+    assert "fl_split.builder" in graph["fl_split.engine"] and "fl_split.builder" in graph["fl_split.party_files"]
+    assert "fl_split.cli_support" in graph["fl_split.attacks.cli"]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles(graph) == []
+    # the three circles of issue 17 are gone in both directions' worst arrow
+    assert "fl_split.engine" not in graph["fl_split.builder"]
+    assert "fl_split.cli" not in graph["fl_split.attacks.cli"] | graph["fl_split.privacy.audit_cli"]
+    assert "fl_split.privacy.ledger" not in graph["fl_split.privacy.report"]
