@@ -7,7 +7,7 @@ Copy it and change the layers to plug in your own bottom and top models.
 
 The module must be importable in every party's process; from the repository root::
 
-    PYTHONPATH=$PWD/examples fl-split run --dataset digits --model own_mlp:build --epochs 2
+    PYTHONPATH=$PWD/examples fl-split train --dataset digits --model own_mlp:build --epochs 2
 """
 
 from __future__ import annotations
