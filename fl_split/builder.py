@@ -35,6 +35,7 @@ from fl_split.errors import ConfigError
 from fl_split.merge import Merge, merged_shape
 from fl_split.local_update import DpSgdUpdate, FrozenUpdate, LocalUpdate, OptimizerSettings, OptimizerUpdate
 from fl_split.models.registry import build_bottom, build_top, get_architecture, output_shape
+from fl_split.models.user import UserArchitecture, is_user_model
 from fl_split.parties import GuestParty, HostParty, Importance, MechanismSchedule, resolve_device
 from fl_split.privacy import factory as privacy_factory
 from fl_split.privacy.validate import check_opacus_compatible, check_record_independent
@@ -147,11 +148,20 @@ def model_name(cfg: RunConfig) -> str:
     return "mlp" if cfg.data else dataset_info(cfg.dataset).default_model  # own data: tables, the generic MLP
 
 
-def _architecture(cfg: RunConfig):
+def _architecture(cfg: RunConfig, num_outputs: int | None = None, metric: str | None = None):
     """The configured architecture (``--hidden`` for the generic mlp, ``--norm`` for any model
-    that has normalisation layers)."""
+    that has normalisation layers), or the user's ``--model package.module:function``
+    (:mod:`fl_split.models.user`; ``num_outputs`` and ``metric`` are passed on in its spec)."""
     hidden = None if cfg.hidden == AUTO else tuple(int(h) for h in cfg.hidden.split(","))
+    if is_user_model(cfg.model):
+        arch = UserArchitecture(cfg.model, None if cfg.cut_layer == AUTO else int(cfg.cut_layer), num_outputs, metric)
+        return arch.configure(hidden=hidden, norm=cfg.norm)
     return get_architecture(model_name(cfg)).configure(hidden=hidden, norm=cfg.norm)
+
+
+def _plan_architecture(plan: "RunPlan"):
+    """:func:`_architecture` with the plan's public task facts (a user model's spec needs them)."""
+    return _architecture(plan.cfg, plan.num_outputs, plan.metric)
 
 
 def guest_cut_activation(cfg: RunConfig) -> str:
@@ -162,7 +172,7 @@ def guest_cut_activation(cfg: RunConfig) -> str:
 def plan_run(cfg: RunConfig, prepared: PreparedData | None = None) -> RunPlan:
     privacy_factory.check(cfg)
     prepared = prepared or prepare_data(cfg)
-    arch = _architecture(cfg)
+    arch = _architecture(cfg, prepared.num_classes, prepared.metric)
     cut = arch.default_cut if cfg.cut_layer == AUTO else int(cfg.cut_layer)
     arch.check_cut(cut, cfg.merge)
     holders = feature_parties(cfg.guests, cfg.host_features)
@@ -255,7 +265,7 @@ def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = N
                private_seed: int | None = None, secret: PartySecret | None = None) -> GuestParty:
     cfg = plan.cfg
     secret = secret or party_secret(name, private_seed)
-    arch = _architecture(cfg)
+    arch = _plan_architecture(plan)
     bottom = build_bottom(arch, name, plan.input_shapes[name], plan.cut, plan.guest_cut_activation, secret)
     if cfg.one_shot:
         bottom.load_state_dict(pretrained_bottom(cfg, name, secret))
@@ -310,7 +320,7 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, priv
               secret: PartySecret | None = None) -> HostParty:
     cfg = plan.cfg
     secret = secret or party_secret("host", private_seed)
-    arch = _architecture(cfg)
+    arch = _plan_architecture(plan)
     bottom = None
     if cfg.host_features:
         bottom = build_bottom(arch, "host", plan.input_shapes["host"], plan.cut, "native", secret)
@@ -335,13 +345,21 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, priv
 
 @functools.lru_cache(maxsize=4)
 def _pretrained(key: tuple, cfg: RunConfig, party: str, secret: PartySecret) -> dict:
-    from fl_split.engine import MonolithicEngine
+    """The pretraining itself: the monolithic reference's training loop (:func:`train_monolithic_epoch`,
+    the one :class:`~fl_split.engine.MonolithicEngine` runs), without its per-epoch evaluation (which
+    changes no weight). It lives here, not in the engine, so that the builder never imports the
+    engine that imports it (one-way layers, docs/design.md)."""
+    from fl_split.devices import with_device
 
-    pre = cfg.replace(one_shot=False, epochs=cfg.pretrain_epochs, progress=False, report_metrics="epoch",
-                      host_metrics="")
-    engine = MonolithicEngine(pre, public=True, secret=secret)
-    engine.run()
-    return {k: v.detach().clone() for k, v in engine.model.bottoms[party].state_dict().items()}
+    pre = with_device(cfg.replace(one_shot=False, epochs=cfg.pretrain_epochs, progress=False,
+                                  report_metrics="epoch", host_metrics=""))
+    model, data, plan = make_monolithic(pre, public=True, secret=secret)
+    device = resolve_device(pre.device)
+    model.to(device)
+    optimizer = optimizer_settings(pre).make(model.parameters())
+    for epoch in range(1, pre.epochs + 1):
+        train_monolithic_epoch(model, optimizer, data, plan, epoch, device)
+    return {k: v.detach().clone() for k, v in model.bottoms[party].state_dict().items()}
 
 
 def pretrained_bottom(cfg: RunConfig, party: str, secret: PartySecret) -> dict:
@@ -398,9 +416,37 @@ def make_monolithic(cfg: RunConfig, public: bool = False, private_seed: int | No
     if secret is not None:
         plan = dataclasses.replace(plan, schedule=BatchSchedule(plan.schedule.n_train, plan.schedule.n_test,
                                                                 cfg.batch_size, secret.derive("pretrain-order")))
-    arch = _architecture(cfg)
+    arch = _plan_architecture(plan)
     owner = (lambda p: secret) if secret is not None else (lambda p: party_secret(p, private_seed))
     bottoms = {p: build_bottom(arch, p, s, plan.cut, plan.guest_cut_activation, owner(p))
                for p, s in plan.input_shapes.items()}
     top = build_top(arch, plan.merged_shape, plan.cut, plan.num_outputs, owner("host"))
     return MonolithicModel(bottoms, Merge(cfg.merge), top), prepared, plan
+
+
+def monolithic_batch(data: PreparedData, plan: RunPlan, key, device) -> tuple[dict, torch.Tensor]:
+    """Every feature holder's inputs and the labels of batch ``key`` (a :class:`~fl_split.schedule.BatchKey`)."""
+    pos = torch.from_numpy(plan.schedule.positions(key))
+    split = "train" if key.phase == "train" else "test"
+    xs = {p: getattr(data.parties[p], f"x_{split}").index_select(0, pos).to(device) for p in plan.input_shapes}
+    y = getattr(data.parties["host"], f"y_{split}").index_select(0, pos).to(device)
+    return xs, y
+
+
+def train_monolithic_epoch(model: MonolithicModel, optimizer, data: PreparedData, plan: RunPlan, epoch: int,
+                           device, on_batch=None) -> tuple[float, int]:
+    """One training epoch of the no-split reference over the plan's batch order; returns the summed
+    loss and the number of records (``on_batch()`` after each batch: a progress bar)."""
+    model.train()
+    loss_sum, n = 0.0, 0
+    for key in plan.schedule.train_keys(epoch):
+        xs, y = monolithic_batch(data, plan, key, device)
+        loss = torch.nn.functional.cross_entropy(model(xs), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.item() * len(y)
+        n += len(y)
+        if on_batch is not None:
+            on_batch()
+    return loss_sum, n

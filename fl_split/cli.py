@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fl_split.config import RunConfig, allowed_text, coerce, key_of, option_fields
+from fl_split.cli_support import (EXIT_FAILED, EXIT_USAGE, _check_out_path, _console,  # noqa: F401 (re-exported)
+                                  _show_party_warnings, config_from_args)
+from fl_split.config import allowed_text, key_of, option_fields
 from fl_split.errors import ConfigError, DataError, FlSplitError, PrivateSeedError
 from fl_split.results import write_json_atomic
-
-EXIT_USAGE = 2
-EXIT_FAILED = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -235,44 +233,12 @@ def _add_deploy_parser(sub) -> None:
                    help="give up (and tear down) after S seconds [default: 1800]")
 
 
-def config_from_args(ns: argparse.Namespace) -> RunConfig:
-    """Turn parsed flags (strings) into a validated :class:`RunConfig`."""
-    fields = {f.name: f for f in option_fields()}
-    values: dict[str, Any] = {}
-    for name, raw in vars(ns).items():
-        if name in fields:
-            if isinstance(raw, list):  # an appending flag (--data)
-                raw = ";".join(raw)
-            values[name] = raw if isinstance(raw, bool) else coerce(fields[name], raw)
-    return RunConfig(**values)
-
-
-def _check_out_path(path: str) -> None:
-    if not path:
-        return
-    parent = Path(path).expanduser().resolve().parent
-    if not parent.is_dir():
-        raise ConfigError("out", path, "a file path in an existing directory", reason=f"{parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise ConfigError("out", path, "a file path in a writable directory", reason=f"{parent} is not writable")
-    if Path(path).is_dir():
-        raise ConfigError("out", path, "a file path (not a directory)")
-
-
 def _fmt(x: Any, digits: int = 4) -> str:
     if x is None:
         return "-"
     if isinstance(x, float):
         return "nan" if math.isnan(x) else f"{x:.{digits}f}"
     return str(x)
-
-
-def _console():
-    """A rich console; when the output is not a terminal (piped, redirected, CI logs) tables get
-    the width they need instead of rich's 80-column default, which cuts names short."""
-    from rich.console import Console
-
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 def print_summary(results: dict[str, Any]) -> None:
@@ -336,33 +302,6 @@ def print_summary(results: dict[str, Any]) -> None:
                          f"{sum((ck.get('replayed') or {}).values())} logged release(s)"))
     if results.get("stopped_reason", "completed") != "completed":
         console.print(f"stopped early ({results['stopped_reason']}): {results.get('stopped_detail', '')}")
-
-
-def _show_party_warnings() -> None:
-    """Print the parties' own warnings (e.g. "releases are mostly noise") on stderr: in the local
-    engine every party runs in this process, so its log is this console."""
-    import logging
-
-    class StderrHandler(logging.StreamHandler):
-        """Writes to whatever ``sys.stderr`` is when a record comes (as logging's last-resort handler
-        does): a party thread that logs after its caller swapped stderr back (a test's capture) must
-        not write into a closed file."""
-
-        @property  # type: ignore[override]
-        def stream(self):
-            return sys.stderr
-
-        @stream.setter
-        def stream(self, _value) -> None:
-            pass
-
-    log = logging.getLogger("fl_split")
-    if not any(getattr(h, "_fl_split_cli", False) for h in log.handlers):
-        handler = StderrHandler()
-        handler.setLevel(logging.WARNING)
-        handler.setFormatter(logging.Formatter("fl-split: warning: %(message)s"))
-        handler._fl_split_cli = True  # type: ignore[attr-defined]
-        log.addHandler(handler)
 
 
 def cmd_train(ns: argparse.Namespace) -> int:

@@ -88,6 +88,14 @@ def _model_names() -> tuple:
     return (AUTO, *model_names())
 
 
+def is_user_model(value: Any) -> bool:
+    """``package.module:function`` (syntax only: the module is imported where a party builds it)."""
+    import re
+
+    dotted = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+    return isinstance(value, str) and re.fullmatch(rf"{dotted}:{dotted}", value) is not None
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Every option of a run. Field ``x_y`` is flag ``--x-y`` and Flower key ``x-y``."""
@@ -131,8 +139,11 @@ class RunConfig:
                           allowed="a non-empty name")
 
     # --- model ----------------------------------------------------------------------------
-    model: str = _opt(AUTO, "architecture name (see `fl-split models`); auto = the dataset's default",
-                      choices=_model_names)
+    model: str = _opt(AUTO, "architecture name (see `fl-split models`), or your own as 'package.module:function' "
+                            "returning each party's nn.Module (docs/models.md); auto = the dataset's default",
+                      check=lambda v: v in _model_names() or is_user_model(v),
+                      allowed="one of " + ", ".join(_model_names()) + ", or 'package.module:function' "
+                              "(your own model, docs/models.md)")
     cut_layer: Any = _opt(AUTO, "how many layers of the architecture sit in each bottom model "
                                 "(the cut position); auto = the architecture's default",
                           kind="int_or_auto", allowed="'auto' or an integer >= 1")

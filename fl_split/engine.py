@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from fl_split.builder import make_monolithic, make_parties, optimizer_settings
+from fl_split.builder import (make_monolithic, make_parties, monolithic_batch, optimizer_settings,
+                              train_monolithic_epoch)
 from fl_split.config import RunConfig
 from fl_split.errors import BudgetExceeded, ConfigError, PartyError, ProtocolError, ReleaseOutOfRange
 from fl_split.parties import GuestParty, HostParty, batch_metric, resolve_device
@@ -481,11 +482,7 @@ class MonolithicEngine:
         self.holders = list(self.plan.input_shapes)
 
     def _batch(self, key: BatchKey):
-        pos = torch.from_numpy(self.plan.schedule.positions(key))
-        split = "train" if key.phase == "train" else "test"
-        xs = {p: getattr(self.data.parties[p], f"x_{split}").index_select(0, pos).to(self.device) for p in self.holders}
-        y = getattr(self.data.parties["host"], f"y_{split}").index_select(0, pos).to(self.device)
-        return xs, y
+        return monolithic_batch(self.data, self.plan, key, self.device)
 
     def run(self) -> dict[str, Any]:
         cfg, schedule = self.cfg, self.plan.schedule
@@ -496,17 +493,8 @@ class MonolithicEngine:
         t_epoch = t0
         try:
             for epoch in range(1, cfg.epochs + 1):
-                self.model.train()
-                loss_sum, n = 0.0, 0
-                for key in schedule.train_keys(epoch):
-                    xs, y = self._batch(key)
-                    loss = F.cross_entropy(self.model(xs), y)
-                    self.optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    self.optimizer.step()
-                    loss_sum += loss.item() * len(y)
-                    n += len(y)
-                    bar.update(1)
+                loss_sum, n = train_monolithic_epoch(self.model, self.optimizer, self.data, self.plan, epoch,
+                                                     self.device, on_batch=lambda: bar.update(1))
                 stats = self.evaluate(epoch)
                 now = time.perf_counter()
                 metrics = {"epoch": epoch, "train_loss": loss_sum / n if n else float("nan"),

@@ -54,7 +54,7 @@ def _fmt(x: Any) -> str:
 def print_attack_summary(result: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from fl_split.cli import _console
+    from fl_split.cli_support import _console
 
     console = _console()
     cfg = result["training"]["config"]
@@ -81,7 +81,7 @@ def print_attack_summary(result: dict[str, Any]) -> None:
 
 def cmd_attack(ns: argparse.Namespace) -> int:
     from fl_split.attacks.images import check_grid_path
-    from fl_split.cli import _check_out_path, _show_party_warnings, config_from_args
+    from fl_split.cli_support import _check_out_path, _show_party_warnings, config_from_args
     from fl_split.results import write_json_atomic
 
     cfg = config_from_args(ns)

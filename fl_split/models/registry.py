@@ -173,11 +173,14 @@ def build_bottom(arch: Architecture, party: str, in_shape: tuple[int, ...], cut:
     """One party's bottom, initialised from that party's ``secret`` (``None``: a throwaway module
     for shape inference; the caller's RNG state is left untouched either way)."""
     act = guest_cut_activation if party != "host" else "native"
+    # a user model (fl_split.models.user) is told which party it builds for
+    make = (lambda: arch.bottom_for(party, tuple(in_shape), act)) if hasattr(arch, "bottom_for") \
+        else (lambda: arch.bottom(tuple(in_shape), cut, act))
     if secret is None:
         with torch.random.fork_rng(devices=[]):
-            return arch.bottom(tuple(in_shape), cut, act)
+            return make()
     with secret.seeded_torch("init", party):
-        return arch.bottom(tuple(in_shape), cut, act)
+        return make()
 
 
 def build_top(arch: Architecture, merged: tuple[int, ...], cut: int, num_outputs: int,

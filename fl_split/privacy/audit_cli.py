@@ -86,7 +86,7 @@ def options(ns: argparse.Namespace) -> dict[str, Any]:
 def cmd_audit(ns: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from fl_split.cli import EXIT_FAILED, _check_out_path, _console, config_from_args
+    from fl_split.cli_support import EXIT_FAILED, _check_out_path, _console, config_from_args
     from fl_split.privacy import audit, factory
     from fl_split.results import write_json_atomic
     from fl_split.seeding import PartySecret

@@ -229,6 +229,10 @@ class Ledger:
     :data:`~fl_split.privacy.accountants.PLD_INTERVAL`).
     """
 
+    #: read by :mod:`fl_split.privacy.report` (which does not import this module: one-way layers)
+    directions = DIRECTIONS
+    max_candidates = MAX_CANDIDATES
+
     def __init__(self, party: str, *, accountant: str = "pld", delta: float = 1e-5,
                  budget: float | None = None, amplification: bool = False,
                  pld_interval: float = PLD_INTERVAL) -> None:

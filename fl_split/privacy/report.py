@@ -6,6 +6,10 @@ docs/accounting.md. Every approximation an accountant used (a bound instead of t
 record, merged PLD releases, the dominating pair of an amplified step…) is stated in
 ``assumptions``, next to the view (per record or amplified), the neighbouring relation, and why an
 accountant does not apply.
+
+Layering (one-way, docs/design.md "One-way layers"): the ledger imports this module, never the reverse; the
+ledger's constants this report needs are read off the ledger it is given (``ledger.directions``,
+``ledger.max_candidates``).
 """
 
 from __future__ import annotations
@@ -61,10 +65,8 @@ def build_report(ledger) -> dict[str, Any]:
     epsilons = {name: r.value for name, r in results.items()}
     reasons = {name: (r.why or "not applicable") for name, r in results.items() if r.value is None}
     by_direction: dict[str, dict[str, int]] = {}
-    from fl_split.privacy.ledger import DIRECTIONS
-
     for d, n in zip(ledger._log["direction"], ledger._log["n"]):
-        slot = by_direction.setdefault(DIRECTIONS[d], {"batches": 0, "releases": 0})
+        slot = by_direction.setdefault(ledger.directions[d], {"batches": 0, "releases": 0})
         slot["batches"] += 1
         slot["releases"] += int(n)
     per_cost = ledger._releases_per_cost()
@@ -114,7 +116,7 @@ def assumptions(ledger, results: dict, reasons: dict[str, str]) -> list[str]:
                      "2018) applied to each step's replace-one event")
     out.append(relation)
     if any(r.bounded for r in results.values()):
-        out.append(f"per-record bound: more than {_max_candidates()} records' release counts are incomparable "
+        out.append(f"per-record bound: more than {ledger.max_candidates} records' release counts are incomparable "
                    "(e.g. a distinct cost per step), so one bound of them all is composed instead of the exact worst "
                    "record: each record's Laplace (by epsilon), Gaussian (by noise) and binary randomized response / "
                    "pure (epsilon, 0) releases sorted largest first, and at each position the largest release any "
@@ -157,8 +159,3 @@ def assumptions(ledger, results: dict, reasons: dict[str, str]) -> list[str]:
 def _is_discrete_laplace(ev) -> bool:
     return type(ev).__name__ == "DiscreteLaplaceDpEvent"
 
-
-def _max_candidates() -> int:
-    from fl_split.privacy.ledger import MAX_CANDIDATES
-
-    return MAX_CANDIDATES
