@@ -261,7 +261,12 @@ def test_deploy_local_party_files_from_own_tables(tmp_path):
     for p in ("host", "guest-1", "guest-2"):
         data, _ = load_party(parties / f"{p}.npz", p)
         np.testing.assert_array_equal(np.sort(np.concatenate([data.train_ids, data.test_ids])), inter)
-    run = ["--guests", "2", "--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed", "7" * 32]
+    from fl_split.secure_files import write_private
+    from fl_split.seeding import PrivateSeed
+
+    # a seed value on deploy's command line is refused (every local user could read it): a seed file
+    seed = write_private(tmp_path / "seed", PrivateSeed.parse("7" * 32).file_text().encode())
+    run = ["--guests", "2", "--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed-file", str(seed)]
     workdir, out = tmp_path / "dep", tmp_path / "dep.json"
     proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", *run,
                            "--party-files", str(parties), "--workdir", str(workdir), "--out", str(out)],
