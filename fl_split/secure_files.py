@@ -53,26 +53,9 @@ def write_private(path: str | os.PathLike, data: bytes, exclusive: bool = False)
     return path
 
 
-def make_owner_only(root: str | os.PathLike) -> list[Path]:
-    """Remove the group and other permission bits of ``root`` and everything below it (symbolic
-    links are not followed); returns the paths that were changed."""
-    changed = []
-    root = Path(root)
-    for path in [root, *root.rglob("*")]:
-        try:
-            st = path.lstat()
-        except FileNotFoundError:
-            continue
-        if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077:
-            continue
-        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
-        changed.append(path)
-    return changed
-
-
-def readable_by_others(root: str | os.PathLike) -> list[tuple[Path, int]]:
-    """``(path, mode)`` of everything under ``root`` (itself included) the group or others may access."""
-    out = []
+def _exposed(root: str | os.PathLike):
+    """``(path, mode)`` of ``root`` and everything below it (symbolic links not followed) that the
+    group or others may access."""
     root = Path(root)
     for path in [root, *root.rglob("*")]:
         try:
@@ -80,5 +63,19 @@ def readable_by_others(root: str | os.PathLike) -> list[tuple[Path, int]]:
         except FileNotFoundError:
             continue
         if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077:
-            out.append((path, stat.S_IMODE(st.st_mode)))
-    return out
+            yield path, stat.S_IMODE(st.st_mode)
+
+
+def make_owner_only(root: str | os.PathLike) -> list[Path]:
+    """Remove the group and other permission bits of ``root`` and everything below it (symbolic
+    links are not followed); returns the paths that were changed."""
+    changed = []
+    for path, mode in list(_exposed(root)):
+        os.chmod(path, mode & ~0o077)
+        changed.append(path)
+    return changed
+
+
+def readable_by_others(root: str | os.PathLike) -> list[tuple[Path, int]]:
+    """``(path, mode)`` of everything under ``root`` (itself included) the group or others may access."""
+    return list(_exposed(root))

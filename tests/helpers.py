@@ -51,3 +51,15 @@ class StatelessTransport:
 
     def reports(self):
         return {}
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """``fl-split argv`` in this process: ``(exit code, stdout, stderr)``."""
+    from fl_split.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -19,24 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from fl_split.cli import main
 from fl_split.config import RunConfig
 from fl_split.engine import run_experiment
 from fl_split.seeding import (INSECURE_PBKDF2_ITERATIONS, PartySecret, PrivateSeed, PrivateSeedError,
                               SECRET_BYTES)
 from fl_split.secure_files import readable_by_others, write_private
+from tests.helpers import run_cli
 
 TINY = ["--dataset", "breast-cancer", "--epochs", "1", "--no-progress", "--defense", "laplace", "--epsilon", "50"]
 HEX = "0123456789abcdef" * 2  # 128 bits: the shortest seed allowed
 
 
 def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_cli(argv, capsys)
 
 
 def _strip(res: dict) -> dict:

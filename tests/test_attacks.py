@@ -26,9 +26,9 @@ from fl_split.attacks import metrics as M
 from fl_split.attacks.options import AttackOptions
 from fl_split.attacks.runner import make_session, run_attack
 from fl_split.attacks.view import Grant, Session
-from fl_split.cli import main
 from fl_split.config import RunConfig
 from fl_split.seeding import PrivateSeed
+from tests.helpers import run_cli
 
 SEED = PrivateSeed.legacy(7)  # the private seed of every attack run (the pre-issue-16 derivation: measured margins hold)
 DIGITS = dict(dataset="digits", guests=1, limit=600, epochs=3, progress=False, public_fraction=0.3)
@@ -339,12 +339,7 @@ def test_private_seed_makes_an_attack_reproducible():
 
 # -- the command line -------------------------------------------------------------------------------
 def _cli(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_cli(argv, capsys)
 
 
 def _keys(o) -> set:

@@ -10,22 +10,17 @@ import math
 
 import pytest
 
-from fl_split.cli import main
 from fl_split.config import RunConfig
 from fl_split.errors import ConfigError
 from fl_split.results import jsonable, write_json_atomic
+from tests.helpers import run_cli
 
 SEED = "5eed" * 8  # 128-bit private seed (small integers are refused)
 TINY = ["--dataset", "breast-cancer", "--epochs", "2", "--no-progress", "--private-seed", SEED]
 
 
 def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_cli(argv, capsys)
 
 
 # -- strict JSON -------------------------------------------------------------------------------
