@@ -139,6 +139,15 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoi
                            owed={g: list(bl) for g, bl in owed.items()}, guest_failures=[dict(f) for f in failures],
                            elapsed=before + time.perf_counter() - t0, **extra)
 
+    def host_call(method, rnd, acts):
+        # the host refuses a release outside its sender's public range: that guest is stopped or
+        # padded (_refused_release) and the round is played again without it
+        while True:
+            try:
+                return method(rnd.keys, acts, rnd.round)
+            except ReleaseOutOfRange as exc:
+                acts = _refused_release(cfg, transport, exc, acts, rnd.round, failures, absent, checkpoints)
+
     try:
         for rnd in plan_rounds(schedule, cfg.epochs, cfg.batches_per_round):
             if epochs is not None and not epochs[0] <= rnd.epoch <= epochs[1]:
@@ -169,22 +178,12 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoi
             wire["bytes_to_host"] += sum(len(b) for bl in acts.values() for b in bl)
             wire["messages_to_host"] += sum(len(bl) for bl in acts.values())
             if isinstance(rnd, TrainRound):
-                while True:
-                    try:
-                        owed = transport.host_train(rnd.keys, acts, rnd.round)
-                        break
-                    except ReleaseOutOfRange as exc:
-                        acts = _refused_release(cfg, transport, exc, acts, rnd.round, failures, absent, checkpoints)
+                owed = host_call(transport.host_train, rnd, acts)
                 if cfg.progress:  # (a disabled bar still formats its postfix: ~20 µs a round)
                     bar.update(len(rnd.keys))
                     bar.set_postfix(epoch=rnd.epoch, refresh=False)
             elif isinstance(rnd, EvalRound):
-                while True:
-                    try:
-                        metrics = transport.host_evaluate(rnd.keys, acts, rnd.round)
-                        break
-                    except ReleaseOutOfRange as exc:
-                        acts = _refused_release(cfg, transport, exc, acts, rnd.round, failures, absent, checkpoints)
+                metrics = host_call(transport.host_evaluate, rnd, acts)
                 owed = {g: [] for g in transport.guests if g not in absent}
                 now = time.perf_counter()
                 history.append(_epoch_record(rnd.epoch, metrics, now - t_epoch))

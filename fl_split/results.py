@@ -18,18 +18,9 @@ from typing import Any
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` via a temporary file + rename (never half-written)."""
-    path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(jsonable(data), fh, indent=2, allow_nan=False)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` as strict JSON (no NaN: :func:`jsonable`) to ``path`` via a temporary file +
+    rename (never half-written)."""
+    write_bytes_atomic(path, (json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n").encode("utf-8"))
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
