@@ -277,23 +277,54 @@ def test_a_guest_refuses_a_host_without_the_hosts_key():
             serve("guest-1", _echo("guest-1"), ep.address, guest_keys("guest-1"), SESSION, None, 5)
 
 
-def test_malformed_frame_from_an_authenticated_guest_is_refused():
+@pytest.fixture
+def slow_proof_check(monkeypatch):
+    """The host takes 0.3 s to check a PROOF, so a guest's next messages arrive before it is accepted."""
+    check = F.check_proof
+
+    def slow(*args, **kwargs):
+        time.sleep(0.3)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(F, "check_proof", slow)
+
+
+def _rogue_round(ep, after) -> tuple[dict, dict, dict]:
+    t = threading.Thread(target=lambda: _rogue(ep.address, "guest-1", KEYS["guest-1"], after=after), daemon=True)
+    t.start()
+    ep.wait_for_guests()
+    ep.send("guest-1", F.STEP, {"round": 1, "keys": [["train", 1, 0]]})
+    got = ep.collect(1, ["guest-1"])
+    return got, t
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["prompt", "frame-before-proof-checked"])
+def test_malformed_frame_from_an_authenticated_guest_is_refused(slow, request):
     """After a valid handshake a frame that fails its tag is refused, named, and the guest dropped:
-    nothing of it reaches the host's round."""
+    nothing of it reaches the host's round — also when it arrives before the host has checked the
+    guest's PROOF (it is then read as pieces once the PROOF is accepted, never as a raw frame)."""
+    if slow:
+        request.getfixturevalue("slow_proof_check")
     with HostEndpoint(["guest-1"], host_keys(["guest-1"]), SESSION, "127.0.0.1:0", timeout=5) as ep:
         def bad_release(secrets):
             good = F.pack(F.RELEASE, {"round": 1}, [b"x" * 100], 1, secrets.to_host)
             return _flip(good, 40)
 
-        result: dict = {}
-        t = threading.Thread(target=lambda: result.setdefault("err", _rogue(ep.address, "guest-1", KEYS["guest-1"],
-                                                                            after=bad_release)), daemon=True)
-        t.start()
-        ep.wait_for_guests()
-        ep.send("guest-1", F.STEP, {"round": 1, "keys": [["train", 1, 0]]})
-        out, failed, errors = ep.collect(1, ["guest-1"])
+        (out, failed, errors), t = _rogue_round(ep, bad_release)
         assert out == {} and not errors
         assert "refused a data-plane frame from guest-1: bad authentication tag" in failed["guest-1"]
+    t.join(10)
+
+
+def test_a_frame_sent_before_the_proof_is_checked_arrives_whole(slow_proof_check):
+    """A guest may send its first frame right behind its PROOF: the host reads it only after it has
+    accepted the PROOF, reassembled from its pieces (here two: 300 kB), intact."""
+    blob = os.urandom(300_000)
+    with HostEndpoint(["guest-1"], host_keys(["guest-1"]), SESSION, "127.0.0.1:0", timeout=5) as ep:
+        (out, failed, errors), t = _rogue_round(
+            ep, lambda secrets: F.pack(F.RELEASE, {"round": 1}, [blob], 1, secrets.to_host))
+        assert not failed and not errors
+        assert [bytes(b) for b in out["guest-1"]] == [blob]
     t.join(10)
 
 

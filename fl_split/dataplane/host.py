@@ -56,6 +56,8 @@ SERVER_OPTIONS = GRPC_OPTIONS + [("grpc.server_handshake_timeout_ms", 10_000)]
 #: once and its PROOF one round trip later); a connection that overruns it is refused with
 #: DEADLINE_EXCEEDED, which a guest retries
 HANDSHAKE_TIMEOUT = 1.0
+#: the longest a piece sent right behind the PROOF waits for the host to accept that PROOF
+SETTLE_TIMEOUT = 10.0
 
 
 @dataclass
@@ -95,6 +97,10 @@ class _Connection:
         self.sealer: F.Sealer | None = None
         self.opener: F.Opener | None = None
         self.finished = threading.Event()
+        #: handshake frames read so far (HELLO, PROOF)
+        self.handshake_frames = 0
+        #: the handshake is over, authenticated (:attr:`shared` set) or refused
+        self.settled = threading.Event()
 
     def put(self, item) -> None:
         with self.lock:
@@ -104,25 +110,30 @@ class _Connection:
                 self.private.put(item)
 
     def feed(self, data: bytes) -> bool:
-        """One gRPC message from the peer. Before authentication: a whole handshake frame of at most
-        :data:`~fl_split.dataplane.limits.HANDSHAKE_FRAME_BYTES`, at most
-        :data:`~fl_split.dataplane.limits.HANDSHAKE_FRAMES` waiting; after: a piece of a frame,
-        reassembled up to :attr:`max_frame`. ``False``: refused, read nothing more."""
+        """One gRPC message from the peer. Its first :data:`~fl_split.dataplane.limits.HANDSHAKE_FRAMES`
+        messages (HELLO, PROOF) are whole handshake frames of at most
+        :data:`~fl_split.dataplane.limits.HANDSHAKE_FRAME_BYTES`; a later message is a piece of a frame,
+        read only once the host has accepted the PROOF (until then the reader waits, and gRPC's flow
+        control holds the rest at the peer) and reassembled up to :attr:`max_frame`.
+        ``False``: refused or never authenticated, read nothing more."""
         self.spoke = True
+        if not self.settled.is_set():
+            with self.lock:
+                if self.handshake_frames < L.HANDSHAKE_FRAMES:
+                    if len(data) > L.HANDSHAKE_FRAME_BYTES:
+                        self.private.put(_Refuse(_Oversized(
+                            f"a connection from {self.peer} sent a {len(data)}-byte message before authenticating; "
+                            f"a handshake frame has at most {L.HANDSHAKE_FRAME_BYTES} bytes (refused before it was "
+                            f"parsed)")))
+                        return False
+                    self.handshake_frames += 1
+                    self.private.put(data)
+                    return True
+            # A piece sent right after the PROOF, before the host has checked it (a guest may start
+            # sending at once): nothing of it is looked at until the connection is authenticated.
+            if not self.settled.wait(SETTLE_TIMEOUT) or self.shared is None:
+                return False
         with self.lock:
-            if self.shared is None:
-                if len(data) > L.HANDSHAKE_FRAME_BYTES:
-                    self.private.put(_Refuse(_Oversized(
-                        f"a connection from {self.peer} sent a {len(data)}-byte message before authenticating; a "
-                        f"handshake frame has at most {L.HANDSHAKE_FRAME_BYTES} bytes (refused before it was parsed)")))
-                    return False
-                if self.private.qsize() >= L.HANDSHAKE_FRAMES:
-                    self.private.put(_Refuse(_Oversized(
-                        f"a connection from {self.peer} sent more than {L.HANDSHAKE_FRAMES} frames ahead of the "
-                        f"handshake (refused before they were parsed)")))
-                    return False
-                self.private.put(data)
-                return True
             try:
                 frame = self.assembler.add(data)
             except FrameError as exc:
@@ -141,11 +152,12 @@ class _Connection:
         with self.lock:
             self.party, self.sealer, self.opener = party, sealer, opener
             self.assembler = L.Assembler(self.max_frame, party)
-            while not self.private.empty():
+            while not self.private.empty():  # only a close can be left: pieces wait in feed
                 item = self.private.get_nowait()
-                if isinstance(item, (bytes, _Closed)):
+                if isinstance(item, _Closed):
                     shared.put((party, item))
             self.shared = shared
+        self.settled.set()
 
 
 class HostEndpoint:
@@ -218,6 +230,7 @@ class HostEndpoint:
             yield from self._session(request_iterator, context, conn)
         finally:
             self._pool.leave(conn)
+            conn.settled.set()  # a reader waiting behind an unchecked PROOF stops
 
     def _refuse(self, conn: _Connection, exc: Exception):
         """Record a refused connection (bounded, rate-limited log); returns its gRPC status code."""
@@ -284,6 +297,7 @@ class HostEndpoint:
         except (FrameError, CredentialError, _HandshakeTimeout, _Evicted) as exc:
             code = self._refuse(conn, exc)
             conn.finished.set()
+            conn.settled.set()  # before abort (which raises): the reader stops at once
             context.abort(code, str(exc))
             return
         try:

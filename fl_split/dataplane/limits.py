@@ -8,7 +8,8 @@ authenticated, the host bounds:
   the message is buffered (measured: a 300 MB message against a 256 KiB limit moves the server's
   RSS by ≈ 5 MB; against the old 2 GiB − 1 limit, by ≈ 860 MB). So the limit on both ends is one
   :data:`PIECE_BYTES` piece, and a handshake frame must fit in :data:`HANDSHAKE_FRAME_BYTES`
-  (a few KiB, checked before it is parsed); at most :data:`HANDSHAKE_FRAMES` of them wait unread.
+  (a few KiB, checked before it is parsed); after the :data:`HANDSHAKE_FRAMES` of them nothing is
+  read until the host has accepted the guest's PROOF.
   After the handshake a frame travels as pieces (:func:`pieces`, :class:`Assembler`) and is
   reassembled up to the largest frame the run's plan allows (:func:`largest_frame`), not 2 GiB.
 * **streams** — :class:`Admission`: unauthenticated streams share a pool of
@@ -41,8 +42,9 @@ log = logging.getLogger("fl_split.dataplane")
 PIECE_BYTES = 256 * 1024
 #: the largest handshake frame (HELLO / WELCOME / PROOF are a few hundred bytes)
 HANDSHAKE_FRAME_BYTES = 8 * 1024
-#: handshake frames a peer may send ahead of the host's answers (HELLO, PROOF: 2)
-HANDSHAKE_FRAMES = 4
+#: the handshake frames a guest sends (HELLO, PROOF); a later message waits unread until the
+#: host has accepted the PROOF
+HANDSHAKE_FRAMES = 2
 #: unauthenticated streams the host holds at once, besides one per expected guest
 UNAUTHENTICATED_STREAMS = 16
 #: room in gRPC's concurrent-call limit for evicted streams that are still finishing
