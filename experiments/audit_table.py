@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, failed = [], False
     for name, flags in COMMANDS:
         n = dp_trials if "dpsgd" in flags else trials
+        flags += "" if "--clip-c " in flags else " --clip-c 10"  # as recorded: 001's C (not fl_split's auto C)
         argv_ = ["audit", *flags.split(), "--trials", str(n), "--private-seed", SEED, "--out", str(args.out / f"{name}.json")]
         print("fl-split " + " ".join(argv_[:-2]), flush=True)
         if not (args.reuse and (args.out / f"{name}.json").exists()):

@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--epochs must be >= 2 (epoch 1 carries one-time costs; the steady state is epochs 2...)")
     torch.set_num_threads(1)
     # the default accountant (pld): its ledger charges are part of what a user pays per step
-    base = dict(dataset=args.dataset, guests=args.guests, epochs=args.epochs, progress=False, limit=args.limit)
+    base = dict(dataset=args.dataset, guests=args.guests, epochs=args.epochs, progress=False, limit=args.limit,
+                clip_c=10.0, top_k="half")  # as recorded (001's C and K = N/2); the cost hardly depends on them
     if args.hidden != "auto":
         base.update(model="mlp", hidden=args.hidden)
     first: dict[str, list[float]] = {k: [] for k in DEFENSES}

@@ -235,12 +235,14 @@ class RunConfig:
                         check=_positive_float, allowed="a number > 0", group="privacy")
     laplace_b: Any = _opt(AUTO, "Laplace noise scale b; auto = sensitivity / epsilon",
                           kind="float_or_auto", allowed="'auto' or a number > 0", group="privacy")
-    clip_c: float = _opt(10.0, "clipping bound C of forward releases (R3eLU ClipK, Laplace bound)",
-                         check=_positive_float, allowed="a number > 0", group="privacy")
+    clip_c: Any = _opt(AUTO, "clipping bound C of forward releases (R3eLU ClipK, Laplace bound); auto = per defence: "
+                             "laplace 0.01, r3elu 0.1 (they train on the default data at epsilon 1), otherwise 10",
+                       kind="float_or_auto", allowed="'auto' or a number > 0", group="privacy")
     clip_c_backward: Any = _opt(AUTO, "clipping bound C of backward releases; auto = --clip-c",
                                 kind="float_or_auto", allowed="'auto' or a number > 0", group="privacy")
-    top_k: Any = _opt(AUTO, "R3eLU K (entries kept by ClipK); auto = half the cut width",
-                      kind="int_or_auto", allowed="'auto' or an integer >= 1", group="privacy")
+    top_k: Any = _opt(AUTO, "R3eLU K (entries kept by ClipK); auto = the cut width / 32 (at least 1), "
+                            "half = half the cut width (001's setting)",
+                      kind="int_or_auto_half", allowed="'auto', 'half' or an integer >= 1", group="privacy")
     allocation: str = _opt("uniform", "R3eLU budget allocation across cut-layer features: importance = 001 "
                                       "Eq. 8-10 and Cor. 6 as published; importance-tight = same proportions, "
                                       "smallest scales costing the same epsilon (ours)",
@@ -391,15 +393,19 @@ def allowed_text(f: dataclasses.Field) -> str:
     return "a string"
 
 
+#: the words an ``*_or_*`` option takes besides its number
+WORDS = {"int_or_auto": (AUTO,), "float_or_auto": (AUTO,), "int_or_epoch": ("epoch",),
+         "int_or_auto_half": (AUTO, "half")}
+
+
 def coerce(f: dataclasses.Field, raw: Any) -> Any:
     """Turn a CLI string or a Flower run-config value into the field's type (no range checks)."""
     key = key_of(f.name)
     kind = f.metadata["kind"]
     default = f.default
-    if kind in ("int_or_auto", "int_or_epoch", "float_or_auto"):
-        word = AUTO if kind != "int_or_epoch" else "epoch"
-        if isinstance(raw, str) and raw.strip().lower() == word:
-            return word
+    if kind in WORDS:
+        if isinstance(raw, str) and raw.strip().lower() in WORDS[kind]:
+            return raw.strip().lower()
         try:
             if kind == "float_or_auto":
                 return float(raw)
@@ -442,12 +448,8 @@ def _validate(f: dataclasses.Field, value: Any) -> None:
     key = key_of(f.name)
     meta = f.metadata
     kind = meta["kind"]
-    if kind == "int_or_auto":
-        if value == AUTO or _positive_int(value):
-            return
-        raise ConfigError(key, value, allowed_text(f))
-    if kind == "int_or_epoch":
-        if value == "epoch" or _positive_int(value):
+    if kind in ("int_or_auto", "int_or_epoch", "int_or_auto_half"):
+        if value in WORDS[kind] or _positive_int(value):
             return
         raise ConfigError(key, value, allowed_text(f))
     if kind == "float_or_auto":

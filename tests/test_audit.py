@@ -114,7 +114,7 @@ def test_likelihood_ratio_is_a_density_ratio(kw):
 def test_canaries_are_neighbours_at_the_extremes():
     cfg, _, (lap,) = _mech(dict(defense="laplace", epsilon=1.0))
     x0, x1 = audit.canary_pair(lap)
-    assert torch.equal(x0, -x1) and float(x1.abs().min()) == lap.bound
+    assert torch.equal(x0, -x1) and float(x1.abs().min()) == float(torch.tensor(lap.bound, dtype=x1.dtype))
     _, _, (r3,) = _mech(dict(defense="r3elu", epsilon=1.0, allocation="importance"))
     x0, x1 = audit.canary_pair(r3)
     # the rising elements are the K with the smallest noise scale (largest importance share)
