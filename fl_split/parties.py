@@ -330,6 +330,10 @@ class _Party:
         #: batches in order of first release, as two lists that export without a per-message sort
         self._times: dict[BatchKey, int] = {}
         self._first: tuple[list[int], list[int]] = ([], [])  # epoch, 2·index + phase
+        #: the ledger's epsilon when each epoch's releases ended (taken when the first release of a
+        #: later epoch is charged; the last epoch's is the ledger's current epsilon)
+        self.epsilon_by_epoch: dict[int, float | None] = {}
+        self._epoch = 0
 
     def ids(self, key: BatchKey) -> np.ndarray:
         pos = self.schedule.positions(key)
@@ -508,8 +512,23 @@ class _Party:
         ``BudgetExceeded`` records nothing). Costs do not depend on the data. Returns what
         :meth:`_settle` needs (``None``: nothing to settle, the common case without a log)."""
         if self.ledger is not None and entries:
+            epoch = max(int(e.key[1]) for e in entries)
+            if epoch > self._epoch:  # the previous epoch's releases are all charged: its epsilon
+                if self._epoch >= 1 and len(self.ledger):
+                    self.epsilon_by_epoch[self._epoch] = self.ledger.epsilon()
+                self._epoch = epoch
             return self.ledger.charge(entries)
         return None
+
+    def epsilons_per_epoch(self) -> dict[str, float | None]:
+        """``{epoch: epsilon}`` of this party's ledger after each epoch's releases (public, as the
+        final epsilon is: a function of the public parameters and release counts)."""
+        if self.ledger is None:
+            return {}
+        out = dict(self.epsilon_by_epoch)
+        if self._epoch >= 1 and len(self.ledger):
+            out[self._epoch] = self.ledger.epsilon()
+        return {str(e): out[e] for e in sorted(out)}
 
     def _settle(self, charge: "Charge | None", digests: list[str] | None, draws: list[int | None] | None = None) -> None:
         """Before the values of ``charge`` leave: log them (write-ahead, with the draw counter of
@@ -548,7 +567,9 @@ class _Party:
                           "logged": [[int(c), d] for c, d in sorted(self._logged.items())],
                           "released": {"epoch": np.asarray(self._first[0], dtype=np.int64),
                                        "slot": np.asarray(self._first[1], dtype=np.int64)},
-                          "repeats": [[list(k.as_tuple()), n] for k, n in self._times.items() if n > 1]}}
+                          "repeats": [[list(k.as_tuple()), n] for k, n in self._times.items() if n > 1]},
+                "epsilon_by_epoch": {"epoch": int(self._epoch),
+                                     "values": [[int(e), v] for e, v in sorted(self.epsilon_by_epoch.items())]}}
 
     def _load_common(self, state: dict[str, Any]) -> None:
         self.secret = PartySecret.from_state(state["secret"])
@@ -565,6 +586,9 @@ class _Party:
         self._times = {BatchKey(_PHASES[x % 2], e, x // 2): 1 for e, x in zip(*self._first)}
         for k, n in draws["repeats"]:
             self._times[BatchKey(str(k[0]), int(k[1]), int(k[2]))] = int(n)
+        per_epoch = state.get("epsilon_by_epoch") or {"epoch": 0, "values": []}
+        self._epoch = int(per_epoch["epoch"])
+        self.epsilon_by_epoch = {int(e): (None if v is None else float(v)) for e, v in per_epoch["values"]}
         if self.ledger is not None:
             from fl_split.privacy.ledger import Ledger
 
@@ -772,7 +796,8 @@ class GuestParty(_Party):
                 "postprocess": self.grad_postprocess.describe(), "released": dict(self.released),
                 "privacy": party_privacy_report(role="guest", ledger=self.ledger, mechanism=mech, update=dp,
                                                 released=self.released, cut_width=int(np.prod(self.cut_shape)),
-                                                randomness=self.secret.source, aggregates=False)}
+                                                randomness=self.secret.source, aggregates=False,
+                                                per_epoch=self.epsilons_per_epoch())}
 
     # -- state ------------------------------------------------------------------------------
     def export_state(self) -> dict[str, Any]:
@@ -1065,7 +1090,8 @@ class HostParty(_Party):
                 "privacy": party_privacy_report(role="host", ledger=self.ledger, mechanism=mech, update=dp,
                                                 released=self.released, cut_width=width,
                                                 randomness=self.secret.source,
-                                                aggregates=self.report_metrics == "epoch")}
+                                                aggregates=self.report_metrics == "epoch",
+                                                per_epoch=self.epsilons_per_epoch())}
 
     # -- state ------------------------------------------------------------------------------
     def export_state(self) -> dict[str, Any]:

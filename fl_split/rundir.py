@@ -5,9 +5,10 @@
 * ``results.json`` — the results dictionary (strict JSON, :func:`fl_split.results.write_json_atomic`);
 * ``epochs.csv`` — one row per evaluated epoch: ``epoch, train_loss, test_<metric>, test_loss,
   epoch_time_s`` (an empty cell where the host keeps its metrics, ``--report-metrics none``, or no
-  value exists);
+  value exists) and ``epsilon_<party>`` for each perturbing party: its ledger's epsilon after
+  that epoch's releases (``epsilon_by_epoch`` of its privacy report);
 * ``curves.png`` — the test metric and the train/test loss per epoch, with each party's final
-  epsilon in the title (the ledgers report epsilon at the end of the run; it is not sampled per epoch).
+  epsilon in the title, and below them each party's epsilon per epoch.
 
 By default the directory is ``$FL_SPLIT_RUNS/<UTC time>-<dataset>-<defense>`` (``$FL_SPLIT_RUNS``
 unset: ``./runs``); ``--run-dir DIR`` names it, ``--no-run-dir`` writes none. Every file is written
@@ -53,14 +54,24 @@ def run_name(results: dict[str, Any]) -> str:
 
 
 def epochs_csv(results: dict[str, Any]) -> str:
-    """The per-epoch history as CSV text (header names the metric: ``test_accuracy`` …)."""
+    """The per-epoch history as CSV text (header names the metric: ``test_accuracy`` …), then one
+    ``epsilon_<party>`` column per perturbing party: its ledger's epsilon after that epoch."""
     metric = results["final"]["metric"]
+    per_epoch = epsilons_per_epoch(results)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([c if c != "test_metric" else f"test_{metric}" for c in COLUMNS])
+    w.writerow([c if c != "test_metric" else f"test_{metric}" for c in COLUMNS] + [f"epsilon_{p}" for p in per_epoch])
     for row in results["history"]:
-        w.writerow(["" if row.get(c) is None or row.get(c) != row.get(c) else row[c] for c in COLUMNS])
+        cells = ["" if row.get(c) is None or row.get(c) != row.get(c) else row[c] for c in COLUMNS]
+        eps = [per_epoch[p].get(str(row.get("epoch"))) for p in per_epoch]
+        w.writerow(cells + ["" if e is None else e for e in eps])
     return buf.getvalue()
+
+
+def epsilons_per_epoch(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Each perturbing party's ``{epoch: epsilon}`` (``epsilon_by_epoch`` of its privacy report)."""
+    return {p: dict(r.get("epsilon_by_epoch") or {}) for p, r in (results.get("privacy") or {}).items()
+            if r.get("epsilon") is not None}
 
 
 def final_epsilons(results: dict[str, Any]) -> dict[str, float]:
@@ -78,8 +89,9 @@ def curves_png(results: dict[str, Any]) -> bytes:
 
     hist = results["history"]
     metric = results["final"]["metric"]
-    fig = Figure(figsize=(6.4, 4.0), dpi=100)
-    ax = fig.add_subplot(1, 1, 1)
+    per_epoch = {p: v for p, v in epsilons_per_epoch(results).items() if v}
+    fig = Figure(figsize=(6.4, 6.4 if per_epoch else 4.0), dpi=100)
+    ax = fig.add_subplot(2 if per_epoch else 1, 1, 1)
     ep = [h["epoch"] for h in hist]
 
     def series(key):
@@ -105,6 +117,15 @@ def curves_png(results: dict[str, Any]) -> bytes:
     if not hist:
         title += f" · no epoch evaluated ({results.get('stopped_reason', '')})"
     ax.set_title(title, fontsize="small")
+    if per_epoch:  # each party's epsilon after each epoch, below
+        ax3 = fig.add_subplot(2, 1, 2, sharex=ax)
+        for p, values in per_epoch.items():
+            xs = sorted(int(e) for e in values)
+            ax3.plot(xs, [float("nan") if values[str(e)] is None else values[str(e)] for e in xs], "o-", label=p)
+        ax3.set_xlabel("epoch")
+        ax3.set_ylabel("ε (after the epoch)")
+        ax3.legend(loc="best", fontsize="small")
+        fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()

@@ -5,8 +5,8 @@ Scalars, one event file per run under ``DIR/<run name>/`` (the run directory's n
 side by side in ``tensorboard --logdir DIR``):
 
 * ``test/<metric>``, ``test/loss``, ``train/loss``, ``time/epoch_s`` at step = epoch;
-* ``epsilon/<party>`` for each party whose releases are perturbed, at step = the last epoch (the
-  ledgers report epsilon when the run ends; it is not sampled per epoch).
+* ``epsilon/<party>`` for each party whose releases are perturbed, at step = epoch: its ledger's
+  epsilon after that epoch's releases (``epsilon_by_epoch``; the final epsilon at the last epoch).
 
 They are written from the results after the run, so a tracker sees exactly what the results JSON
 says and nothing more (the host's declared aggregates and the parties' public reports); a run whose
@@ -38,7 +38,7 @@ def log_tensorboard(results: dict[str, Any], directory: str, name: str | None = 
     """Write the run's scalars into ``directory/<name>``; returns that folder."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from fl_split.rundir import final_epsilons, run_name
+    from fl_split.rundir import epsilons_per_epoch, final_epsilons, run_name
 
     folder = Path(directory).expanduser() / (name or run_name(results))
     metric = results["final"]["metric"]
@@ -53,8 +53,12 @@ def log_tensorboard(results: dict[str, Any], directory: str, name: str | None = 
                 v = row.get(key)
                 if v is not None and math.isfinite(float(v)):
                     writer.add_scalar(tag, float(v), global_step=last)
+        per_epoch = epsilons_per_epoch(results)
         for party, eps in final_epsilons(results).items():
-            writer.add_scalar(f"epsilon/{party}", eps, global_step=last)
+            values = {int(e): v for e, v in per_epoch.get(party, {}).items() if v is not None}
+            values.setdefault(last, eps)
+            for epoch in sorted(values):
+                writer.add_scalar(f"epsilon/{party}", float(values[epoch]), global_step=epoch)
     finally:
         writer.close()
     return folder

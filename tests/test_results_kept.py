@@ -135,6 +135,14 @@ def test_train_without_out_writes_a_run_directory(tmp_path, monkeypatch, capsys)
     data = _check_run_dir(folder, 2)
     assert data["final"]["value"] == data["history"][-1]["test_metric"]
     assert f"run directory: {folder}" in stdout
+    # each perturbing party's epsilon after each epoch: ε = 50 per epoch (each record once), composed
+    per_epoch = data["privacy"]["guest-1"]["epsilon_by_epoch"]
+    assert list(per_epoch) == ["1", "2"] and per_epoch["2"] == data["privacy"]["guest-1"]["epsilon"]
+    assert per_epoch["1"] == pytest.approx(50.0, rel=1e-3) and per_epoch["2"] == pytest.approx(100.0, rel=1e-3)
+    assert data["privacy"]["host"]["epsilon"] is None and "epsilon_by_epoch" not in data["privacy"]["host"]
+    rows = list(csv.DictReader((folder / "epochs.csv").open()))
+    assert "epsilon_host" not in rows[0]
+    assert [float(r["epsilon_guest-1"]) for r in rows] == [per_epoch["1"], per_epoch["2"]]
 
 
 def test_out_alone_writes_no_run_directory_and_run_dir_is_never_overwritten(tmp_path, monkeypatch, capsys):
@@ -173,8 +181,13 @@ def test_tensorboard_scalars_per_epoch_and_epsilon(tmp_path, capsys):
     assert [e.step for e in test] == [1, 2, 3]
     for e, h in zip(test, data["history"]):
         assert math.isclose(e.value, h["test_metric"], rel_tol=1e-6)
-    (eps,) = acc.Scalars("epsilon/guest-1")
-    assert eps.step == 3 and math.isclose(eps.value, data["privacy"]["guest-1"]["epsilon"], rel_tol=1e-6)
+    eps = acc.Scalars("epsilon/guest-1")  # after each epoch; the last is the final epsilon
+    assert [e.step for e in eps] == [1, 2, 3]
+    per_epoch = data["privacy"]["guest-1"]["epsilon_by_epoch"]
+    for e in eps:
+        assert math.isclose(e.value, per_epoch[str(e.step)], rel_tol=1e-6)
+    assert math.isclose(eps[-1].value, data["privacy"]["guest-1"]["epsilon"], rel_tol=1e-6)
+    assert eps[0].value < eps[1].value < eps[2].value
 
 
 def test_tensorboard_into_a_file_is_refused_before_the_run(tmp_path, capsys):

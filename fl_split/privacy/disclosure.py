@@ -25,12 +25,14 @@ AGGREGATES_ASSUMPTION = (
 
 def party_privacy_report(*, role: str, ledger, mechanism: Mechanism, update: dict | None, released: dict,
                          cut_width: int, randomness: str, aggregates: bool,
-                         extra_assumptions: list[str] | None = None) -> dict[str, Any]:
+                         extra_assumptions: list[str] | None = None,
+                         per_epoch: dict[str, float | None] | None = None) -> dict[str, Any]:
     """A party's entry of the results' ``privacy`` block.
 
     ``mechanism``: the party's cut-layer mechanism (first iteration); ``update``: the description of
     its local-update policy when that is DP-SGD; ``randomness``: ``"os-entropy"``, ``"insecure-private-seed"`` or
-    ``"private-seed"``; ``aggregates``: the party (the host) reports per-epoch aggregate metrics.
+    ``"private-seed"``; ``aggregates``: the party (the host) reports per-epoch aggregate metrics;
+    ``per_epoch``: the ledger's epsilon after each epoch (``epsilon_by_epoch``).
     """
     desc = dict(mechanism.describe())
     desc["cut_width"] = cut_width
@@ -51,6 +53,7 @@ def party_privacy_report(*, role: str, ledger, mechanism: Mechanism, update: dic
     rep = ledger.report()
     assumptions = list(rep.get("assumptions", [])) + [WEIGHTS_ASSUMPTION, *extra]
     out.update(rep)
+    out["epsilon_by_epoch"] = dict(per_epoch or {})
     out["mechanism"] = desc
     out["assumptions"] = assumptions
     return out
