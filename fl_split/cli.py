@@ -391,7 +391,8 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
         raise ConfigError("engine", cfg.engine, "flower (a deployment runs on Flower)")
     if party_dir and cfg.data:
         raise ConfigError("party-files", party_dir, "empty with --data",
-                          reason="deploy local exports your tables itself; --party-files names files already exported")
+                          reason="with --data each SuperNode reads its own table (one table: deploy local exports "
+                                 "it); --party-files names files already exported")
     if party_dir and not Path(party_dir).expanduser().is_dir():
         raise ConfigError("party-files", party_dir, "a directory holding host.npz|csv|parquet, guest-1.… "
                           "(fl-split export-parties)", reason="no such directory")
