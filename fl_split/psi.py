@@ -30,11 +30,19 @@ to a curve point (P-256) and blinded with a party's secret scalar; blinding comm
 
 **Over the run's channels.** Each message is one framed ``bytes`` blob (:func:`encode` /
 :func:`decode`: ``b"P1" | kind | sender | receiver | payload``) with the sender and receiver
-checked by the receiver, bounded in size, routed by :func:`align_by_psi` between
-:class:`PsiParty` objects that each hold only their own party's IDs (the local engine and the
-in-process Flower simulation prepare data in one process). A Flower *deployment* node does not run
-this protocol yet: there, own data is aligned before deployment (``fl-split export-parties
---data … --align psi``) and each node gets its aligned party file (docs/datasets.md says so).
+checked by the receiver, bounded in size. :func:`run_psi` is the protocol — the order of the steps
+and the router's checks — over a :class:`PsiRoute`, which delivers each step to the party that
+performs it:
+
+* :class:`LocalRoute` (:func:`align_by_psi`): between :class:`PsiParty` objects in one process,
+  each holding only its own party's IDs (the local engine and the in-process Flower simulation
+  prepare every party's data in one process);
+* :class:`fl_split.flower.alignment.FlowerPsiRoute`: a Flower deployment's ServerApp sends each step
+  to the party's SuperNode as a Flower message, each SuperNode reading only its own table
+  (``data = "node-tables"``). The host's state between its messages (candidates, the key of its open
+  request: :meth:`PsiParty.export_host`) stays in its node's ``context.state``, never in a message.
+
+Either way the coordinator's view is the one above, and each party learns what it says.
 """
 
 from __future__ import annotations
