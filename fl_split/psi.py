@@ -144,6 +144,11 @@ class PsiParty:
     def intersection(self) -> np.ndarray:
         return self._candidates.copy()
 
+    @property
+    def pending(self) -> list[str]:
+        """Host: the guests whose answer it still waits for (a request is open)."""
+        return list(self._clients)
+
     def export_host(self) -> dict[str, bytes]:
         """Host: what it must keep between two messages when each may run in a fresh process (a
         Flower deployment node keeps it in its own ``context.state``, never in a message): its

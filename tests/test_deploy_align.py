@@ -141,11 +141,11 @@ def test_psi_between_deployment_nodes_trains_on_the_intersection_like_the_local_
         res["config"].pop("data")
     assert a["history"] == b["history"] and a["final"] == b["final"] and a["privacy"] == b["privacy"]
     # the protocol's steps, in order, each at the party that performs it
+    # (a guest's answer reaches the host with its next step: 2G + 2 round trips)
     assert grid.ops == [("host", "open"), ("guest-1", "open"), ("guest-2", "open"),
-                        ("host", "psi-request"), ("guest-1", "psi-answer"), ("host", "psi-receive"),
-                        ("host", "psi-request"), ("guest-2", "psi-answer"), ("host", "psi-receive"),
-                        ("host", "psi-shared"), ("guest-1", "psi-accept"), ("guest-2", "psi-accept"),
-                        ("host", "commit"), ("guest-1", "commit"), ("guest-2", "commit")]
+                        ("host", "psi-request"), ("guest-1", "psi-answer"),
+                        ("host", "psi-request"), ("guest-2", "psi-answer"),
+                        ("host", "psi-shared"), ("guest-1", "psi-accept"), ("guest-2", "psi-accept")]
     wire = b"".join(m for _, _, m in grid.wire)
     assert _scan(wire, outside) == []
     assert _scan(wire, inter[:20]) != []  # the scan finds what is there: I is sent to the guests
@@ -181,7 +181,7 @@ def test_public_alignment_between_deployment_nodes_publishes_the_hosts_ids(tmp_p
     local = run_experiment(RunConfig(data=";".join(f"{p}={v}" for p, v in paths.items()), **RUN), private_seed=seed)
     assert dep["alignment"] == local["alignment"] == {"align": "public", "shared_ids": len(keep["host"])}
     assert dep["final"] == local["final"] and dep["history"][0]["train_loss"] == local["history"][0]["train_loss"]
-    assert [op for _, op in grid.ops] == ["open"] * 3 + ["public-ids", "public-accept", "public-accept"] + ["commit"] * 3
+    assert [op for _, op in grid.ops] == ["open"] * 3 + ["public-ids", "public-accept", "public-accept"]
 
 
 def test_bad_tables_give_trains_one_line_errors_in_a_deployment(tmp_path, capsys):
@@ -231,6 +231,12 @@ def _req(cfg, **values):
     return R.request_of(R.content(config=R.dumps(cfg.to_flower()), **values))
 
 
+def _shared_frame(host_role, cfg, inter):
+    from fl_split.psi import encode
+
+    return encode("shared-ids", "host", "guest-1", np.ascontiguousarray(inter, "<i8").tobytes())
+
+
 def test_nodes_enforce_the_protocols_order(tmp_path):
     """A node answers the alignment steps only in the protocol's order: the host requests from the
     guests in turn and gives out the intersection only after every guest answered; a guest answers one
@@ -254,17 +260,19 @@ def test_nodes_enforce_the_protocols_order(tmp_path):
     ans = handle_align(cfg, g1_role, _req(cfg, op="psi-answer", frame=req), g1.state)
     with pytest.raises(ProtocolError, match="a guest answers one"):
         handle_align(cfg, g1_role, _req(cfg, op="psi-answer", frame=req), g1.state)
-    handle_align(cfg, host_role, _req(cfg, op="psi-receive", guest="guest-1", setup=ans["setup"],
-                                      response=ans["response"]), host.state)
     # the host's state between messages: its candidates and, while a request is open, its key only
-    assert set(host.state.config_records[PSI_STATE]) == {"candidates", "done"}
-    handle_align(cfg, host_role, _req(cfg, op="psi-request", guest="guest-2"), host.state)
+    assert set(host.state.config_records[PSI_STATE]) == {"candidates", "done", "key.guest-1"}
+    with pytest.raises(ProtocolError, match="without a request"):  # an answer from a guest it did not ask
+        handle_align(cfg, host_role, _req(cfg, op="psi-request", guest="guest-2", **{"receive-guest": "guest-2"},
+                                          setup=ans["setup"], response=ans["response"]), host.state)
+    handle_align(cfg, host_role, _req(cfg, op="psi-request", guest="guest-2", **{"receive-guest": "guest-1"},
+                                      setup=ans["setup"], response=ans["response"]), host.state)
     assert set(host.state.config_records[PSI_STATE]) == {"candidates", "done", "key.guest-2"}
+    with pytest.raises(ProtocolError, match="carries no input shapes"):
+        handle_align(cfg, g1_role, _req(cfg, op="psi-accept", frame=_shared_frame(host_role, cfg, inter)), g1.state)
     with pytest.raises(ProtocolError, match="not int64s|does not hold|not sorted"):
         handle_align(cfg, g1_role, _req(cfg, op="psi-accept", frame=PsiParty("host", [1]).shared_ids("guest-1")),
                      g1.state)
-    with pytest.raises(ProtocolError, match="before a shared ID list"):
-        handle_align(cfg, g1_role, _req(cfg, op="commit", **{"input-shapes": "{}"}), g1.state)
     # a node reading a party file (not its own table) takes no alignment step
     with pytest.raises(ProtocolError, match="node-tables"):
         handle_align(RunConfig(**{**RUN, "id_column": "id", "label_column": "label"}), host_role,

@@ -14,17 +14,21 @@ run config says ``data = "node-tables"``. Before ``setup`` the ServerApp
 2. the alignment:
 
    * ``--align psi``: :func:`fl_split.psi.run_psi` over a :class:`FlowerPsiRoute` — the protocol
-     steps of :mod:`fl_split.psi` (``psi-request``/``psi-receive``/``psi-shared`` at the host,
-     ``psi-answer``/``psi-accept`` at each guest), each :mod:`fl_split.psi` frame a ``bytes`` field
-     of a Flower message. The ServerApp (and the SuperLink, which stores the messages) sees blinded
-     points and the intersection ``I``: the coordinator's view of ``fl_split/psi.py``;
+     steps of :mod:`fl_split.psi` (``psi-request`` and ``psi-shared`` at the host, ``psi-answer`` and
+     ``psi-accept`` at each guest; a guest's answer reaches the host with the host's next step, so
+     the host's update costs no round trip of its own), each :mod:`fl_split.psi` frame a ``bytes``
+     field of a Flower message. The ServerApp (and the SuperLink, which stores the messages) sees
+     blinded points and the intersection ``I``: the coordinator's view of ``fl_split/psi.py``;
    * ``--align public``: the host publishes its sorted ID list (``public-ids``), the ServerApp
      sends it to every guest (``public-accept``), which checks it holds each ID;
 
-3. ``commit`` to every node with every feature holder's input shape: each node aligns its rows to
-   the shared list, splits it with ``--seed`` and encodes its columns
-   (:func:`fl_split.data.own.align_own`), exactly as the in-process pipeline does, so the run then
-   equals ``fl-split train --data …`` on the same tables.
+3. the step that agrees a node's shared list (``psi-shared`` / ``psi-accept``, ``public-ids`` /
+   ``public-accept``) carries every feature holder's input shape: the node aligns its rows to the
+   list, splits it with ``--seed`` and encodes its columns (:func:`fl_split.data.own.align_own`),
+   exactly as the in-process pipeline does, so the run then equals ``fl-split train --data …`` on the
+   same tables. With G guests the phase costs 2G + 2 Flower round trips (``open``, then per guest the
+   host's step and the guest's answer, then the accepts); a deployment may start a ClientApp process
+   per message, so round trips, not bytes, are its cost.
 
 **What stays on a node.** Its table and its IDs; the host's PSI state between its messages (its
 candidates ``C_g`` — its own IDs — and the secret key of a request not yet answered) and every
@@ -80,32 +84,42 @@ class FlowerPsiRoute:
     step one ``query.align`` message to the party that performs it (the accepts go to every guest at
     once)."""
 
-    def __init__(self, transport, config_json: str) -> None:
+    def __init__(self, transport, config_json: str, commit: dict[str, Any] | None = None) -> None:
         self.transport, self.config_json = transport, config_json
+        #: fields of the last step (the parties' input widths): sent with the host's ``shared`` and the
+        #: guests' ``accept``, so each node builds its data in the same message
+        self.commit = commit or {}
+        #: the guest's answer the host has not processed yet: it travels with the host's next step
+        #: (one Flower round trip per protocol step saved; a deployment may start a process per message)
+        self._receive: dict[str, Any] | None = None
 
     def _ask(self, requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return self.transport.exchange({p: (MSG_ALIGN, R.content(config=self.config_json, **v))
                                         for p, v in requests.items()}, None)
 
+    def _host(self, values: dict[str, Any]):
+        pending, self._receive = self._receive or {}, None
+        return self._ask({"host": {**pending, **values}})["host"]
+
     def request(self, guest):
-        return _frame(self._ask({"host": {"op": "psi-request", "guest": guest}})["host"], "frame", "host")
+        return _frame(self._host({"op": "psi-request", "guest": guest}), "frame", "host")
 
     def answer(self, guest, request):
         rep = self._ask({guest: {"op": "psi-answer", "frame": request}})[guest]
         return _frame(rep, "setup", guest), _frame(rep, "response", guest)
 
     def receive(self, guest, setup, response):
-        self._ask({"host": {"op": "psi-receive", "guest": guest, "setup": setup, "response": response}})
+        self._receive = {"receive-guest": guest, "setup": setup, "response": response}
 
     def shared(self, guests):
-        rep = self._ask({"host": {"op": "psi-shared"}})["host"]
+        rep = self._host({"op": "psi-shared", **self.commit})
         frames = R.blob_list(rep, "frames")
         if len(frames) != len(guests):
             raise ProtocolError(f"host: {len(frames)} shared-ids frames for {len(guests)} guests")
         return dict(zip(guests, frames))
 
     def accept(self, frames):
-        rep = self._ask({g: {"op": "psi-accept", "frame": b} for g, b in frames.items()})
+        rep = self._ask({g: {"op": "psi-accept", "frame": b, **self.commit} for g, b in frames.items()})
         return {g: str(r.get("digest", "")) for g, r in rep.items()}
 
 
@@ -126,8 +140,8 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
 
     say = log or (lambda line: None)
     config_json = R.dumps(cfg.to_flower())
-    route = FlowerPsiRoute(transport, config_json)
     parties = ["host", *transport.guests]
+    route = FlowerPsiRoute(transport, config_json)
     opened = route._ask({p: {"op": "open"} for p in parties})
     owner: dict[str, str] = {}
     shapes: dict[str, list[int]] = {}
@@ -137,6 +151,7 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
         shapes[p] = [int(x) for x in info["input-shape"]]
     shapes = {p: shapes[p] for p in feature_parties(cfg.guests, cfg.host_features)}
     say(f"alignment: every party's table checked ({', '.join(f'{p}: {s[0] if s else 0} columns' for p, s in shapes.items())})")
+    route.commit = {"input-shapes": R.dumps(shapes)}  # each node builds its data with its last step
     if cfg.align == "psi":
         counts = {"messages": 0, "bytes": 0}
 
@@ -150,8 +165,8 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
         say(f"alignment: private set intersection of {len(parties)} parties: {shared_n} shared IDs "
             f"({counts['messages']} PSI messages, {counts['bytes']} bytes)")
     else:
-        host_ids = _frame(route._ask({"host": {"op": "public-ids"}})["host"], "ids", "host")
-        digests = route._ask({g: {"op": "public-accept", "ids": host_ids} for g in transport.guests})
+        host_ids = _frame(route._ask({"host": {"op": "public-ids", **route.commit}})["host"], "ids", "host")
+        digests = route._ask({g: {"op": "public-accept", "ids": host_ids, **route.commit} for g in transport.guests})
         want = ids_digest(np.frombuffer(host_ids, "<i8"))
         for g in transport.guests:
             if str(digests[g].get("digest", "")) != want:
@@ -159,7 +174,6 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
         shared_n = len(host_ids) // 8
         alignment = {"align": "public", "shared_ids": int(shared_n)}
         say(f"alignment: the host's {shared_n} IDs published to every guest (--align public)")
-    route._ask({p: {"op": "commit", "input-shapes": R.dumps(shapes)} for p in parties})
     return alignment
 
 
@@ -182,9 +196,9 @@ def own_table(cfg: RunConfig, role):
 
 
 def handle_align(cfg: RunConfig, role, req, state) -> dict[str, Any]:
-    """One ``query.align`` step at this node (module docstring); returns the reply's values."""
-    from fl_split.psi import PsiParty, ids_digest
-
+    """One ``query.align`` step at this node (module docstring); returns the reply's values. The step
+    that agrees this node's shared ID list carries every holder's input shape: the node then aligns
+    and encodes its data (every check of it) before it answers."""
     if role.mode != "deployment" or not uses_node_tables(cfg):
         raise ProtocolError(f"{role.party}: an alignment message, but this node does not read its own table "
                             f"(deployment with data = 'node-tables')")
@@ -195,17 +209,29 @@ def handle_align(cfg: RunConfig, role, req, state) -> dict[str, Any]:
         width = len(table.slice.columns)
         return {"table": R.dumps({"columns": table.slice.columns, "input-shape": [width] if width else [],
                                   "file": Path(role.data_path).name})}
-    if aligned is not None and "shared" in aligned and op != "commit":
-        raise ProtocolError(f"{role.party}: '{op}' after this node accepted its shared ID list")
-    if op == "commit":
-        if aligned is None or "shared" not in aligned:
-            raise ProtocolError(f"{role.party}: 'commit' before a shared ID list was agreed")
-        shapes = R.loads(str(req["input-shapes"]))
-        state[ALIGNED] = ConfigRecord({"shared": bytes(aligned["shared"]), "input-shapes": R.dumps(shapes)})
-        node_data(cfg, role, state)  # every check of the aligned data (labels, test fraction) now
-        return {}
+    if aligned is not None:
+        raise ProtocolError(f"{role.party}: '{op}' after this node agreed on its shared ID list")
+    reply = _align_step(cfg, role, req, state, op, table)
+    if ALIGNED in state.config_records:  # the list is agreed: build the data now (every check of it)
+        try:
+            shapes = R.loads(str(req["input-shapes"])) if "input-shapes" in req else None
+            if not isinstance(shapes, dict):
+                raise ProtocolError(f"{role.party}: the step that agrees the shared ID list carries no input "
+                                    f"shapes (or malformed ones)")
+            state[ALIGNED] = ConfigRecord({"shared": bytes(state.config_records[ALIGNED]["shared"]),
+                                           "input-shapes": R.dumps(shapes)})
+            node_data(cfg, role, state)
+        except Exception:
+            state.config_records.pop(ALIGNED, None)  # not agreed after all: the run fails here
+            raise
+    return reply
+
+
+def _align_step(cfg: RunConfig, role, req, state, op: str, table) -> dict[str, Any]:
+    from fl_split.psi import PsiParty, ids_digest
+
     is_host = role.role == "host"
-    if op in ("psi-request", "psi-receive", "psi-shared", "public-ids") and not is_host:
+    if op in ("psi-request", "psi-shared", "public-ids") and not is_host:
         raise ProtocolError(f"{role.party}: '{op}' is for the host")
     if op in ("psi-answer", "psi-accept", "public-accept") and is_host:
         raise ProtocolError(f"{role.party}: '{op}' is for a guest")
@@ -248,19 +274,17 @@ def handle_align(cfg: RunConfig, role, req, state) -> dict[str, Any]:
     saved = {k: bytes(v) for k, v in rec.items() if isinstance(v, (bytes, bytearray))} if rec is not None else {}
     done = json.loads(str(rec["done"])) if rec is not None else []
     host = PsiParty.import_host(role.party, ids, saved) if saved else PsiParty(role.party, ids)
-    pending = [k[4:] for k in saved if k.startswith("key.")]
-    if op == "psi-request":
-        guest = str(req.get("guest", ""))
-        if pending or len(done) >= len(guests) or guest != guests[len(done)]:
-            raise ProtocolError(f"{role.party}: PSI request for {guest!r} out of order (answered: {done}, "
-                                f"pending: {pending}); the host runs the guests in turn")
-        frame = host.request(guest)
-        reply = {"frame": frame}
-    elif op == "psi-receive":
-        guest = str(req.get("guest", ""))
+    if "receive-guest" in req:  # the previous guest's answer, delivered with this step
+        guest = str(req["receive-guest"])
         host.receive(guest, _bytes(req, "setup", role.party), _bytes(req, "response", role.party))
         done.append(guest)
-        reply = {}
+    if op == "psi-request":
+        guest = str(req.get("guest", ""))
+        if host.pending or len(done) >= len(guests) or guest != guests[len(done)]:
+            raise ProtocolError(f"{role.party}: PSI request for {guest!r} out of order (answered: {done}, "
+                                f"pending: {host.pending}); the host runs the guests in turn")
+        frame = host.request(guest)
+        reply = {"frame": frame}
     elif op == "psi-shared":
         if done != guests:
             raise ProtocolError(f"{role.party}: shared-ids asked before every guest answered (answered: {done})")
