@@ -27,6 +27,7 @@ from fl_split.flower.node import NodeRole
 from fl_split.flower.strategy import VerticalSplitStrategy
 from fl_split.seeding import PrivateSeed
 from fl_split.secure_files import write_private
+from tests.test_adversary_identity import _AuditedGrid
 from tests.test_flower import InlineGrid, _strip
 from tests.test_own_data import _distinct, data_flags, write_party_tables
 
@@ -56,30 +57,22 @@ def _nodes(tmp_path, paths: dict[str, str], seed: PrivateSeed) -> list[dict]:
     return out
 
 
-class RecordingGrid(InlineGrid):
-    """InlineGrid that keeps every message both ways, serialised as the SuperLink stores it."""
+class RecordingGrid(_AuditedGrid):
+    """The audit grid of tests/test_adversary_identity.py (every message both ways, serialised as a
+    SuperLink stores it, in ``wire``) that also notes each alignment step and who got it."""
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        self.wire: list[tuple[str, str, bytes]] = []  # (direction, message type, serialised content)
         self.ops: list[tuple[str, str]] = []
 
     def push_messages(self, messages):
         messages = list(messages)
         for m in messages:
-            self.wire.append(("out", m.metadata.message_type, recorddict_to_proto(m.content).SerializeToString()))
             if m.metadata.message_type == MSG_ALIGN:
-                node = m.metadata.dst_node_id
-                party = "host" if self.contexts[node].node_config["role"] == "host" else \
-                    f"guest-{self.contexts[node].node_config['guest-index']}"
+                conf = self.contexts[m.metadata.dst_node_id].node_config
+                party = "host" if conf["role"] == "host" else f"guest-{conf['guest-index']}"
                 self.ops.append((party, str(R.request_of(m.content)["op"])))
         return super().push_messages(messages)
-
-    def pull_messages(self, message_ids):
-        replies = super().pull_messages(message_ids)
-        for r in replies:
-            self.wire.append(("in", "", recorddict_to_proto(r.content).SerializeToString()))
-        return replies
 
 
 def _scan(blob: bytes, ids: np.ndarray) -> list[int]:
@@ -146,10 +139,10 @@ def test_psi_between_deployment_nodes_trains_on_the_intersection_like_the_local_
                         ("host", "psi-request"), ("guest-1", "psi-answer"),
                         ("host", "psi-request"), ("guest-2", "psi-answer"),
                         ("host", "psi-shared"), ("guest-1", "psi-accept"), ("guest-2", "psi-accept")]
-    wire = b"".join(m for _, _, m in grid.wire)
+    wire = b"".join(grid.wire)
     assert _scan(wire, outside) == []
     assert _scan(wire, inter[:20]) != []  # the scan finds what is there: I is sent to the guests
-    assert len(keys) == 4 and all(len(k) >= 16 and k not in wire for k in keys)
+    assert len(keys) == 4 and all(len(k) >= 16 and k not in wire and k.hex().encode() not in wire for k in keys)
     for ctx in grid.contexts.values():
         assert PSI_STATE not in ctx.state.config_records
         state = recorddict_to_proto(ctx.state).SerializeToString()
