@@ -210,7 +210,9 @@ def _add_deploy_parser(sub) -> None:
     kinds = deploy.add_subparsers(dest="deploy_kind", metavar="KIND", parser_class=_Parser, required=True)
     local = kinds.add_parser(
         "local", help="a SuperLink and one SuperNode per party on this machine, as separate processes",
-        description="Export each party's file, make certificates and SuperNode keys, start a SuperLink and "
+        description="Export each party's file (with --data host=PATH --data guest-1=PATH …: each SuperNode gets "
+                    "its own table and the ServerApp aligns the IDs between the nodes, --align public|psi), "
+                    "make certificates and SuperNode keys, start a SuperLink and "
                     "one SuperNode per party on 127.0.0.1 (free ports), run the job with flwr run, print "
                     "accuracy and each party's epsilon, and end every process it started (also on failure "
                     "and Ctrl-C). Exits non-zero with the reason when the run fails.")
@@ -391,7 +393,8 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
         raise ConfigError("engine", cfg.engine, "flower (a deployment runs on Flower)")
     if party_dir and cfg.data:
         raise ConfigError("party-files", party_dir, "empty with --data",
-                          reason="deploy local exports your tables itself; --party-files names files already exported")
+                          reason="with --data each SuperNode reads its own table (one table: deploy local exports "
+                                 "it); --party-files names files already exported")
     if party_dir and not Path(party_dir).expanduser().is_dir():
         raise ConfigError("party-files", party_dir, "a directory holding host.npz|csv|parquet, guest-1.… "
                           "(fl-split export-parties)", reason="no such directory")

@@ -190,6 +190,14 @@ class LocalDeployment:
         self.private_seed, self.party_format = private_seed, party_format
         #: ``--party-files DIR``: the parties' files exist already (export-parties); used where they are
         self.given_parties = Path(party_files).expanduser().resolve() if party_files else None
+        #: ``--data host=PATH --data guest-1=PATH …``: each SuperNode reads its own table and the ServerApp
+        #: aligns the IDs between the nodes (fl_split.flower.alignment); the run config says node-tables
+        self.own_tables: dict[str, Path] | None = None
+        from fl_split.data.own import NODE_TABLES, parse_data_spec
+
+        spec = parse_data_spec(cfg.data) if cfg.data and cfg.data.strip() != NODE_TABLES else None
+        if isinstance(spec, dict):
+            self.own_tables = {p: Path(v).expanduser().resolve() for p, v in spec.items()}
         self.workdir = Path(workdir).expanduser().resolve()
         self.echo = echo or (lambda line: print(line, flush=True))
         self.timeout, self.grace = timeout, grace
@@ -213,13 +221,28 @@ class LocalDeployment:
     def _mark(self, name: str) -> None:
         self.timeline[name] = time.monotonic()
 
+    def check_tables(self) -> None:
+        """``--data`` with one table per party: every table checked as ``fl-split train --data`` checks
+        it (one-line errors), before anything is written or started. Only the checks each node makes
+        on its own table and the column names (public); no alignment here — the nodes align."""
+        from fl_split.data.own import check_column_owner, read_own_table
+
+        owner: dict[str, str] = {}
+        for party, path in (self.own_tables or {}).items():
+            table = read_own_table(self.cfg, party, str(path))
+            check_column_owner(owner, table.where, party, table.slice.columns)
+
     def prepare(self) -> None:
         from fl_split.party_files import export_parties
 
+        if self.own_tables is not None:
+            self.check_tables()
         private_dir(self.workdir)
         make_owner_only(self.workdir)  # a reused work directory: nothing of an earlier run stays readable
         private_dir(self.flwr_home)
-        if self.given_parties is None:
+        if self.own_tables is not None:
+            pass  # each node its own table (node-config data-path)
+        elif self.given_parties is None:
             export_parties(replace(self.cfg, out=""), self.parties_dir, self.party_format)
         else:  # every file checked against the run and against each other before anything starts
             from fl_split.party_files import load_parties
@@ -250,6 +273,8 @@ class LocalDeployment:
         return self.workdir / "nodes" / party / "private-seed"
 
     def party_file(self, party: str) -> Path:
+        if self.own_tables is not None:
+            return self.own_tables[party]
         if self.given_parties is not None:
             return self._given_files[party]
         return self.parties_dir / f"{party}.{self.party_format}"
@@ -356,7 +381,12 @@ class LocalDeployment:
     def run(self) -> dict[str, Any]:
         """Submit the run, relay its log lines, wait for its outcome; returns the results."""
         config = self.workdir / "run-config.toml"
-        write_private(config, run_config_toml(self.cfg, self.results_path).encode("utf-8"))
+        cfg = self.cfg
+        if self.own_tables is not None:  # no party's table path in the run config: each node has its own
+            from fl_split.data.own import NODE_TABLES
+
+            cfg = replace(cfg, data=NODE_TABLES)
+        write_private(config, run_config_toml(cfg, self.results_path).encode("utf-8"))
         app = find_app_dir()
         self._submit([_bin("flwr"), "run", str(app), self.connection, "--stream", "--run-config", str(config)],
                      umask=PRIVATE_UMASK)
@@ -476,7 +506,9 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
     try:
         t0 = time.monotonic()
         say(f"deploy: preparing {dep.workdir}: "
-            + ("checking the given party files" if party_files is not None else "exporting one data file per party")
+            + (f"checking each party's own table (its SuperNode reads it; the ServerApp aligns the IDs between "
+               f"the nodes, --align {cfg.align})" if dep.own_tables is not None
+               else "checking the given party files" if party_files is not None else "exporting one data file per party")
             + (", making certificates and keys" if tls else "") + " …")
         dep.prepare()
         say("deploy: starting the SuperLink …")

@@ -30,16 +30,25 @@ to a curve point (P-256) and blinded with a party's secret scalar; blinding comm
 
 **Over the run's channels.** Each message is one framed ``bytes`` blob (:func:`encode` /
 :func:`decode`: ``b"P1" | kind | sender | receiver | payload``) with the sender and receiver
-checked by the receiver, bounded in size, routed by :func:`align_by_psi` between
-:class:`PsiParty` objects that each hold only their own party's IDs (the local engine and the
-in-process Flower simulation prepare data in one process). A Flower *deployment* node does not run
-this protocol yet: there, own data is aligned before deployment (``fl-split export-parties
---data … --align psi``) and each node gets its aligned party file (docs/datasets.md says so).
+checked by the receiver, bounded in size. :func:`run_psi` is the protocol — the order of the steps
+and the router's checks — over a :class:`PsiRoute`, which delivers each step to the party that
+performs it:
+
+* :class:`LocalRoute` (:func:`align_by_psi`): between :class:`PsiParty` objects in one process,
+  each holding only its own party's IDs (the local engine and the in-process Flower simulation
+  prepare every party's data in one process);
+* :class:`fl_split.flower.alignment.FlowerPsiRoute`: a Flower deployment's ServerApp sends each step
+  to the party's SuperNode as a Flower message, each SuperNode reading only its own table
+  (``data = "node-tables"``). The host's state between its messages (candidates, the key of its open
+  request: :meth:`PsiParty.export_host`) stays in its node's ``context.state``, never in a message.
+
+Either way the coordinator's view is the one above, and each party learns what it says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -135,6 +144,36 @@ class PsiParty:
     def intersection(self) -> np.ndarray:
         return self._candidates.copy()
 
+    @property
+    def pending(self) -> list[str]:
+        """Host: the guests whose answer it still waits for (a request is open)."""
+        return list(self._clients)
+
+    def export_host(self) -> dict[str, bytes]:
+        """Host: what it must keep between two messages when each may run in a fresh process (a
+        Flower deployment node keeps it in its own ``context.state``, never in a message): its
+        candidates ``C_g`` (its own IDs) and the secret key of each request still unanswered."""
+        out = {"candidates": np.ascontiguousarray(self._candidates, "<i8").tobytes()}
+        out.update({f"key.{g}": bytes(c.GetPrivateKeyBytes()) for g, c in self._clients.items()})
+        return out
+
+    @classmethod
+    def import_host(cls, party: str, ids: np.ndarray, state: dict[str, bytes]) -> "PsiParty":
+        """Host: the party :meth:`export_host` saved (``ids``: its own IDs, read again from its table).
+        Candidates that are not its own IDs are refused (a damaged state)."""
+        me = cls(party, ids)
+        raw = bytes(state.get("candidates", b""))
+        if len(raw) % 8:
+            raise ProtocolError(f"{party}: damaged PSI state (candidates of {len(raw)} bytes)")
+        cand = np.frombuffer(raw, "<i8").astype(np.int64)
+        if not np.isin(cand, me._own).all() or (cand.size > 1 and not np.all(np.diff(cand) > 0)):
+            raise ProtocolError(f"{party}: damaged PSI state (candidates that are not its own sorted IDs)")
+        me._candidates = cand
+        for key, value in state.items():
+            if key.startswith("key."):
+                me._clients[key[4:]] = _psi().client.CreateFromKey(bytes(value), True)
+        return me
+
     # -- guest (PSI server) -----------------------------------------------------------------
     def answer(self, request_blob: bytes, host: str = "host") -> tuple[bytes, bytes]:
         """Guest: ``(setup, response)`` for the host's request, with a fresh key (dropped after)."""
@@ -170,31 +209,95 @@ class PsiParty:
         return ids
 
 
+class PsiRoute(Protocol):
+    """How the protocol's steps reach the parties: each method delivers one step to the party that
+    performs it and returns the frames that party sends back. :class:`LocalRoute` calls
+    :class:`PsiParty` objects in this process; a Flower deployment's ServerApp sends each step to the
+    party's node as a Flower message (:mod:`fl_split.flower.alignment`). The order of the steps and
+    the checks between them are :func:`run_psi`'s, the same for every route."""
+
+    def request(self, guest: str) -> bytes: ...                                  # host
+    def answer(self, guest: str, request: bytes) -> tuple[bytes, bytes]: ...      # guest
+    def receive(self, guest: str, setup: bytes, response: bytes) -> None: ...     # host
+    def shared(self, guests: list[str]) -> dict[str, bytes]: ...                  # host
+    def accept(self, frames: dict[str, bytes]) -> dict[str, str]: ...             # each guest: ids_digest of I
+
+
+class LocalRoute:
+    """:class:`PsiRoute` between :class:`PsiParty` objects in one process (the local engine and the
+    in-process Flower simulation, which prepare every party's data in one process)."""
+
+    def __init__(self, ids: dict[str, np.ndarray]) -> None:
+        self.parties = {p: PsiParty(p, v) for p, v in ids.items()}
+
+    def request(self, guest):
+        return self.parties["host"].request(guest)
+
+    def answer(self, guest, request):
+        return self.parties[guest].answer(request)
+
+    def receive(self, guest, setup, response):
+        self.parties["host"].receive(guest, setup, response)
+
+    def shared(self, guests):
+        return {g: self.parties["host"].shared_ids(g) for g in guests}
+
+    def accept(self, frames):
+        return {g: ids_digest(self.parties[g].receive_shared(b)) for g, b in frames.items()}
+
+
+def ids_digest(ids: np.ndarray) -> str:
+    """A digest of an ID list (int64, in order): how a guest tells the router which intersection it
+    accepted without sending it back."""
+    import hashlib
+
+    return hashlib.blake2b(np.ascontiguousarray(np.asarray(ids), "<i8").tobytes(), digest_size=16).hexdigest()
+
+
+def run_psi(route: PsiRoute, guests: list[str],
+            transcript: Callable[[str, str, str, bytes], None] | None = None) -> np.ndarray:
+    """The protocol of the module docstring over ``route``: for each guest in order the host's
+    ``request``, the guest's ``setup`` and ``response``, the host's update; then ``shared-ids`` to
+    every guest. Returns the intersection ``I`` (sorted), which the router reads from the
+    ``shared-ids`` frames (the coordinator's view: blinded points and ``I``).
+
+    ``transcript(kind, sender, receiver, blob)`` sees every message. Raises :class:`DataError` when
+    the intersection is empty or a guest accepted another intersection than the host sent, and
+    :class:`ProtocolError` for a malformed frame, before ``I`` reaches any guest."""
+    log = transcript or (lambda *a: None)
+    for g in guests:
+        req = route.request(g)
+        log("request", "host", g, req)
+        setup, response = route.answer(g, req)
+        log("setup", g, "host", setup)
+        log("response", g, "host", response)
+        route.receive(g, setup, response)
+    frames = route.shared(list(guests))
+    if set(frames) != set(guests):
+        raise ProtocolError(f"host: shared-ids for {sorted(frames)}, expected {list(guests)}")
+    views = {g: decode(frames[g], kind="shared-ids", sender="host", receiver=g) for g in guests}
+    shared = np.frombuffer(views[guests[0]], "<i8").astype(np.int64) if guests else np.zeros(0, np.int64)
+    if any(v != views[guests[0]] for v in views.values()):
+        raise ProtocolError("host: the shared-ids differ between guests; every guest gets the same intersection")
+    if not len(shared):
+        raise DataError(f"--align psi: the parties' ID sets have no ID in common (host, {', '.join(guests)}); "
+                        f"nothing to train on")
+    for g in guests:
+        log("shared-ids", "host", g, frames[g])
+    accepted = route.accept(frames)
+    want = ids_digest(shared)
+    for g in guests:
+        if accepted.get(g) != want:
+            raise DataError(f"--align psi: {g} received another intersection than the host computed")
+    return shared
+
+
 def align_by_psi(ids: dict[str, np.ndarray],
                  transcript: Callable[[str, str, str, bytes], None] | None = None) -> np.ndarray:
     """Route the PSI messages between one :class:`PsiParty` per party (``ids``: each party's own
-    IDs, ``host`` first) and return the intersection every party agreed on (sorted).
+    IDs, ``host`` first) and return the intersection every party agreed on (sorted):
+    :func:`run_psi` over a :class:`LocalRoute`.
 
     ``transcript(kind, sender, receiver, blob)`` sees every message (tests scan it). Raises
     :class:`DataError` when the intersection is empty or the guests' views disagree."""
-    parties = {p: PsiParty(p, v) for p, v in ids.items()}
-    host = parties["host"]
-    guests = [p for p in ids if p != "host"]
-    log = transcript or (lambda *a: None)
-    for g in guests:
-        req = host.request(g)
-        log("request", "host", g, req)
-        setup, response = parties[g].answer(req)
-        log("setup", g, "host", setup)
-        log("response", g, "host", response)
-        host.receive(g, setup, response)
-    shared = host.intersection
-    if not len(shared):
-        raise DataError(f"--align psi: the parties' ID sets have no ID in common ({', '.join(ids)}); nothing to "
-                        f"train on")
-    for g in guests:
-        blob = host.shared_ids(g)
-        log("shared-ids", "host", g, blob)
-        if not np.array_equal(parties[g].receive_shared(blob), shared):
-            raise DataError(f"--align psi: {g} received another intersection than the host computed")
-    return shared
+    return run_psi(LocalRoute(ids), [p for p in ids if p != "host"], transcript)

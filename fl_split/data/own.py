@@ -27,6 +27,7 @@ model's size depends on it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,10 +39,14 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from fl_split.config import RunConfig
-    from fl_split.data.base import PartySlice
+    from fl_split.data.base import PartyData, PartySlice
 
 SUFFIXES = (".csv", ".parquet")
 ALLOWED = "'host=PATH;guest-1=PATH;…' naming each party of the run once (or one table PATH), files ending in .csv or .parquet"
+#: ``--data node-tables`` (a Flower deployment's run config): every SuperNode reads its own table from
+#: its node-config ``data-path``; the ServerApp runs the ``--align`` phase between the nodes
+#: (:mod:`fl_split.flower.alignment`) before the parties are built
+NODE_TABLES = "node-tables"
 
 
 def parse_data_spec(spec: str) -> dict[str, str] | str:
@@ -64,12 +69,19 @@ def parse_data_spec(spec: str) -> dict[str, str] | str:
 
 def check_data_option(cfg: "RunConfig") -> None:
     """The rules of ``--data`` that need no file (called by :class:`~fl_split.config.RunConfig`)."""
-    spec = parse_data_spec(cfg.data)
     if cfg.party_files:
         raise ConfigError("party-files", cfg.party_files, "empty with --data",
                           reason="--data reads your tables; --party-files reads exported party files")
     if cfg.id_column == cfg.label_column:
         raise ConfigError("label-column", cfg.label_column, f"a column other than --id-column {cfg.id_column!r}")
+    if cfg.data.strip() == NODE_TABLES:
+        for key, value in (("columns", cfg.columns), ("padding", cfg.padding), ("one-shot", cfg.one_shot)):
+            if value:
+                raise ConfigError(key, value, f"{'empty' if key == 'columns' else 'false'} with --data {NODE_TABLES}",
+                                  reason="each SuperNode reads its own table and knows only the others' column "
+                                         "names and widths after the alignment phase")
+        return
+    spec = parse_data_spec(cfg.data)
     paths = [spec] if isinstance(spec, str) else list(spec.values())
     for path in paths:
         if Path(path).suffix.lower() not in SUFFIXES:
@@ -200,14 +212,106 @@ def _table_parts(frame: "pd.DataFrame", cfg: "RunConfig", where: str, with_label
     return ids, feats, labels
 
 
+# -- one party's table, on its own (a deployment node reads only its own) ---------------------------
+@dataclass
+class OwnTable:
+    """One party's checked table: its rows in its own order (``slice``) and, at the host, the raw
+    label column. ``where``: ``party (file name)``, as every error about it says."""
+
+    party: str
+    where: str
+    slice: "PartySlice"
+    raw_labels: Any = None
+
+
+def read_own_table(cfg: "RunConfig", party: str, path: str) -> OwnTable:
+    """Read and check ``party``'s table at ``path`` — every check that needs this table alone (module
+    docstring): the ID column, duplicate IDs, cells, the label column (host only), host features."""
+    from fl_split.data.base import PartySlice
+
+    where = f"{party} ({Path(path).name})"
+    ids, feats, lab = _table_parts(read_table(path, party), cfg, where, with_labels=party == "host")
+    cols = list(feats.columns)
+    if party == "host":
+        if cfg.host_features and not cols:
+            raise DataError(f"{where}: no feature columns besides {cfg.id_column!r} and {cfg.label_column!r}; "
+                            f"run with --no-host-features if the host holds labels only")
+        if not cfg.host_features and cols:
+            raise DataError(f"{where}: feature columns {cols[:5]} but --no-host-features; drop them or the flag")
+    elif not cols:
+        raise DataError(f"{where}: no feature columns besides {cfg.id_column!r}")
+    return OwnTable(party, where, PartySlice(party=party, ids=ids, columns=cols, table=feats if cols else None), lab)
+
+
+def check_column_owner(owner: dict[str, str], where: str, party: str, columns: list[str]) -> None:
+    """Feature column names are public metadata: a name claimed by two parties is refused. ``owner``
+    (column -> party, of the parties checked so far) is updated."""
+    for c in columns:
+        if c in owner:
+            raise DataError(f"{where}: column {c!r} is also {owner[c]}'s; each column belongs to one party "
+                            f"(rename one)")
+        owner[c] = party
+
+
+def check_public(table: OwnTable, shared: np.ndarray) -> None:
+    """``--align public``: a guest holds every one of the host's (published) IDs."""
+    from fl_split.data.base import positions_of
+
+    try:
+        positions_of(table.slice.ids, shared, who=table.where)
+    except DataError as exc:
+        raise DataError(f"{exc} (with --align public every guest holds each of the host's IDs; --align psi "
+                        f"trains on the intersection)") from None
+
+
+def split_of(cfg: "RunConfig", shared: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The train/test split of the shared ID list (public: every party computes the same)."""
+    from fl_split.data.base import split_shared
+
+    train_ids, test_ids = split_shared(shared, cfg.data_name, cfg.test_fraction, cfg.seed, cfg.limit)
+    if len(test_ids) < 1 or len(train_ids) < 1:
+        raise ConfigError("test-fraction", cfg.test_fraction, "a fraction leaving at least one train and one test "
+                          "sample", reason=f"{len(shared)} shared IDs")
+    return train_ids, test_ids
+
+
+def align_own(cfg: "RunConfig", table: OwnTable, shared: np.ndarray) -> "PartyData":
+    """``table``'s party aligned to the shared ID list and encoded with its own training rows
+    (:func:`~fl_split.data.base.prepare_party`); at the host, labels mapped to classes ``0…K-1`` among
+    the shared rows (``num_classes`` = K; the mapping stays with the host)."""
+    import dataclasses
+
+    from fl_split.data.base import positions_of, prepare_party
+
+    sl = table.slice
+    if table.party == "host":
+        labels, classes = _labels(table.raw_labels, table.where, cfg.label_column)
+        # classes: those of the shared rows (the host's rows outside the shared list take no part)
+        rows = positions_of(sl.ids, shared, who="host")
+        kept = np.unique(labels[rows])
+        if len(kept) < 2:
+            raise DataError(f"{table.where}: column {cfg.label_column!r} holds one class among the shared IDs; "
+                            f"nothing to learn")
+        remap = np.full(len(classes), -1, np.int64)
+        remap[kept] = np.arange(len(kept))
+        # -1 only on rows outside the shared list, which are never used
+        sl = dataclasses.replace(sl, labels=remap[labels], num_classes=int(len(kept)))
+    train_ids, test_ids = split_of(cfg, shared)
+    return prepare_party(sl, train_ids, test_ids)
+
+
 # -- the pipeline ----------------------------------------------------------------------------------
 def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
     """Every party's aligned, encoded data from ``cfg.data`` (simulation: all parties in one process).
 
     Returns ``name, task, metric, num_classes, parties, train_ids, test_ids, alignment`` for
     :func:`fl_split.builder.prepare_data`. ``transcript``: see :func:`fl_split.psi.align_by_psi`."""
-    from fl_split.data.base import PartySlice, VerticalDataset, partition, positions_of, prepare_party, split_ids, split_shared
+    from fl_split.data.base import VerticalDataset, partition, prepare_party, split_ids
 
+    if cfg.data.strip() == NODE_TABLES:
+        raise ConfigError("data", cfg.data, ALLOWED, reason=f"'{NODE_TABLES}' is for a Flower deployment, whose "
+                          f"SuperNodes each read their own table (node-config data-path); in one process give every "
+                          f"party's table (--data host=PATH --data guest-1=PATH …)")
     spec = parse_data_spec(cfg.data)
     if isinstance(spec, str):  # one table: every column belongs to one party (--columns or contiguous blocks)
         where = f"--data {Path(spec).name}"
@@ -224,38 +328,16 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
                     parties=parties, train_ids=train_ids, test_ids=test_ids,
                     alignment={"align": "public", "tables": 1, "shared_ids": len(ids)})
 
-    slices: dict[str, PartySlice] = {}
-    raw_labels = None
+    tables: dict[str, OwnTable] = {}
     owner: dict[str, str] = {}
     for party in cfg.parties:
-        path = spec[party]
-        where = f"{party} ({Path(path).name})"
-        ids, feats, lab = _table_parts(read_table(path, party), cfg, where, with_labels=party == "host")
-        cols = list(feats.columns)
-        if party == "host":
-            raw_labels = lab
-            if cfg.host_features and not cols:
-                raise DataError(f"{where}: no feature columns besides {cfg.id_column!r} and {cfg.label_column!r}; "
-                                f"run with --no-host-features if the host holds labels only")
-            if not cfg.host_features and cols:
-                raise DataError(f"{where}: feature columns {cols[:5]} but --no-host-features; drop them or the flag")
-        elif not cols:
-            raise DataError(f"{where}: no feature columns besides {cfg.id_column!r}")
-        for c in cols:
-            if c in owner:
-                raise DataError(f"{where}: column {c!r} is also {owner[c]}'s; each column belongs to one party "
-                                f"(rename one)")
-            owner[c] = party
-        slices[party] = PartySlice(party=party, ids=ids, columns=cols, table=feats if cols else None)
+        tables[party] = read_own_table(cfg, party, spec[party])
+        check_column_owner(owner, tables[party].where, party, tables[party].slice.columns)
 
     if cfg.align == "public":  # the host's ID list is published; every guest must hold each ID
-        shared = np.sort(slices["host"].ids)
+        shared = np.sort(tables["host"].slice.ids)
         for g in cfg.parties[1:]:
-            try:
-                positions_of(slices[g].ids, shared, who=f"{g} ({Path(spec[g]).name})")
-            except DataError as exc:
-                raise DataError(f"{exc} (with --align public every guest holds each of the host's IDs; --align psi "
-                                f"trains on the intersection)") from None
+            check_public(tables[g], shared)
         alignment: dict[str, Any] = {"align": "public", "shared_ids": int(len(shared))}
     else:
         from fl_split.psi import align_by_psi
@@ -268,26 +350,11 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
             if transcript is not None:
                 transcript(kind, sender, receiver, blob)
 
-        shared = align_by_psi({p: slices[p].ids for p in cfg.parties}, log)
+        shared = align_by_psi({p: tables[p].slice.ids for p in cfg.parties}, log)
         alignment = {"align": "psi", "shared_ids": int(len(shared)), "psi_messages": counts["messages"],
                      "psi_bytes": counts["bytes"]}
 
-    host = slices["host"]
-    labels, classes = _labels(raw_labels, f"host ({Path(spec['host']).name})", cfg.label_column)
-    # classes: those of the shared rows (the host's rows outside the shared list take no part)
-    rows = positions_of(host.ids, shared, who="host")
-    kept = np.unique(labels[rows])
-    if len(kept) < 2:
-        raise DataError(f"host ({Path(spec['host']).name}): column {cfg.label_column!r} holds one class among the "
-                        f"shared IDs; nothing to learn")
-    remap = np.full(len(classes), -1, np.int64)
-    remap[kept] = np.arange(len(kept))
-    host.labels = remap[labels]  # -1 only on rows outside the shared list, which are never used
-    host.num_classes = int(len(kept))
-    train_ids, test_ids = split_shared(shared, cfg.data_name, cfg.test_fraction, cfg.seed, cfg.limit)
-    if len(test_ids) < 1 or len(train_ids) < 1:
-        raise ConfigError("test-fraction", cfg.test_fraction, "a fraction leaving at least one train and one test "
-                          "sample", reason=f"{len(shared)} shared IDs")
-    parties = {p: prepare_party(sl, train_ids, test_ids) for p, sl in slices.items()}
-    return dict(name=cfg.data_name, task="classification", metric="accuracy", num_classes=int(len(kept)),
-                parties=parties, train_ids=train_ids, test_ids=test_ids, alignment=alignment)
+    host = align_own(cfg, tables["host"], shared)
+    parties = {"host": host, **{g: align_own(cfg, tables[g], shared) for g in cfg.parties[1:]}}
+    return dict(name=cfg.data_name, task="classification", metric="accuracy", num_classes=int(host.num_classes),
+                parties=parties, train_ids=host.train_ids, test_ids=host.test_ids, alignment=alignment)

@@ -4,7 +4,9 @@ The ClientApp (``clients/client_app.py``) hands every message to :func:`handle`.
 comes from its ``node_config``:
 
 * deployment (``flower-supernode --node-config``): ``role = "host"`` or ``role = "guest"`` with
-  ``guest-index = i`` (1..G), and ``data-path`` = the party's file from ``fl-split export-parties``;
+  ``guest-index = i`` (1..G), and ``data-path`` = the party's file from ``fl-split export-parties`` —
+  or, when the run config says ``data = "node-tables"``, the party's own raw table, aligned by the
+  ServerApp's alignment phase (:mod:`fl_split.flower.alignment`, ``query.align`` messages);
 * simulation: ``partition-id`` (0 = host, 1..G = guests); the node prepares the dataset itself
   (once per process) and keeps only its party's slice.
 
@@ -41,6 +43,7 @@ from flwr.app import ConfigRecord, Context, Message
 from fl_split.config import RunConfig
 from fl_split.errors import ConfigError, ProtocolError
 from fl_split.flower import records as R
+from fl_split.flower.alignment import MSG_ALIGN
 from fl_split.flower.records import FederationError
 
 #: (run id, node id) -> (state token, live party)
@@ -179,10 +182,15 @@ def private_seed_of(role: NodeRole, context: Context, given=None):
     return seed
 
 
-def plan_of(cfg: RunConfig, role: NodeRole):
-    """The run plan this node's party was built from (cached per process)."""
+def plan_of(cfg: RunConfig, role: NodeRole, state=None):
+    """The run plan this node's party was built from (cached per process; ``state``: the node's
+    ``context.state``, where a node reading its own table keeps its aligned ID list)."""
     if role.mode == "simulation":
         return _simulation_plan(cfg)
+    if _node_tables(cfg):
+        from fl_split.flower.alignment import node_plan
+
+        return node_plan(cfg, role, state)
     path = os.path.abspath(os.path.expanduser(role.data_path))
     return _deployment_plan(cfg, path, os.path.getmtime(path) if os.path.exists(path) else 0.0)
 
@@ -203,9 +211,16 @@ def _set_threads(cfg: RunConfig, role: NodeRole) -> None:
     apply_threads(party_threads(cfg.threads, cap["num_cpus"] if cap else None, max(1, cores // (cfg.guests + 1))))
 
 
-def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None, secret=None):
+def _node_tables(cfg: RunConfig) -> bool:
+    from fl_split.flower.alignment import uses_node_tables
+
+    return uses_node_tables(cfg)
+
+
+def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None, secret=None, state=None):
     """``(party, public facts)`` of this node for ``cfg``, with its own secret (``secret``: the
-    one restored from the node's state; else fresh or from ``private_seed``)."""
+    one restored from the node's state; else fresh or from ``private_seed``). ``state``: the node's
+    ``context.state`` (a node reading its own table: its aligned ID list, :mod:`fl_split.flower.alignment`)."""
     from fl_split.builder import make_guest, make_host
 
     if role.role == "guest" and role.guest_index > cfg.guests:
@@ -219,6 +234,11 @@ def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None,
         plan = _simulation_plan(cfg)
         data = prepared.parties[role.party]
         facts = public_facts(cfg, prepared)
+    elif _node_tables(cfg):  # its own table, aligned by the coordinator's alignment phase
+        from fl_split.flower.alignment import node_data, node_plan
+
+        data, facts = node_data(cfg, role, state)
+        plan = node_plan(cfg, role, state)
     else:
         if cfg.one_shot:
             raise ConfigError("one-shot", True, "false in deployment", reason="one-shot pretraining needs the "
@@ -263,7 +283,7 @@ def _restore(context: Context, role: NodeRole):
         return cached[1], str(meta["config"])
     cfg = RunConfig.from_mapping(R.loads(str(meta["config"])))
     state = unflatten(R.record_to_arrays(context.state.array_records[R.STATE_ARRAYS]), R.loads(str(meta["skeleton"])))
-    party, _ = build_party(cfg, role, secret=PartySecret.from_state(state["secret"]))
+    party, _ = build_party(cfg, role, secret=PartySecret.from_state(state["secret"]), state=context.state)
     party.import_state(state)
     return party, str(meta["config"])
 
@@ -290,13 +310,18 @@ def handle(message: Message, context: Context, private_seed: int | None = None) 
             config_json = str(req["config"])
             cfg = RunConfig.from_mapping(R.loads(config_json))
             seed = private_seed_of(role, context, private_seed)
-            party, facts = build_party(cfg, role, seed)
+            party, facts = build_party(cfg, role, seed, state=context.state)
             extra = _dataplane_setup(cfg, role, dict(context.node_config), context.state)
             if cfg.checkpoint_dir:
                 _checkpoint_setup(context, role, party, cfg, req, seed)
             _save(context, party, config_json)
             facts_json = facts.to_json() if role.role == "host" else facts.without_labels().to_json()
             return _reply(message, facts=R.dumps(facts_json), **extra)
+        if mtype == MSG_ALIGN:
+            from fl_split.flower.alignment import handle_align
+
+            return _reply(message, **handle_align(RunConfig.from_mapping(R.loads(str(req["config"]))), role, req,
+                                                  context.state))
         party, config_json = _restore(context, role)
         if mtype == R.MSG_EPOCH:
             return _epoch(message, context, role, party, config_json, req)
@@ -367,8 +392,8 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
         wal = open_wal(party, str(ckpt["dir"]), str(ckpt["run"]), resume=True)
     try:
         if role.role == "host":
-            outcome = direct.host_epochs(party, cfg, plan_of(cfg, role), req, role, dict(context.node_config),
-                                         context.state)
+            outcome = direct.host_epochs(party, cfg, plan_of(cfg, role, context.state), req, role,
+                                         dict(context.node_config), context.state)
             reply = {"outcome": R.dumps(outcome)}
         else:
             reply = {"served": R.dumps(direct.guest_epochs(party, cfg, req, role, dict(context.node_config),
@@ -377,7 +402,7 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
             from fl_split.checkpoint import save_party
 
             last = int(req["last-epoch"])
-            save_party(party, str(ckpt["dir"]), direct.last_round(plan_of(cfg, role), cfg, last),
+            save_party(party, str(ckpt["dir"]), direct.last_round(plan_of(cfg, role, context.state), cfg, last),
                        run=str(ckpt["run"]), config=cfg.to_dict())
     finally:
         _close_wal(party, wal)
@@ -459,7 +484,8 @@ def client_app_for(handler):
     from flwr.clientapp import ClientApp
 
     app = ClientApp()
-    for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_EPOCH):
+    for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_EPOCH,
+                  MSG_ALIGN):
         category, action = mtype.split(".")
         getattr(app, category)(action)(handler)
     return app

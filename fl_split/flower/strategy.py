@@ -67,6 +67,8 @@ class VerticalSplitStrategy:
         self.plan = None
         self.timeline = timeline
         self.checkpoints = None
+        #: ``data = "node-tables"``: how the nodes aligned their IDs (results["alignment"])
+        self.alignment: dict[str, Any] | None = None
 
     def _mark(self, name: str) -> None:
         if self.timeline is not None:
@@ -79,6 +81,11 @@ class VerticalSplitStrategy:
         self.transport = discover(grid, self.cfg, self.poll_interval, on_registered=lambda: self._mark("nodes_registered"))
         self._mark("roles_answered")
         log.info("federation: %s", ", ".join(f"{p} = node {n}" for p, n in self.transport.nodes.items()))
+        from fl_split.flower.alignment import align_nodes, uses_node_tables
+
+        if uses_node_tables(self.cfg):  # each node its own table: align the IDs between the nodes first
+            self.alignment = align_nodes(self.transport, self.cfg, lambda line: log.info("%s", line))
+            self._mark("aligned")
         checkpoint = None
         if self.cfg.checkpoint_dir:
             from fl_split.checkpoint import Checkpointer
@@ -117,6 +124,8 @@ class VerticalSplitStrategy:
                                  on_epoch=lambda row: log.info("%s", epoch_line(row, self.plan.metric)))
             self._mark("training_end")
         self._mark("reports_done")
+        if self.alignment is not None:
+            results["alignment"] = self.alignment
         for party, rep in results.get("privacy", {}).items():
             log.info("%s", privacy_line(party, rep))
         if results.get("stopped_reason", "completed") != "completed":

@@ -1,0 +1,348 @@
+"""ID alignment between deployed SuperNodes (``--data node-tables``): ``--align public`` or ``psi``
+as a phase of the ServerApp before the parties are built.
+
+In a Flower deployment each organisation's SuperNode holds its own raw table (node-config
+``data-path``: CSV or Parquet with the ID column, the label column at the host only;
+:func:`fl_split.data.own.read_own_table` makes the same checks as ``fl-split train --data``). The
+run config says ``data = "node-tables"``. Before ``setup`` the ServerApp
+(:class:`~fl_split.flower.strategy.VerticalSplitStrategy`) calls :func:`align_nodes`, which sends
+``query.align`` messages (field ``op``):
+
+1. ``open`` to every node: it reads and checks its table and answers with its feature column names,
+   its input width and its file's name (public metadata in VFL: the coordinator refuses a column
+   name claimed by two parties, as ``--data`` does in one process);
+2. the alignment:
+
+   * ``--align psi``: :func:`fl_split.psi.run_psi` over a :class:`FlowerPsiRoute` — the protocol
+     steps of :mod:`fl_split.psi` (``psi-request`` and ``psi-shared`` at the host, ``psi-answer`` and
+     ``psi-accept`` at each guest; a guest's answer reaches the host with the host's next step, so
+     the host's update costs no round trip of its own), each :mod:`fl_split.psi` frame a ``bytes``
+     field of a Flower message. The ServerApp (and the SuperLink, which stores the messages) sees
+     blinded points and the intersection ``I``: the coordinator's view of ``fl_split/psi.py``;
+   * ``--align public``: the host publishes its sorted ID list (``public-ids``), the ServerApp
+     sends it to every guest (``public-accept``), which checks it holds each ID;
+
+3. the step that agrees a node's shared list (``psi-shared`` / ``psi-accept``, ``public-ids`` /
+   ``public-accept``) carries every feature holder's input shape: the node aligns its rows to the
+   list, splits it with ``--seed`` and encodes its columns (:func:`fl_split.data.own.align_own`),
+   exactly as the in-process pipeline does, so the run then equals ``fl-split train --data …`` on the
+   same tables. With G guests the phase costs 2G + 2 Flower round trips (``open``, then per guest the
+   host's step and the guest's answer, then the accepts); a deployment may start a ClientApp process
+   per message, so round trips, not bytes, are its cost.
+
+**What stays on a node.** Its table and its IDs; the host's PSI state between its messages (its
+candidates ``C_g`` — its own IDs — and the secret key of a request not yet answered) and every
+party's shared list and widths live in the node's ``context.state``, which its SuperNode keeps and
+never sends (as the party's own secret and data-plane key); the host's PSI key is dropped when the
+guest's answer is processed, a guest's is created and dropped within its ``psi-answer``. No message
+carries a key (``tests/test_deploy_align.py`` scans every message). Replies: counts of nothing,
+names and widths, frames, digests of the accepted list.
+
+**The coordinator's honesty.** Each node enforces the protocol's order: the host requests from
+guest-1, guest-2, … in turn, one request at a time, and gives out ``shared-ids`` only once every
+guest has answered; a guest answers one request and accepts one intersection per run (only IDs it
+holds). Frames are not signed: a coordinator that forged a request could learn which of IDs *it*
+chooses a guest holds (once per guest and run, and the host's alignment would then fail). The
+deployment trusts its coordinator to route honestly (as it trusts it with the run configuration);
+docs/datasets.md says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord
+
+from fl_split.config import RunConfig
+from fl_split.errors import DataError, ProtocolError
+from fl_split.flower import records as R
+
+#: the Flower message type of the alignment phase (one type; the step is the request's ``op``)
+MSG_ALIGN = "query.align"
+#: context.state keys of a node: the shared list and widths (``ALIGNED``), the host's PSI state (``PSI``)
+ALIGNED = "fl_split.aligned"
+PSI_STATE = "fl_split.psi"
+#: context.state key: this guest has answered its one PSI request of the run
+ANSWERED = "fl_split.psi-answered"
+
+
+def uses_node_tables(cfg: RunConfig) -> bool:
+    """Whether each deployment node reads its own table (``data = "node-tables"``)."""
+    from fl_split.data.own import NODE_TABLES
+
+    return cfg.data.strip() == NODE_TABLES
+
+
+# -- the coordinator ---------------------------------------------------------------------------------
+class FlowerPsiRoute:
+    """:class:`fl_split.psi.PsiRoute` over a :class:`~fl_split.flower.transport.FlowerTransport`: each
+    step one ``query.align`` message to the party that performs it (the accepts go to every guest at
+    once)."""
+
+    def __init__(self, transport, config_json: str, commit: dict[str, Any] | None = None) -> None:
+        self.transport, self.config_json = transport, config_json
+        #: fields of the last step (the parties' input widths): sent with the host's ``shared`` and the
+        #: guests' ``accept``, so each node builds its data in the same message
+        self.commit = commit or {}
+        #: the guest's answer the host has not processed yet: it travels with the host's next step
+        #: (one Flower round trip per protocol step saved; a deployment may start a process per message)
+        self._receive: dict[str, Any] | None = None
+
+    def _ask(self, requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        return self.transport.exchange({p: (MSG_ALIGN, R.content(config=self.config_json, **v))
+                                        for p, v in requests.items()}, None)
+
+    def _host(self, values: dict[str, Any]):
+        pending, self._receive = self._receive or {}, None
+        return self._ask({"host": {**pending, **values}})["host"]
+
+    def request(self, guest):
+        return _frame(self._host({"op": "psi-request", "guest": guest}), "frame", "host")
+
+    def answer(self, guest, request):
+        rep = self._ask({guest: {"op": "psi-answer", "frame": request}})[guest]
+        return _frame(rep, "setup", guest), _frame(rep, "response", guest)
+
+    def receive(self, guest, setup, response):
+        self._receive = {"receive-guest": guest, "setup": setup, "response": response}
+
+    def shared(self, guests):
+        rep = self._host({"op": "psi-shared", **self.commit})
+        frames = R.blob_list(rep, "frames")
+        if len(frames) != len(guests):
+            raise ProtocolError(f"host: {len(frames)} shared-ids frames for {len(guests)} guests")
+        return dict(zip(guests, frames))
+
+    def accept(self, frames):
+        rep = self._ask({g: {"op": "psi-accept", "frame": b, **self.commit} for g, b in frames.items()})
+        return {g: str(r.get("digest", "")) for g, r in rep.items()}
+
+
+def _frame(rec, key: str, party: str) -> bytes:
+    v = rec.get(key, None)
+    if not isinstance(v, (bytes, bytearray)):
+        raise ProtocolError(f"{party}: the reply's {key!r} is not bytes")
+    return bytes(v)
+
+
+def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
+    """The alignment phase (module docstring); returns ``results["alignment"]`` — the same keys and
+    values as :func:`fl_split.data.own.load_own`'s on the same tables (sizes and PSI traffic, never an
+    ID). ``log(line)`` gets one line per step."""
+    from fl_split.data.base import feature_parties
+    from fl_split.data.own import check_column_owner
+    from fl_split.psi import ids_digest, run_psi
+
+    say = log or (lambda line: None)
+    config_json = R.dumps(cfg.to_flower())
+    parties = ["host", *transport.guests]
+    route = FlowerPsiRoute(transport, config_json)
+    opened = route._ask({p: {"op": "open"} for p in parties})
+    owner: dict[str, str] = {}
+    shapes: dict[str, list[int]] = {}
+    for p in parties:
+        info = R.loads(str(opened[p]["table"]))
+        check_column_owner(owner, f"{p} ({info['file']})", p, [str(c) for c in info["columns"]])
+        shapes[p] = [int(x) for x in info["input-shape"]]
+    shapes = {p: shapes[p] for p in feature_parties(cfg.guests, cfg.host_features)}
+    say(f"alignment: every party's table checked ({', '.join(f'{p}: {s[0] if s else 0} columns' for p, s in shapes.items())})")
+    route.commit = {"input-shapes": R.dumps(shapes)}  # each node builds its data with its last step
+    if cfg.align == "psi":
+        counts = {"messages": 0, "bytes": 0}
+
+        def count(kind, sender, receiver, blob):
+            counts["messages"] += 1
+            counts["bytes"] += len(blob)
+
+        shared_n = len(run_psi(route, transport.guests, count))
+        alignment: dict[str, Any] = {"align": "psi", "shared_ids": int(shared_n), "psi_messages": counts["messages"],
+                                     "psi_bytes": counts["bytes"]}
+        say(f"alignment: private set intersection of {len(parties)} parties: {shared_n} shared IDs "
+            f"({counts['messages']} PSI messages, {counts['bytes']} bytes)")
+    else:
+        host_ids = _frame(route._ask({"host": {"op": "public-ids", **route.commit}})["host"], "ids", "host")
+        digests = route._ask({g: {"op": "public-accept", "ids": host_ids, **route.commit} for g in transport.guests})
+        want = ids_digest(np.frombuffer(host_ids, "<i8"))
+        for g in transport.guests:
+            if str(digests[g].get("digest", "")) != want:
+                raise DataError(f"--align public: {g} accepted another ID list than the host published")
+        shared_n = len(host_ids) // 8
+        alignment = {"align": "public", "shared_ids": int(shared_n)}
+        say(f"alignment: the host's {shared_n} IDs published to every guest (--align public)")
+    return alignment
+
+
+# -- a node ------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _table(cfg: RunConfig, party: str, path: str, mtime: float):
+    from fl_split.data.own import SUFFIXES, read_own_table
+
+    if Path(path).suffix.lower() not in SUFFIXES:
+        raise DataError(f"{party}: node-config data-path {path!r} is not a table (.csv or .parquet); with "
+                        f"data = 'node-tables' each SuperNode's data-path is its own table (party files: leave "
+                        f"data empty)")
+    return read_own_table(cfg, party, path)
+
+
+def own_table(cfg: RunConfig, role):
+    """This node's checked table (cached per process and file version)."""
+    path = os.path.abspath(os.path.expanduser(role.data_path))
+    return _table(cfg, role.party, path, os.path.getmtime(path) if os.path.exists(path) else 0.0)
+
+
+def handle_align(cfg: RunConfig, role, req, state) -> dict[str, Any]:
+    """One ``query.align`` step at this node (module docstring); returns the reply's values. The step
+    that agrees this node's shared ID list carries every holder's input shape: the node then aligns
+    and encodes its data (every check of it) before it answers."""
+    if role.mode != "deployment" or not uses_node_tables(cfg):
+        raise ProtocolError(f"{role.party}: an alignment message, but this node does not read its own table "
+                            f"(deployment with data = 'node-tables')")
+    op = str(req.get("op", ""))
+    table = own_table(cfg, role)
+    aligned = state.config_records.get(ALIGNED)
+    if op == "open":
+        width = len(table.slice.columns)
+        return {"table": R.dumps({"columns": table.slice.columns, "input-shape": [width] if width else [],
+                                  "file": Path(role.data_path).name})}
+    if aligned is not None:
+        raise ProtocolError(f"{role.party}: '{op}' after this node agreed on its shared ID list")
+    reply = _align_step(cfg, role, req, state, op, table)
+    if ALIGNED in state.config_records:  # the list is agreed: build the data now (every check of it)
+        try:
+            shapes = R.loads(str(req["input-shapes"])) if "input-shapes" in req else None
+            if not isinstance(shapes, dict):
+                raise ProtocolError(f"{role.party}: the step that agrees the shared ID list carries no input "
+                                    f"shapes (or malformed ones)")
+            state[ALIGNED] = ConfigRecord({"shared": bytes(state.config_records[ALIGNED]["shared"]),
+                                           "input-shapes": R.dumps(shapes)})
+            node_data(cfg, role, state)
+        except Exception:
+            state.config_records.pop(ALIGNED, None)  # not agreed after all: the run fails here
+            raise
+    return reply
+
+
+def _align_step(cfg: RunConfig, role, req, state, op: str, table) -> dict[str, Any]:
+    from fl_split.psi import PsiParty, ids_digest
+
+    is_host = role.role == "host"
+    if op in ("psi-request", "psi-shared", "public-ids") and not is_host:
+        raise ProtocolError(f"{role.party}: '{op}' is for the host")
+    if op in ("psi-answer", "psi-accept", "public-accept") and is_host:
+        raise ProtocolError(f"{role.party}: '{op}' is for a guest")
+    guests = [f"guest-{i}" for i in range(1, cfg.guests + 1)]
+    ids = table.slice.ids
+    if op == "public-ids":
+        if cfg.align != "public":
+            raise ProtocolError(f"{role.party}: the run aligns with --align {cfg.align}, not public")
+        shared = np.sort(ids)
+        _keep(state, shared)
+        return {"ids": np.ascontiguousarray(shared, "<i8").tobytes()}
+    if op == "public-accept":
+        from fl_split.data.own import check_public
+
+        if cfg.align != "public":
+            raise ProtocolError(f"{role.party}: the run aligns with --align {cfg.align}, not public")
+        raw = _bytes(req, "ids", role.party)
+        if len(raw) % 8:
+            raise ProtocolError(f"{role.party}: the host's ID list of {len(raw)} bytes is not int64s")
+        shared = np.frombuffer(raw, "<i8").astype(np.int64)
+        if shared.size > 1 and not np.all(np.diff(shared) > 0):
+            raise ProtocolError(f"{role.party}: the host's ID list is not sorted and unique")
+        check_public(table, shared)
+        _keep(state, shared)
+        return {"digest": ids_digest(shared)}
+    if cfg.align != "psi":
+        raise ProtocolError(f"{role.party}: '{op}' but the run aligns with --align {cfg.align}")
+    if op == "psi-answer":
+        if ANSWERED in state.config_records:
+            raise ProtocolError(f"{role.party}: a second PSI request in this run; a guest answers one")
+        state[ANSWERED] = ConfigRecord({"psi": True})
+        setup, response = PsiParty(role.party, ids).answer(_bytes(req, "frame", role.party))
+        return {"setup": setup, "response": response}
+    if op == "psi-accept":
+        shared = PsiParty(role.party, ids).receive_shared(_bytes(req, "frame", role.party))
+        _keep(state, shared)
+        return {"digest": ids_digest(shared)}
+    # the host: its candidates and pending key survive between messages in its own context.state
+    rec = state.config_records.get(PSI_STATE)
+    saved = {k: bytes(v) for k, v in rec.items() if isinstance(v, (bytes, bytearray))} if rec is not None else {}
+    done = json.loads(str(rec["done"])) if rec is not None else []
+    host = PsiParty.import_host(role.party, ids, saved) if saved else PsiParty(role.party, ids)
+    if "receive-guest" in req:  # the previous guest's answer, delivered with this step
+        guest = str(req["receive-guest"])
+        host.receive(guest, _bytes(req, "setup", role.party), _bytes(req, "response", role.party))
+        done.append(guest)
+    if op == "psi-request":
+        guest = str(req.get("guest", ""))
+        if host.pending or len(done) >= len(guests) or guest != guests[len(done)]:
+            raise ProtocolError(f"{role.party}: PSI request for {guest!r} out of order (answered: {done}, "
+                                f"pending: {host.pending}); the host runs the guests in turn")
+        frame = host.request(guest)
+        reply = {"frame": frame}
+    elif op == "psi-shared":
+        if done != guests:
+            raise ProtocolError(f"{role.party}: shared-ids asked before every guest answered (answered: {done})")
+        shared = host.intersection
+        _keep(state, shared)
+        reply = {"frames": [host.shared_ids(g) for g in guests]}
+    else:
+        raise ProtocolError(f"{role.party}: unknown alignment step {op!r}")
+    if op == "psi-shared":
+        state.config_records.pop(PSI_STATE, None)  # the PSI is over: no candidates, no key left
+    else:
+        state[PSI_STATE] = ConfigRecord({**host.export_host(), "done": json.dumps(done)})
+    return reply
+
+
+def _bytes(req, key: str, party: str) -> bytes:
+    v = req.get(key, None)
+    if not isinstance(v, (bytes, bytearray)):
+        raise ProtocolError(f"{party}: the request's {key!r} is not bytes")
+    return bytes(v)
+
+
+def _keep(state, shared: np.ndarray) -> None:
+    state[ALIGNED] = ConfigRecord({"shared": np.ascontiguousarray(shared, "<i8").tobytes()})
+
+
+@functools.lru_cache(maxsize=4)
+def _aligned(cfg: RunConfig, party: str, path: str, mtime: float, shared: bytes, shapes: str):
+    from fl_split.data.own import align_own
+    from fl_split.party_files import PublicFacts, data_config
+
+    table = _table(cfg, party, path, mtime)
+    ids = np.frombuffer(shared, "<i8").astype(np.int64)
+    data = align_own(cfg, table, ids)
+    widths = {str(p): tuple(int(x) for x in s) for p, s in json.loads(shapes).items()}
+    if party in widths and tuple(data.input_shape) != widths[party]:
+        raise ProtocolError(f"{party}: the coordinator lists input shape {widths[party]} for this party, its data "
+                            f"has {tuple(data.input_shape)}")
+    facts = PublicFacts(dataset=cfg.data_name, task="classification", metric="accuracy", n_train=len(data.train_ids),
+                        n_test=len(data.test_ids), input_shapes=widths, data_config=data_config(cfg),
+                        num_classes=int(data.num_classes) if party == "host" else None)
+    return data, facts
+
+
+def node_data(cfg: RunConfig, role, state):
+    """``(PartyData, PublicFacts)`` of this node after the alignment phase (cached per process; any
+    process rebuilds it from the node's table and ``context.state``)."""
+    rec = state.config_records.get(ALIGNED)
+    if rec is None or "input-shapes" not in rec:
+        raise ProtocolError(f"{role.party}: no aligned data on this node; with data = 'node-tables' the "
+                            f"coordinator runs the alignment phase before 'setup'")
+    path = os.path.abspath(os.path.expanduser(role.data_path))
+    return _aligned(cfg, role.party, path, os.path.getmtime(path) if os.path.exists(path) else 0.0,
+                    bytes(rec["shared"]), str(rec["input-shapes"]))
+
+
+def node_plan(cfg: RunConfig, role, state):
+    """The run plan of this node from its public facts (as from a party file)."""
+    from fl_split.party_files import plan_from_facts
+
+    return plan_from_facts(cfg, node_data(cfg, role, state)[1])
