@@ -87,6 +87,22 @@ def test_user_model_trains_bit_identically_to_the_builtin_local_and_monolithic()
     np.testing.assert_allclose([h["train_loss"] for h in mono["history"]], losses, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("attack", ["inversion", "membership", "fsha"])
+def test_attacks_on_a_user_model_equal_the_builtin(attack):
+    """``fl-split attack --model module:function``: the white-box copy (inversion), the shadow models
+    (membership) and FSHA's pilot are built from the user's function as the parties' modules are, so
+    on a copy of ``mlp`` every attack scores exactly as on ``--model mlp``."""
+    from fl_split.attacks.options import AttackOptions
+    from fl_split.attacks.runner import run_attack
+
+    opts = AttackOptions(attack=attack, attack_epochs=2, attack_records=8)
+    cfg_b = RunConfig(**{**BASE, "epochs": 1}, model="mlp")
+    builtin = run_attack(cfg_b, opts, PS)
+    own = run_attack(cfg_b.replace(model=OWN), opts, PS)
+    assert (own["metric"], own["value"], own["baseline"]) == (builtin["metric"], builtin["value"], builtin["baseline"])
+    assert own["details"] == builtin["details"]
+
+
 def test_user_model_in_the_flower_app_equals_the_builtin():
     """The Flower app (inline: real strategy and ClientApp handler, each node building its own party
     from the run config's ``model`` key) with the user model ≡ the local engine with ``mlp``."""

@@ -189,9 +189,10 @@ def own_modules(view, host) -> tuple[nn.Module | None, nn.Module]:
     """Frozen eval-mode copies of the host's own bottom (if any) and top: fresh modules of the public
     architecture loaded with the host's final weights (an Opacus DP-SGD wrapper is left behind)."""
     from fl_split.attacks.view import architecture
+    from fl_split.models.registry import bottom_module
 
     plan = view.plan
-    arch = architecture(view.cfg)
+    arch = architecture(plan)
     dev = view.device
 
     def copy(src: nn.Module, fresh: nn.Module) -> nn.Module:
@@ -204,7 +205,7 @@ def own_modules(view, host) -> tuple[nn.Module | None, nn.Module]:
     bottom = None
     if host.bottom is not None:
         with torch.random.fork_rng(devices=[]):
-            bottom = copy(host.bottom, arch.bottom(tuple(plan.input_shapes["host"]), plan.cut, "native"))
+            bottom = copy(host.bottom, bottom_module(arch, "host", plan.input_shapes["host"], plan.cut, "native"))
     with torch.random.fork_rng(devices=[]):
         top = copy(host.top, arch.top(tuple(plan.merged_shape), plan.cut, plan.num_outputs))
     return bottom, top

@@ -53,6 +53,7 @@ from fl_split.attacks.images import write_grid
 from fl_split.attacks.metrics import mse, psnr, ssim, ssim_window_size
 from fl_split.attacks.options import AttackOptions
 from fl_split.attacks.view import Grant, architecture
+from fl_split.models.registry import bottom_module
 from fl_split.errors import ConfigError
 from fl_split.protocol import Message, encode
 
@@ -90,9 +91,9 @@ class FSHAHost:
         self.image = len(self.shape) == 3
         width = int(np.prod(plan.cut_shapes[victim]))
         self.public_x = aux.public["x"][victim].to(self.device)
-        arch = architecture(cfg)
+        arch = architecture(plan)
         with party.secret.seeded_torch("attack", "fsha", "init"):
-            self.pilot = arch.bottom(self.shape, plan.cut, plan.guest_cut_activation)
+            self.pilot = bottom_module(arch, victim, self.shape, plan.cut, plan.guest_cut_activation)
             self.decoder = nn.Sequential(nn.Flatten(), mlp(width, (hidden, hidden), math.prod(self.shape),
                                                            nn.Sigmoid() if self.image else None), _Reshape(self.shape))
             self.disc = nn.Sequential(nn.Flatten(), mlp(width, (hidden, hidden), 1))

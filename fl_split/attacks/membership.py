@@ -37,6 +37,7 @@ from fl_split.attacks.options import AttackOptions
 from fl_split.attacks.view import Grant, architecture
 from fl_split.builder import optimizer_settings
 from fl_split.merge import Merge
+from fl_split.models.registry import bottom_module
 from fl_split.privacy import factory as privacy_factory
 
 
@@ -60,10 +61,10 @@ class ShadowModel(nn.Module):
     def __init__(self, view, k: int) -> None:
         super().__init__()
         plan, cfg = view.plan, view.cfg
-        arch = architecture(cfg)
+        arch = architecture(plan)
         with view.seeded("shadow", k):  # one private stream for the whole shadow model
             self.bottoms = nn.ModuleDict({
-                p: arch.bottom(tuple(s), plan.cut, "native" if p == "host" else plan.guest_cut_activation)
+                p: bottom_module(arch, p, s, plan.cut, "native" if p == "host" else plan.guest_cut_activation)
                 for p, s in plan.input_shapes.items()})
             self.top = arch.top(tuple(plan.merged_shape), plan.cut, plan.num_outputs)
         self.merge = Merge(cfg.merge)

@@ -45,10 +45,10 @@ from torch import nn
 
 from fl_split.attacks.truth import Referee
 from fl_split.builder import PreparedData, make_guest, make_host, plan_run, prepare_data
-from fl_split.config import AUTO, RunConfig
+from fl_split.config import RunConfig
 from fl_split.engine import LocalTransport, coordinate
 from fl_split.errors import ConfigError
-from fl_split.models.registry import build_bottom, get_architecture
+from fl_split.models.registry import build_bottom
 from fl_split.protocol import decode
 from fl_split.schedule import BatchKey
 from fl_split.seeding import numpy_rng
@@ -340,12 +340,12 @@ def _decode_box(blobs: list[bytes], direction: str) -> tuple[Observation, ...]:
 
 
 # -- the world of a simulated run ---------------------------------------------------------------------
-def architecture(cfg: RunConfig):
-    """The configured architecture (public: the run configuration names it)."""
-    hidden = None if cfg.hidden == AUTO else tuple(int(h) for h in cfg.hidden.split(","))
-    from fl_split.builder import model_name
+def architecture(plan):
+    """The run's architecture (public: the run configuration names it), a built-in one or the
+    user's ``--model package.module:function`` (which the attacker can call as the parties do)."""
+    from fl_split.builder import _plan_architecture
 
-    return get_architecture(model_name(cfg)).configure(hidden=hidden, norm=cfg.norm)
+    return _plan_architecture(plan)
 
 
 def _inner_module(m: nn.Module) -> nn.Module:
@@ -492,7 +492,7 @@ class Session:
         """A fresh module of ``victim``'s public architecture with a copy of its final weights."""
         src = _inner_module(self.guests[victim].bottom)
         plan = self.plan
-        module = build_bottom(architecture(self.cfg), victim, plan.input_shapes[victim], plan.cut,
+        module = build_bottom(architecture(plan), victim, plan.input_shapes[victim], plan.cut,
                               plan.guest_cut_activation, None)
         module.load_state_dict({k: v.detach().clone() for k, v in src.state_dict().items()})
         return module.eval()

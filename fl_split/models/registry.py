@@ -168,14 +168,24 @@ def build_modules(arch_name: str, cut: int | str, merge: str, input_shapes: dict
                         merged_shape=m_shape, cut=cut, arch=arch.name)
 
 
+def bottom_module(arch: Architecture, party: str | None, in_shape: tuple[int, ...], cut: int,
+                  cut_activation: str) -> nn.Module:
+    """A bottom of ``arch`` ending in ``cut_activation``, drawn from the current torch RNG; a user
+    model (:mod:`fl_split.models.user`) is told which party it builds for."""
+    if hasattr(arch, "bottom_for"):
+        return arch.bottom_for(party, tuple(in_shape), cut_activation)
+    return arch.bottom(tuple(in_shape), cut, cut_activation)
+
+
 def build_bottom(arch: Architecture, party: str, in_shape: tuple[int, ...], cut: int,
                  guest_cut_activation: str, secret: PartySecret | None) -> nn.Module:
     """One party's bottom, initialised from that party's ``secret`` (``None``: a throwaway module
     for shape inference; the caller's RNG state is left untouched either way)."""
     act = guest_cut_activation if party != "host" else "native"
-    # a user model (fl_split.models.user) is told which party it builds for
-    make = (lambda: arch.bottom_for(party, tuple(in_shape), act)) if hasattr(arch, "bottom_for") \
-        else (lambda: arch.bottom(tuple(in_shape), cut, act))
+
+    def make():
+        return bottom_module(arch, party, in_shape, cut, act)
+
     if secret is None:
         with torch.random.fork_rng(devices=[]):
             return make()
