@@ -959,8 +959,12 @@ def test_public_diagnostics_depend_on_parameters_only(device):
         for scale in (0.01, 1.0, 100.0):  # releases of very different data change nothing public
             v = torch.randn(64, 12, device=device) * scale
             rel = m.release(v, gen(11, device))
-            # a release's private SNR never exceeds the public bound
-            assert rel.stats["snr"] <= pub["snr_bound"] * (1 + 1e-9), (m.name, rel.stats, pub)
+            # a release's private SNR never exceeds the public bound — up to the float32 rounding of
+            # the signal on the device: Gaussian-backward's L2 clip v·(C/‖v‖) has ‖·‖ within
+            # (12/2 + 2)·2^-24 of C (the sum of 12 squares in any order ≤ 12u, halved by the sqrt; the
+            # division and the product 1u each), so 2^-20 = 16u bounds it on any device (CUDA sums in
+            # another order than the CPU: a 1e-9 tolerance failed there, issue 18)
+            assert rel.stats["snr"] <= pub["snr_bound"] * (1 + 2.0 ** -20), (m.name, rel.stats, pub)
             if isinstance(m, R3eLU):
                 m.set_importance(torch.rand(12) * scale)  # data-dependent state
             assert m.public_diagnostics() == pub and m.describe() == desc, m.name
