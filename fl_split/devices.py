@@ -132,7 +132,8 @@ def apply_deterministic(enabled: bool) -> bool:
 
     Process-wide and left on (torch has no per-thread switch): a process that built a party with
     ``--deterministic`` stays deterministic. On the CPU fl_split's runs are deterministic already
-    (for a fixed ``--threads``), so the flag changes nothing there but the torch setting."""
+    (for a fixed ``--threads``); the flag is not needed there (a few CPU ops, e.g. an accumulating
+    ``index_put``, then take their deterministic variant)."""
     if not enabled:
         return False
     import os
