@@ -32,6 +32,7 @@ from fl_split.config import AUTO, RunConfig
 from fl_split.data.base import PartyData, apply_padding, feature_parties, partition, prepare_party, split_ids
 from fl_split.data.registry import dataset_info, load_dataset
 from fl_split.errors import ConfigError
+from fl_split.devices import apply_deterministic
 from fl_split.merge import Merge, merged_shape
 from fl_split.local_update import DpSgdUpdate, FrozenUpdate, LocalUpdate, OptimizerSettings, OptimizerUpdate
 from fl_split.models.registry import build_bottom, build_top, get_architecture, output_shape
@@ -264,6 +265,7 @@ def party_secret(party: str, private_seed: int | None) -> PartySecret:
 def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = None, *,
                private_seed: int | None = None, secret: PartySecret | None = None) -> GuestParty:
     cfg = plan.cfg
+    apply_deterministic(cfg.deterministic)  # before the party's first CUDA op (fl_split.devices)
     secret = secret or party_secret(name, private_seed)
     arch = _plan_architecture(plan)
     bottom = build_bottom(arch, name, plan.input_shapes[name], plan.cut, plan.guest_cut_activation, secret)
@@ -319,6 +321,7 @@ def _host_importance(plan: RunPlan, top: nn.Module):
 def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, private_seed: int | None = None,
               secret: PartySecret | None = None) -> HostParty:
     cfg = plan.cfg
+    apply_deterministic(cfg.deterministic)  # before the party's first CUDA op (fl_split.devices)
     secret = secret or party_secret("host", private_seed)
     arch = _plan_architecture(plan)
     bottom = None
@@ -407,6 +410,7 @@ def make_monolithic(cfg: RunConfig, public: bool = False, private_seed: int | No
     split parties' initial weights — or, with ``secret``, every module from that one secret (one
     party training a whole model alone: one-shot pretraining). Without either, fresh entropy.
     ``public=True`` trains on the one-shot public records instead."""
+    apply_deterministic(cfg.deterministic)  # before the model's first CUDA op (fl_split.devices)
     prepared = prepare_data(cfg)
     if public:
         one_shot = prepare_data(cfg.replace(one_shot=True))

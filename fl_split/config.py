@@ -178,6 +178,10 @@ class RunConfig:
     threads: Any = _opt(AUTO, "torch intra-op threads of each party: auto = 1 per party, or the whole CPUs its Flower "
                               "ClientApp reserves (docs/flower.md, \"CPUs and threads\")",
                         kind="int_or_auto", allowed="'auto' or an integer >= 1")
+    deterministic: bool = _opt(False, "deterministic cuDNN/cuBLAS kernels in every process that builds a party "
+                                      "(torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8): on a GPU "
+                                      "the same seeds then give the same numbers in every engine; CPU runs are "
+                                      "deterministic without it (docs/flower.md, \"Devices\")")
     batches_per_round: Any = _opt(1, "mini-batches carried by one Flower round ('epoch' = all of an "
                                      "epoch); 1 = exact sequential semantics", group="flower",
                                   kind="int_or_epoch", allowed="'epoch' or an integer >= 1")

@@ -14,6 +14,10 @@ Every party's end-of-run report carries ``device`` (``cpu`` or ``cuda:<index>``)
 ``accelerator`` (the device's name and the GPU IDs Ray assigned), so the results say where each
 party ran.
 
+Determinism (``--deterministic``, :func:`apply_deterministic`): deterministic cuDNN/cuBLAS kernels in
+every process that builds a party, set where parties are built (:mod:`fl_split.builder`), so the local
+engine, each Flower ClientApp and a deployment node alike; process-wide, never switched back off.
+
 Threads (``--threads``, :func:`party_threads`): how many torch intra-op threads a party uses — the
 whole CPUs its Flower ClientApp reserves, 1 where it reserves none (the local engine, a deployment
 node) unless ``--threads N`` says otherwise.
@@ -105,6 +109,43 @@ def describe(device) -> dict[str, Any]:
 def report_with_device(party) -> dict[str, Any]:
     """``party.report()`` plus where the party's tensors live."""
     return {**party.report(), **describe(party.device)}
+
+
+#: cuBLAS workspace configurations under which cuBLAS is deterministic (NVIDIA's cuBLAS docs,
+#: "Results reproducibility"); fl_split sets the first unless one of them is already set
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+
+
+def apply_deterministic(enabled: bool) -> bool:
+    """``--deterministic``: make this process's torch kernels deterministic (idempotent; returns
+    ``enabled``). Nothing happens when ``enabled`` is false (a caller's own setting is left alone).
+
+    * ``CUBLAS_WORKSPACE_CONFIG=:4096:8``: cuBLAS splits a reduction across a workspace whose use
+      depends on the stream's scheduling unless its workspace is fixed; torch reads the variable when it
+      creates its first cuBLAS handle, so it must be set before the process's first CUDA matmul — a
+      party is built before any, in every engine;
+    * ``torch.use_deterministic_algorithms(True)``: ops with atomics-based CUDA kernels (scatter/index
+      adds, some pooling backwards) take a deterministic kernel, and an op that has none raises
+      torch's error naming it instead of silently differing between runs;
+    * ``cudnn.deterministic = True``, ``cudnn.benchmark = False``: cuDNN picks a fixed deterministic
+      convolution algorithm instead of timing candidates (whose choice can change between runs).
+
+    Process-wide and left on (torch has no per-thread switch): a process that built a party with
+    ``--deterministic`` stays deterministic. On the CPU fl_split's runs are deterministic already
+    (for a fixed ``--threads``); the flag is not needed there (a few CPU ops, e.g. an accumulating
+    ``index_put``, then take their deterministic variant)."""
+    if not enabled:
+        return False
+    import os
+
+    import torch
+
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in CUBLAS_DETERMINISTIC:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC[0]
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    return True
 
 
 def party_threads(setting: Any, cpus_given: float | None, limit: int | None = None) -> int:

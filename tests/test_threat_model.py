@@ -40,7 +40,7 @@ BASE = dict(dataset="digits", guests=2, epochs=1, batch_size=32, lr=0.01, limit=
 
 
 def _corr(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
+    a, b = a.detach().cpu().double().flatten(), b.detach().cpu().double().flatten()
     a, b = a - a.mean(), b - b.mean()
     return float((a @ b) / (a.norm() * b.norm()))
 
@@ -54,21 +54,26 @@ def _all_keys(o) -> set:
     return set()
 
 
-def _public_guesses(cfg: RunConfig, party: str, purpose: tuple, key: BatchKey) -> dict[str, torch.Generator]:
+def _public_guesses(cfg: RunConfig, party: str, purpose: tuple, key: BatchKey,
+                    device: torch.device) -> dict[str, torch.Generator]:
     """Every generator an attacker can build from public facts for ``party``'s draw ``purpose``
     on batch ``key``: the pre-issue-8 derivation (run seed, party, purpose, batch key), and a
     private secret guessed to be derived from the public seed or from small integers in the
-    results (the seed, the round, the epoch)."""
+    results (the seed, the round, the epoch). On ``device``, the party's (public: its report says
+    it): a CPU generator cannot draw for CUDA tensors, and a guess on another device than the
+    party's would draw another stream and pass for the wrong reason."""
     guesses: dict[str, torch.Generator] = {}
-    old = torch.Generator()
+    old = torch.Generator(device=device)
     old.manual_seed(derive_seed(cfg.seed, party, *purpose, *key.as_tuple()))
     guesses["run seed (pre-issue-8 derivation)"] = old
     for s in {cfg.seed, 0, 1, key.epoch}:  # the old derivation and the --insecure-private-seed one
         for kind, seed in (("legacy", PrivateSeed.legacy(s)), ("insecure", PrivateSeed.insecure(s))):
             guessed = PartySecret.from_private_seed(seed, party)
-            guesses[f"private seed guessed = {s} ({kind})"] = guessed.torch_generator(*purpose, *key.as_tuple())
+            guesses[f"private seed guessed = {s} ({kind})"] = guessed.torch_generator(*purpose, *key.as_tuple(),
+                                                                                      device=device)
             # the current derivation (issue 16): purpose and the party's draw counter (0: its first draw)
-            guesses[f"private seed guessed = {s} ({kind}), draw counter 0"] = guessed.torch_generator(purpose[0], 0)
+            guesses[f"private seed guessed = {s} ({kind}), draw counter 0"] = guessed.torch_generator(
+                purpose[0], 0, device=device)
     return guesses
 
 
@@ -96,8 +101,10 @@ def test_adversary_cannot_rebuild_the_guests_noise(defense):
         kept = torch.zeros_like(kept).scatter_(1, torch.topk(v, mech.k, dim=1).indices, True)
     n = int(kept.sum())
     bound = 5 / math.sqrt(n)
-    for name, gen in _public_guesses(cfg, "guest-1", ("release",), key).items():
-        predicted = mech.release(v, gen).value
+    dev = v.device  # the party's device (the run's: cuda on a GPU machine); compared on the CPU
+    released, v_dev, v = released.cpu(), v, v.cpu()
+    for name, gen in _public_guesses(cfg, "guest-1", ("release",), key, dev).items():
+        predicted = mech.release(v_dev, gen).value.cpu()
         if defense in ("laplace", "gaussian"):
             signal = v.clamp(-mech.bound, mech.bound)
             noise, guess = released - signal, predicted - signal
@@ -110,8 +117,8 @@ def test_adversary_cannot_rebuild_the_guests_noise(defense):
         assert abs(c) < bound, f"{defense}: attacker guess '{name}' correlates {c:.3f} with the noise (n={n})"
     # the same attack with the party's real secret (which only the party has) does reproduce it,
     # so the test would catch a derivation from public facts
-    real = mech.release(v, g.secret.torch_generator("release", 0)).value  # the guest's first draw
-    torch.testing.assert_close(real, released)
+    real = mech.release(v_dev, g.secret.torch_generator("release", 0, device=dev)).value  # its first draw
+    torch.testing.assert_close(real.cpu(), released)
 
 
 def test_adversary_cannot_rebuild_the_hosts_backward_noise():
@@ -124,8 +131,10 @@ def test_adversary_cannot_rebuild_the_hosts_backward_noise():
     mech = host.backward_mechanisms["guest-1"](key)
     # the true partial loss has |δ| << C = 10 and b = 2Cd/ε: the release is noise up to a tiny
     # term, so the attacker's noise (its release of zeros) is compared with the release itself
-    for name, gen in _public_guesses(cfg, "host", ("release", "guest-1"), key).items():
-        predicted = mech.release(torch.zeros_like(released), gen).value
+    dev = host.device  # the attacker draws where the host drew (a CPU stream differs from a CUDA one)
+    released = released.cpu()
+    for name, gen in _public_guesses(cfg, "host", ("release", "guest-1"), key, dev).items():
+        predicted = mech.release(torch.zeros_like(released, device=dev), gen).value.cpu()
         assert abs(_corr(released, predicted)) < 5 / math.sqrt(released.numel()), name
 
 

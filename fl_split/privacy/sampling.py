@@ -19,10 +19,17 @@ caller's generator:
   ``e^{−1/t}`` and ``Z`` is exactly ``DLap(t)`` when ``E`` is exact;
 * ``E/ln 2 = N + F`` with ``N ~ Geometric(1/2)`` (``P(N = j) = 2^{−j−1}``) and, independent of it,
   ``F = −log2(V)``, ``V ~ U(1/2, 1]`` (an exponential split into its integer and fractional parts in
-  base 2: memorylessness). ``N`` counts the leading zero bits of a stream of fair bits: a uniform
-  52-bit word ``w ≠ 0`` gives ``51 − floor(log2 w)``, read exactly from the float64 exponent field
-  of ``w`` (an integer below 2^53 is exact in float64); a zero word adds 52 and draws the next one
-  (the tail is never truncated). ``V = 1 − k·2^{−53}``, ``k`` uniform on 52 bits;
+  base 2: memorylessness). ``N`` counts the leading zero bits of a stream of fair bits (the tail is
+  never truncated). ``V = 1 − k·2^{−53}``, ``k`` uniform on 52 bits;
+* **Bits**: one uniform 63-bit word per element (``random_()`` on int64, ``random64() mod 2^63``)
+  holds, in disjoint (hence independent) fields, the first 10 bits of ``N``'s stream (bits 62..53),
+  ``S`` (bit 52) and ``k`` (bits 51..0). A field of ten zeros (probability 2^-10) continues the
+  stream with :func:`geometric_half` — 52-bit words ``w ≠ 0`` give ``51 − floor(log2 w)``, read
+  exactly from the float64 exponent field, a zero word adds 52 and draws the next — and that element
+  takes fresh ``S`` and ``V`` (independent of ``N``, so the joint law is unchanged). ``N < 10`` and
+  its ``floor(s·N)``, ``frac(s·N)`` come from 2048-entry tables indexed by the word's top 11 bits;
+  on the CPU the tensor is processed in chunks (:data:`CPU_CHUNK`; the output does not depend
+  on it). The arithmetic on ``y`` is that of :func:`floor_s_n_plus_y`;
 * ``s = t·ln 2`` is a dyadic number of 31 significant bits (the constructor rounds ``t`` *up*, so
   the noise only grows), hence ``s·N`` is **exact** in float64 while ``N < 2^22`` (and in Python
   integers beyond, an event of probability ``2^{−2^22}``): ``G = floor(s·N) + floor(frac(s·N) +
@@ -170,19 +177,119 @@ class DiscreteLaplace:
 
     def sample(self, shape, gen: torch.Generator | None, device) -> torch.Tensor:
         """Integer-valued float64 tensor of ``DLap(t)`` draws; per-element ``t`` broadcasts over
-        ``shape`` (its last dimensions)."""
+        ``shape`` (its last dimensions). One 63-bit word per element (module docstring, "Bits")."""
         shape = tuple(shape)
-        s, t = self._on(device)
-        if not self.scalar:
-            s, t = s.expand(shape), t.expand(shape)
-        z, reject = _signed_geometric(shape, s, t, self.shift, gen, device)
-        while bool(reject.any()):  # (S = −1, G = 0): probability (1 − e^{−1/t})/2 ≤ 1/(2t)
-            idx = reject.nonzero(as_tuple=True)
-            si, ti = (s, t) if self.scalar else (s[idx], t[idx])
-            zi, ri = _signed_geometric((idx[0].numel(),), si, ti, self.shift, gen, device)
-            z[idx] = zi
-            reject[idx] = ri
-        return z
+        count = math.prod(shape)
+        if self.scalar:
+            s, t = float(self.s), float(self.t)
+        else:
+            s_dev, t_dev = self._on(device)
+            s = s_dev.expand(shape).reshape(-1)
+            t = t_dev.expand(shape).reshape(-1)
+        z = _dlap_words(count, s, t, self.shift, self._tables(device), gen, device)
+        return z.reshape(shape)
+
+    def _tables(self, device) -> tuple:
+        """Per-device lookup tables over the top 11 bits of a word (``_HEAD_BITS`` geometric bits,
+        then the sign bit): ``N``, and for one ``t`` also ``floor(s·N)`` and ``frac(s·N)`` (exact),
+        and the sign ``±1`` (NaN marks the all-zero geometric field, extended afterwards)."""
+        key = "tab:" + str(device)
+        if key not in self._dev:
+            self._dev[key] = _word_tables(float(self.s) if self.scalar else None, device)
+        return self._dev[key]
+
+
+# -- the vectorised sampler: one 63-bit word per element -----------------------------------------
+_HEAD_BITS = 10  # geometric bits at the top of a 63-bit word (bits 62..53)
+_SIGN_SHIFT = 52  # bit 52: the sign; bits 51..0: k
+_MASK52 = 2 ** 52 - 1
+_NEG_ZERO_BITS = -(2 ** 63)  # int64 view of the float64 −0.0: the rejected (S = −1, G = 0)
+#: elements per chunk on the CPU with several torch threads, and with one: the output does not
+#: depend on it (the words are one mt19937 sequence; extensions and redraws are drawn after all
+#: chunks). With one thread the temporaries of a chunk (512 KiB each) stay in cache; with several,
+#: each op of a chunk is an OpenMP region (float64 log1p/floor parallelise from 2048 elements), and
+#: on an oversubscribed machine every region waits for a descheduled thread, so fewer, larger chunks
+#: (measured in experiments/README.md, "Exact Laplace sampler"). Other devices take the whole tensor.
+CPU_CHUNK = 1 << 20
+CPU_CHUNK_ONE_THREAD = 1 << 16
+
+
+def _word_tables(s: float | None, device) -> tuple:
+    idx = torch.arange(2 ** (_HEAD_BITS + 1), dtype=torch.int64)
+    head = idx >> 1  # the geometric field, its first bit (bit 62) read first
+    n = torch.where(head > 0, (_HEAD_BITS - 1) - floor_log2_exact(head.clamp(min=1).to(torch.float64)),
+                    torch.zeros_like(head)).to(torch.float64)
+    sign = torch.where((idx & 1) == 1, -1.0, 1.0).to(torch.float64)
+    sign[head == 0] = math.nan  # N ≥ _HEAD_BITS: finished after the chunks (_dlap_words)
+    if s is None:
+        return n.to(device), sign.to(device)
+    sn = n * s  # exact: N < 10, s has 31 significant bits
+    ip = torch.floor(sn)
+    return (sn - ip).to(device), ip.to(device), sign.to(device)
+
+
+def _dlap_words(count: int, s, t, shift: int, tables: tuple, gen, device) -> torch.Tensor:
+    """``count`` draws of ``DLap(t)`` (flat float64); ``s``/``t`` floats or flat per-element tensors.
+
+    Word ``w`` (``random_()`` on int64: ``random64() mod 2^63``, 63 uniform bits): its top
+    :data:`_HEAD_BITS` bits start the fair bit stream of ``N``, bit 52 is ``S``, the low 52 bits are
+    ``k`` (``V = 1 − k·2^-53``): disjoint fields of a uniform word, hence independent. Then
+    ``G = floor(frac(s·N) + t·(−ln V)) + floor(s·N)`` — the same float64 operations as
+    :func:`floor_s_n_plus_y` on the same ``y``, so the module's error analysis applies verbatim.
+    An all-zero geometric field (``N ≥ 10``, probability 2^-10) is finished after all chunks with
+    fresh ``S``, ``V`` (independent of ``N``) and ``N = 10 + geometric_half``; the rejected
+    ``(S = −1, G = 0)`` come out as ``−0.0`` and are redrawn, as a batch, until none is left."""
+    out = torch.empty(count, dtype=torch.float64, device=device)
+    scalar = isinstance(t, float)
+    if torch.device(device).type == "cpu":
+        chunk = CPU_CHUNK if torch.get_num_threads() > 1 else CPU_CHUNK_ONE_THREAD
+    else:
+        chunk = max(count, 1)
+    width = min(chunk, count)
+    words = torch.empty(width, dtype=torch.int64, device=device)
+    idx = torch.empty_like(words)
+    buf = torch.empty(width, dtype=torch.float64, device=device)
+    special = []
+    for a in range(0, count, chunk):
+        m = min(chunk, count - a)
+        w, ix, b, z = words[:m], idx[:m], buf[:m], out[a:a + m]
+        w.random_(generator=gen)
+        torch.bitwise_right_shift(w, _SIGN_SHIFT, out=ix)
+        z.copy_(w.bitwise_and_(_MASK52)).mul_(-_P53_INV).log1p_()  # ln V, V = 1 − k·2^-53
+        if scalar:
+            frac_t, ip_t, sign_t = tables
+            z.mul_(-t)  # y = t·(−ln V) ∈ [0, s)
+            z.add_(torch.index_select(frac_t, 0, ix, out=b)).floor_()
+            z.add_(torch.index_select(ip_t, 0, ix, out=b))
+        else:
+            n_t, sign_t = tables
+            z.mul_(t[a:a + m]).neg_()
+            sn = torch.index_select(n_t, 0, ix, out=b).mul_(s[a:a + m])  # exact
+            ip = torch.floor(sn)
+            z.add_(sn.sub_(ip)).floor_().add_(ip)
+        z.mul_(torch.index_select(sign_t, 0, ix, out=b))
+        flag = torch.isnan(z).logical_or_(z.view(torch.int64) == _NEG_ZERO_BITS)
+        pos = flag.nonzero().squeeze(1)
+        if pos.numel():
+            special.append(pos.add_(a))
+    if not special:
+        return out
+    pos = torch.cat(special)
+    ext = torch.isnan(out[pos])
+    if bool(ext.any()):  # N ≥ _HEAD_BITS: continue the bit stream; fresh S and V
+        pe = pos[ext]
+        se, te = (s, t) if scalar else (s[pe], t[pe])
+        w = torch.empty(pe.numel(), dtype=torch.int64, device=device).random_(generator=gen)
+        n, _ = geometric_half((pe.numel(),), gen, device)
+        n.add_(_HEAD_BITS)
+        y = torch.log1p(w.bitwise_and(_MASK52).to(torch.float64).mul_(-_P53_INV)).mul_(te).neg_()
+        g = floor_s_n_plus_y(n, se, y, shift, extended=True)  # ≥ floor(10·s) > 0: never rejected
+        out[pe] = torch.where((w >> _SIGN_SHIFT) & 1 == 1, g.neg(), g)
+    rej = pos[~ext]
+    if rej.numel():  # (S = −1, G = 0): probability (1 − e^{−1/t})/2 ≤ 1/(2t)
+        sr, tr = (s, t) if scalar else (s[rej], t[rej])
+        out[rej] = _dlap_words(rej.numel(), sr, tr, shift, tables, gen, device)
+    return out
 
 
 def geometric_half(shape, gen: torch.Generator | None, device) -> tuple[torch.Tensor, bool]:
@@ -228,18 +335,6 @@ def floor_s_n_plus_y(n: torch.Tensor, s, y: torch.Tensor, shift: int, extended: 
                 frac = math.ldexp(whole - (ipj << shift), -shift)  # < 1, at most 30 bits: exact
                 g[pos] = float(ipj + math.floor(frac + float(y[pos])))
     return g
-
-
-def _signed_geometric(shape, s, t, shift: int, gen, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(S·G, reject)`` with ``reject = (S = −1 and G = 0)``."""
-    n, extended = geometric_half(shape, gen, device)
-    w = torch.randint(0, 2 ** 53, shape, generator=gen, device=device, dtype=torch.float64)
-    k = torch.fmod(w, _P52)  # the low 52 bits: V = 1 − k·2^-53 ∈ (1/2, 1]
-    neg = w >= _P52  # the top bit: the sign
-    y = torch.log1p(k.mul_(-_P53_INV)).mul_(t).neg_()  # t·(−ln V) ∈ [0, s)
-    g = floor_s_n_plus_y(n, s, y, shift, extended)
-    reject = neg & (g == 0)
-    return torch.where(neg, g.neg(), g), reject
 
 
 def unit_laplace_float(shape, gen: torch.Generator | None, device, dtype=torch.float32) -> torch.Tensor:
