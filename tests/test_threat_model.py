@@ -253,10 +253,12 @@ REPORT_KEYS = {"role", "optimizer_steps", "mechanism", "mechanisms", "postproces
 #: scales they imply are public, nothing else
 ALLOCATION_KEYS = {"name", "epsilon", "width", "sensitivity_l1", "noise_scale", "grid", "sampler", "signal_free",
                    "refresh", "releases", "last_shares", "last_noise_scales"}
+#: ``epsilon_by_epoch``: the ledger's epsilon after each epoch, a function of the public parameters and
+#: release counts as the final epsilon is (issue 17)
 PRIVACY_KEYS = {"mechanism", "private_randomness", "release_diagnostics", "releases", "batches",
                 "releases_per_record", "delta", "epsilon", "accountant", "epsilons", "budget", "amplification",
                 "assumptions", "mechanisms", "by_direction", "pld_interval", "neighbouring_relation",
-                "training_steps"}
+                "training_steps", "epsilon_by_epoch"}
 #: public diagnostics: parameter-derived only (randomized response's exact SNR and keep probability are
 #: functions of epsilon and the width, so public too)
 DIAGNOSTIC_KEYS = {"noise_scale", "noise_sd", "snr_bound", "snr", "keep_probability"}
