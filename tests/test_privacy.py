@@ -56,8 +56,8 @@ class CountingTransport(LocalTransport):
         return grads
 
 
-def _run_counting(cfg):
-    host, guests, plan = make_parties(cfg)
+def _run_counting(cfg, private_seed=None):
+    host, guests, plan = make_parties(cfg, private_seed)
     t = CountingTransport(host, guests)
     return coordinate(cfg, plan, t, "local"), t, host, guests
 
@@ -193,7 +193,8 @@ def test_refused_request_releases_nothing():
 def test_one_shot_releases_each_record_once():
     cfg = RunConfig(**{**BASE, "epochs": 4}, defense="rr", protect="guest", epsilon=64.0, one_shot=True,
                     pretrain_epochs=3, accountant="basic")
-    res, t, host, guests = _run_counting(cfg)
+    # a fixed private seed: with fresh OS entropy the accuracy varies run to run (0.27 was seen)
+    res, t, host, guests = _run_counting(cfg, PrivateSeed.legacy(7))
     n_train, n_test = res["plan"]["n_train"], res["plan"]["n_test"]
     for g in guests:
         assert t.sent[g]["records"] == n_train + n_test  # epoch 1 only
