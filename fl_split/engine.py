@@ -331,11 +331,13 @@ def make_results(cfg: RunConfig, plan, history: list[dict], wire: dict, elapsed:
 class LocalTransport:
     """Parties in this process; their messages are handed over as they are.
 
-    By default the parties release :class:`~fl_split.protocol.Handoff` messages (``in_process``):
-    the tensors stay on their device, no frame is encoded or decoded, and the receiver checks
-    the tensor as it would check the frame. ``codec=True`` makes them release frames (the wire
-    path of a deployment, in one process). Messages from elsewhere (a checkpoint's owed
-    gradients) are frames either way; the receivers take both.
+    By default the parties release :class:`~fl_split.protocol.Handoff` messages (``in_process``)
+    to the receivers that are parties of this transport too: the tensors stay on their device, no
+    frame is encoded or decoded, and the receiver checks the tensor as it would check the frame.
+    A receiver that is not one of them (the direct data plane's host has no local guests) gets
+    frames, and ``codec=True`` makes every party release frames (the wire path of a deployment, in
+    one process). Messages from elsewhere (a checkpoint's owed gradients) are frames either way;
+    the receivers take both.
 
     A guest that raises while stepping (anything but a budget refusal or a configuration error)
     is a failed guest: the others' releases of the round are kept in the :class:`GuestFailure`.
@@ -345,6 +347,7 @@ class LocalTransport:
     def __init__(self, host: HostParty, guests: dict[str, GuestParty], codec: bool = False) -> None:
         self.host = host
         self.codec = bool(codec)
+        self._to_host = not self.codec and host is not None
         self.parties = guests
         self.guests = list(guests)
         self.dropped: set[str] = set()
@@ -359,7 +362,7 @@ class LocalTransport:
         failed: dict[str, str] = {}
         for g in owed:
             try:
-                out[g] = self.parties[g].step(owed[g], keys, round_, in_process=not self.codec)
+                out[g] = self.parties[g].step(owed[g], keys, round_, in_process=self._to_host)
             except (BudgetExceeded, ConfigError):
                 raise
             except ReleaseOutOfRange as exc:
@@ -373,7 +376,9 @@ class LocalTransport:
         return out
 
     def host_train(self, keys, acts, round_):
-        return self.host.train(keys, acts, round_, in_process=not self.codec)
+        # the host's receivers are every active guest: hand over only if all of them are here
+        local = not self.codec and all(g in self.parties for g in self.host.active_guests)
+        return self.host.train(keys, acts, round_, in_process=local)
 
     def host_evaluate(self, keys, acts, round_):
         return self.host.evaluate(keys, acts, round_)

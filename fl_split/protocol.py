@@ -22,8 +22,10 @@ batch's ID list (:func:`batch_digest`) that the receiver recomputes from its own
 receiver whose schedule disagrees with the sender's refuses the message. Sending the IDs
 themselves (8 bytes per sample) would be most of a randomized-response payload; with the compact
 frame a 32 × 64-bit RR message costs about 1/30 of its float32 form (002 promises 1/32). The same
-blob travels in-process (:class:`~fl_split.engine.LocalEngine`) and through Flower or the data
-plane, so bytes on the wire are counted the same way everywhere.
+frame travels through Flower or the data plane; between parties in one process
+(:class:`~fl_split.engine.LocalEngine`) the message is handed over as a tensor instead
+(:class:`Handoff`, issue 18), checked the same way and counted at its frame's size, so bytes on the
+wire are counted the same way everywhere.
 
 :func:`decode` checks structure; :meth:`Message.check` checks what the receiver expects (kind,
 sender, batch, its digest and size, per-sample shape, the round it belongs to, and the values: every
