@@ -57,7 +57,9 @@ from fl_split.schedule import BatchKey, EvalRound, TrainRound, plan_rounds
 
 
 class Transport(Protocol):
-    """How the coordinator reaches the parties."""
+    """How the coordinator reaches the parties. A message ("blob") is a frame (``bytes``) or, between
+    parties of one process, a :class:`~fl_split.protocol.Handoff`; the coordinator only counts them
+    (``len``: the frame's size) and passes them on, and checkpoints them as frames."""
 
     guests: list[str]
 
