@@ -471,7 +471,14 @@ def open_message(item: object, max_bytes: int = MAX_FRAME_BYTES) -> Message:
         raise ProtocolError(f"malformed message: {exc}") from None
     if size > max_bytes:
         raise ProtocolError(f"oversized message: {size} bytes, at most {max_bytes} expected")
+    if item.encoding not in ENCODINGS or (item.encoding == "bits" and not _binary(item.tensor)):
+        # a bits frame decodes to zeros and ones only; no frame has another encoding
+        raise ProtocolError(f"malformed message: encoding {item.encoding!r} with values no frame of it can hold")
     return item
+
+
+def _binary(t: torch.Tensor) -> bool:
+    return t.numel() == 0 or bool(((t == 0) | (t == 1)).all())
 
 
 def receive_expected(item: object, *, kind: str, sender: str, receiver: str, round_: int, key: BatchKey,
@@ -491,6 +498,8 @@ def receive_expected(item: object, *, kind: str, sender: str, receiver: str, rou
             and item.digest == digest and item.encoding in ENCODINGS and isinstance(t, torch.Tensor)
             and t.dtype == torch.float32 and not t.requires_grad and len(sample_shape) <= MAX_NDIM
             and tuple(t.shape) == (int(rows), *sample_shape)):
+        return None
+    if item.encoding == "bits" and not _binary(t):
         return None
     return item if _all_bounded(t) else None
 

@@ -187,6 +187,13 @@ def test_receive_expected_accepts_only_the_exact_message():
     for change in (dict(round_=2), dict(key=BatchKey("train", 1, 1)), dict(rows=5), dict(sample_shape=(3,)),
                    dict(digest=8), dict(kind="activations"), dict(receiver="guest-2")):
         assert receive_expected(h, **{**want, **change}) is None, change
+    # a "bits" message holds zeros and ones, as every bits frame decodes to (else it could not be checkpointed)
+    half = Handoff("gradients", "host", "guest-1", 3, key, 7, torch.full((4, 2), 0.5), "bits")
+    assert receive_expected(half, **want) is None
+    with pytest.raises(ProtocolError, match="malformed message: encoding 'bits' with values"):
+        open_message(half)
+    bits = Handoff("gradients", "host", "guest-1", 3, key, 7, torch.ones(4, 2), "bits")
+    assert receive_expected(bits, **want) is bits
     nan = Handoff("gradients", "host", "guest-1", 3, key, 7, torch.full((4, 2), float("nan")))
     assert receive_expected(nan, **want) is None
     with pytest.raises(ProtocolError, match="contains NaN"):
