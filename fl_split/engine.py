@@ -7,6 +7,13 @@ host's released gradients for the next round. After each epoch it evaluates the 
 A :class:`Transport` says how a request reaches a party: :class:`LocalTransport` calls the
 party objects in this process (exact, fastest); ``fl_split.flower`` sends Flower messages.
 
+**In one process no bytes** (issue 18, ``docs/design.md``, "The in-process hot path"): the
+:class:`LocalTransport` asks the parties for :class:`~fl_split.protocol.Handoff` messages — the
+released tensor, copied and detached, on the sender's device — instead of frames. Each is charged,
+logged and checked exactly as its frame would be, and counted on the wire at its frame's size;
+``LocalEngine(codec=True)`` forces the frames (the tests compare the two bit for bit). Everything
+that crosses a process boundary stays bytes.
+
 **Checkpoints** (``--checkpoint-dir``, ``--checkpoint-every``, ``--resume``; :mod:`fl_split.checkpoint`):
 after the rounds :meth:`Checkpointer.due <fl_split.checkpoint.Checkpointer.due>` names, every
 active party saves its state (``transport.checkpoint``), then the coordinator commits its own. A
@@ -45,11 +52,14 @@ from fl_split.builder import (make_monolithic, make_parties, monolithic_batch, o
 from fl_split.config import RunConfig
 from fl_split.errors import BudgetExceeded, ConfigError, PartyError, ProtocolError, ReleaseOutOfRange
 from fl_split.parties import GuestParty, HostParty, batch_metric, resolve_device
+from fl_split.protocol import wire_bytes
 from fl_split.schedule import BatchKey, EvalRound, TrainRound, plan_rounds
 
 
 class Transport(Protocol):
-    """How the coordinator reaches the parties."""
+    """How the coordinator reaches the parties. A message ("blob") is a frame (``bytes``) or, between
+    parties of one process, a :class:`~fl_split.protocol.Handoff`; the coordinator only counts them
+    (``len``: the frame's size) and passes them on, and checkpoints them as frames."""
 
     guests: list[str]
 
@@ -136,7 +146,7 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoi
     def commit(rnd_round: int, **extra: Any) -> None:
         # copies: the coordinator goes on changing its own (a later stop record must not see them)
         checkpoints.commit(round=rnd_round, history=[dict(h) for h in history], wire=dict(wire),
-                           owed={g: list(bl) for g, bl in owed.items()}, guest_failures=[dict(f) for f in failures],
+                           owed={g: [wire_bytes(b) for b in bl] for g, bl in owed.items()}, guest_failures=[dict(f) for f in failures],
                            elapsed=before + time.perf_counter() - t0, **extra)
 
     def host_call(method, rnd, acts):
@@ -321,15 +331,25 @@ def make_results(cfg: RunConfig, plan, history: list[dict], wire: dict, elapsed:
 
 
 class LocalTransport:
-    """Parties in this process; blobs are handed over as they are.
+    """Parties in this process; their messages are handed over as they are.
+
+    By default the parties release :class:`~fl_split.protocol.Handoff` messages (``in_process``)
+    to the receivers that are parties of this transport too: the tensors stay on their device, no
+    frame is encoded or decoded, and the receiver checks the tensor as it would check the frame.
+    A receiver that is not one of them (the direct data plane's host has no local guests) gets
+    frames, and ``codec=True`` makes every party release frames (the wire path of a deployment, in
+    one process). Messages from elsewhere (a checkpoint's owed gradients) are frames either way;
+    the receivers take both.
 
     A guest that raises while stepping (anything but a budget refusal or a configuration error)
     is a failed guest: the others' releases of the round are kept in the :class:`GuestFailure`.
     With :meth:`attach_checkpoints` every party keeps its checkpoints and write-ahead log in one
     directory (in a deployment each party's would be on its own machine)."""
 
-    def __init__(self, host: HostParty, guests: dict[str, GuestParty]) -> None:
+    def __init__(self, host: HostParty, guests: dict[str, GuestParty], codec: bool = False) -> None:
         self.host = host
+        self.codec = bool(codec)
+        self._to_host = not self.codec and host is not None
         self.parties = guests
         self.guests = list(guests)
         self.dropped: set[str] = set()
@@ -344,7 +364,7 @@ class LocalTransport:
         failed: dict[str, str] = {}
         for g in owed:
             try:
-                out[g] = self.parties[g].step(owed[g], keys, round_)
+                out[g] = self.parties[g].step(owed[g], keys, round_, in_process=self._to_host)
             except (BudgetExceeded, ConfigError):
                 raise
             except ReleaseOutOfRange as exc:
@@ -358,7 +378,9 @@ class LocalTransport:
         return out
 
     def host_train(self, keys, acts, round_):
-        return self.host.train(keys, acts, round_)
+        # the host's receivers are every active guest: hand over only if all of them are here
+        local = not self.codec and all(g in self.parties for g in self.host.active_guests)
+        return self.host.train(keys, acts, round_, in_process=local)
 
     def host_evaluate(self, keys, acts, round_):
         return self.host.evaluate(keys, acts, round_)
@@ -412,18 +434,20 @@ class LocalTransport:
 
 
 class LocalEngine:
-    """All parties in one process, talking through the codec (exact per-batch semantics when
-    ``batches_per_round = 1``). Each party has its own secret: fresh entropy, or derived from
+    """All parties in one process, handing their checked messages over as tensors (exact
+    per-batch semantics when ``batches_per_round = 1``). Each party has its own secret: fresh entropy, or derived from
     ``private_seed`` inside :func:`~fl_split.builder.make_parties`.
 
     With ``--checkpoint-dir`` a fresh run checkpoints every party before its first round (round 0:
     a resume must find each party's secret and initial weights) and then as ``--checkpoint-every``
     says; ``--resume`` restores the parties to the coordinator's last committed round.
-    ``transport`` wraps the :class:`LocalTransport` (tests inject failing guests)."""
+    ``transport`` wraps the :class:`LocalTransport` (tests inject failing guests); ``codec=True``
+    makes the parties exchange frames instead of in-process hand-overs (the wire path, for tests
+    and ``experiments/bench_overhead.py --codec``)."""
 
     name = "local"
 
-    def __init__(self, cfg: RunConfig, private_seed: int | None = None, transport=None) -> None:
+    def __init__(self, cfg: RunConfig, private_seed: int | None = None, transport=None, codec: bool = False) -> None:
         from fl_split.devices import with_device
 
         self.cfg = cfg = with_device(cfg)  # --device auto resolved once, by the rule of every engine
@@ -434,7 +458,7 @@ class LocalEngine:
             self.host, self.guests, self.plan = parties_from_files(cfg, cfg.party_files, private_seed)
         else:
             self.host, self.guests, self.plan = make_parties(cfg, private_seed)
-        self.local = LocalTransport(self.host, self.guests)
+        self.local = LocalTransport(self.host, self.guests, codec=codec)
         self.transport = transport(self.local) if transport is not None else self.local
 
     def run(self) -> dict[str, Any]:

@@ -91,7 +91,8 @@ from fl_split.privacy.base import Mechanism, NoDefense, PostProcess
 from fl_split.privacy.bounds import PeerTrust
 from fl_split.privacy.diagnostics import LocalDiagnostics
 from fl_split.privacy.disclosure import party_privacy_report
-from fl_split.protocol import Message, batch_digest, decode, decode_expected, encode, frame_limit
+from fl_split.protocol import (Message, batch_digest, encode, frame_limit, handoff, open_message, receive_expected,
+                               wire_bytes)
 from fl_split.results import write_json_atomic
 from fl_split.schedule import BatchKey, BatchSchedule
 from fl_split.seeding import PartySecret
@@ -128,6 +129,16 @@ def batch_metric(logits: torch.Tensor, y: torch.Tensor, metric: str) -> int:
         k = min(HIT_AT, logits.shape[1])
         return int((logits.topk(k, dim=1).indices == y[:, None]).any(dim=1).sum())
     return int((logits.argmax(dim=1) == y).sum())
+
+
+def _outgoing(in_process: bool) -> Callable[[Message], Any]:
+    """How a party makes a released message leave: :func:`~fl_split.protocol.encode` (a frame, the
+    default: the receiver may be in another process) or, when the transport says the receiver is
+    in this process, :func:`~fl_split.protocol.handoff` (the tensor, copied and detached, on its
+    device). Either way the release was charged first and the receiver checks it the same way; a
+    write-ahead log's digest is that of the frame (:func:`~fl_split.protocol.wire_bytes`, made
+    only when a log or a resumed draw asks for it)."""
+    return handoff if in_process else encode
 
 
 class MechanismSchedule:
@@ -354,15 +365,17 @@ class _Party:
 
         The fast path (:func:`~fl_split.protocol.decode_expected`) compares the frame with the
         expected header and checks the values; anything else goes through :func:`decode` and
-        :meth:`Message.check`, which say what is wrong."""
+        :meth:`Message.check`, which say what is wrong. An in-process
+        :class:`~fl_split.protocol.Handoff` gets the same checks on its tensor
+        (:func:`~fl_split.protocol.receive_expected`, :func:`~fl_split.protocol.open_message`)."""
         if round_ is not None and sample_shape is not None:
-            m = decode_expected(blob, kind=kind, sender=sender, receiver=self.name, round_=round_, key=key,
+            m = receive_expected(blob, kind=kind, sender=sender, receiver=self.name, round_=round_, key=key,
                                 rows=len(self.schedule.positions(key)), sample_shape=sample_shape,
                                 digest=self.digest(key))
             if m is not None:
                 return m
         ids = self.ids(key)
-        return decode(blob, max_bytes=frame_limit(len(ids), sample_shape)).check(
+        return open_message(blob, max_bytes=frame_limit(len(ids), sample_shape)).check(
             kind=kind, sender=sender, receiver=self.name, key=key, ids=ids, sample_shape=sample_shape,
             digest=self.digest(key), round_=round_)
 
@@ -448,14 +461,15 @@ class _Party:
 
     def _release(self, mech: Mechanism, value: torch.Tensor, encode_: Callable[[Any], bytes]
                  ) -> tuple[Any, bytes, int | None]:
-        """``mech``'s release of ``value`` encoded by ``encode_``, with fresh noise (and its counter)."""
+        """``mech``'s release of ``value`` made a message by ``encode_`` (a frame, or an in-process
+        :class:`~fl_split.protocol.Handoff`), with fresh noise (and its counter)."""
         if not mech.random:
             rel = mech.release(value, None)
             return rel, encode_(rel), None
         gen, c = self._draw("release")
         rel = mech.release(value, gen)
         blob = encode_(rel)
-        if not self._may_leave(c, lambda: value_digest(blob)):
+        if not self._may_leave(c, lambda: value_digest(wire_bytes(blob))):
             gen, c = self._draw("release")
             rel = mech.release(value, gen)
             blob = encode_(rel)
@@ -636,8 +650,10 @@ class GuestParty(_Party):
         return self.mechanisms()
 
     # -- forward ----------------------------------------------------------------------------
-    def release(self, keys: list[BatchKey] | tuple[BatchKey, ...], round_: int) -> list[bytes]:
-        """Compute and release the cut-layer output of each batch in ``keys``."""
+    def release(self, keys: list[BatchKey] | tuple[BatchKey, ...], round_: int, in_process: bool = False) -> list[bytes]:
+        """Compute and release the cut-layer output of each batch in ``keys``: frames, or with
+        ``in_process`` :class:`~fl_split.protocol.Handoff` messages for a receiver in this process
+        (charged, logged and checked the same; :func:`_outgoing`)."""
         keys = list(keys)
         if len(set(keys)) != len(keys):
             raise ProtocolError(f"{self.name}: a batch is asked for twice in one request ({[str(k) for k in keys]})")
@@ -654,6 +670,7 @@ class GuestParty(_Party):
             if c is not None:
                 entries.append(self._entry(round_, key, "forward", c))
         charge = self._charge(entries)
+        out = _outgoing(in_process)
         blobs: list[bytes] = []
         digests: list[str] = []
         draws: list[int | None] = []
@@ -677,12 +694,12 @@ class GuestParty(_Party):
                 # this pass) and recompute when the gradient arrives
                 with torch.no_grad():
                     v = self.bottom(x)
-            rel, blob, c = self._release(mech, v.detach(), lambda r: encode(Message(
+            rel, blob, c = self._release(mech, v.detach(), lambda r: out(Message(
                 "activations", self.name, "host", round_, key, self.digest(key), r.value, r.encoding)))
             self.diagnostics.add(key.epoch, rel.stats)
             blobs.append(blob)
-            if cost is not None:
-                digests.append(value_digest(blob))
+            if cost is not None and charge is not None:  # the log's digest: only when there is a log
+                digests.append(value_digest(wire_bytes(blob)))
                 draws.append(c)
             self._count_release(key)
             self.released["batches"] += 1
@@ -710,7 +727,7 @@ class GuestParty(_Party):
         msgs = self._gradients_in_order(blobs, owed)
         if msgs is None:
             limit = frame_limit(self.schedule.batch_size, self.cut_shape)  # only training batches are owed
-            msgs = [decode(b, max_bytes=limit) for b in blobs]
+            msgs = [open_message(b, max_bytes=limit) for b in blobs]
             got = [m.key for m in msgs]
             if sorted(got) != owed or len(set(got)) != len(got):
                 raise ProtocolError(f"{self.name}: gradients received for {[str(k) for k in got]}, "
@@ -751,7 +768,7 @@ class GuestParty(_Party):
         is not (the caller then decodes and checks each, and says what is wrong)."""
         msgs = []
         for b, k in zip(blobs, owed):
-            m = decode_expected(b, kind="gradients", sender="host", receiver=self.name,
+            m = receive_expected(b, kind="gradients", sender="host", receiver=self.name,
                                 round_=self._pending[k].round, key=k, rows=len(self.schedule.positions(k)),
                                 sample_shape=self.cut_shape, digest=self.digest(k))
             if m is None:
@@ -759,12 +776,14 @@ class GuestParty(_Party):
             msgs.append(m)
         return msgs
 
-    def step(self, grad_blobs: list[bytes], keys, round_: int) -> list[bytes]:
+    def step(self, grad_blobs: list[bytes], keys, round_: int, in_process: bool = False) -> list[bytes]:
         """One round for this guest: apply the gradients it is owed, then release ``keys``
-        (the request is checked first: a replayed round or a bad key changes nothing)."""
+        (the request is checked first: a replayed round or a bad key changes nothing).
+        ``in_process``: the host is in this process; release :class:`~fl_split.protocol.Handoff`
+        messages instead of frames (``grad_blobs`` may be either)."""
         keys = self._request(keys, round_)
         self.apply_gradients(grad_blobs, round_)
-        blobs = self.release(keys, round_)
+        blobs = self.release(keys, round_, in_process)
         self._done(round_)
         return blobs
 
@@ -982,9 +1001,12 @@ class HostParty(_Party):
                 entries.append(self._entry(round_, key, "update", update_cost))
         return entries
 
-    def train(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int) -> dict[str, list[bytes]]:
+    def train(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int,
+              in_process: bool = False) -> dict[str, list[bytes]]:
         """Train on every batch in ``keys``; returns the released gradients per guest (nothing
-        else leaves: the training loss stays here until the epoch's aggregate)."""
+        else leaves: the training loss stays here until the epoch's aggregate). ``in_process``:
+        the guests are in this process; release :class:`~fl_split.protocol.Handoff` messages
+        instead of frames (``blobs_by_guest`` may hold either)."""
         keys = self._request(keys, round_, phase="train")
         msgs = self._received(keys, blobs_by_guest, round_)
         active = self.active_guests
@@ -995,6 +1017,7 @@ class HostParty(_Party):
         digests: list[str] | None = [] if charge is not None else None
         draws: list[int | None] = []
         grads: dict[str, list[bytes]] = {g: [] for g in active}
+        out = _outgoing(in_process)
         dpsgd = self.update.cost() is not None
         if self.bottom is not None:
             set_mode(self.bottom, True)
@@ -1024,12 +1047,12 @@ class HostParty(_Party):
                 self._count_release(key)
                 for g in active:
                     mech = mechs[g]
-                    rel, blob, c = self._release(mech, leaves[g].grad, lambda r, g=g: encode(Message(
+                    rel, blob, c = self._release(mech, leaves[g].grad, lambda r, g=g: out(Message(
                         "gradients", "host", g, round_, key, digest, r.value, r.encoding)))
                     self.diagnostics.add(key.epoch, rel.stats)
                     grads[g].append(blob)
                     if digests is not None and mech.cost() is not None:
-                        digests.append(value_digest(blob))
+                        digests.append(value_digest(wire_bytes(blob)))
                         draws.append(c)
                     self.released["batches"] += 1
                     self.released["records"] += len(y)

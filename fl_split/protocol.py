@@ -22,8 +22,10 @@ batch's ID list (:func:`batch_digest`) that the receiver recomputes from its own
 receiver whose schedule disagrees with the sender's refuses the message. Sending the IDs
 themselves (8 bytes per sample) would be most of a randomized-response payload; with the compact
 frame a 32 × 64-bit RR message costs about 1/30 of its float32 form (002 promises 1/32). The same
-blob travels in-process (:class:`~fl_split.engine.LocalEngine`) and through Flower or the data
-plane, so bytes on the wire are counted the same way everywhere.
+frame travels through Flower or the data plane; between parties in one process
+(:class:`~fl_split.engine.LocalEngine`) the message is handed over as a tensor instead
+(:class:`Handoff`, issue 18), checked the same way and counted at its frame's size, so bytes on the
+wire are counted the same way everywhere.
 
 :func:`decode` checks structure; :meth:`Message.check` checks what the receiver expects (kind,
 sender, batch, its digest and size, per-sample shape, the round it belongs to, and the values: every
@@ -253,6 +255,15 @@ def _varint(v: int, what: str) -> bytes:
             return bytes(out)
 
 
+def _varint_size(v: int, what: str) -> int:
+    """``len(_varint(v, what))`` without making it (the same ``ValueError`` out of range)."""
+    if type(v) is int and 0 <= v < 128:
+        return 1
+    if not 0 <= int(v) <= MAX_FIELD:
+        raise ValueError(f"{what} {v!r} outside 0..{MAX_FIELD}")
+    return (int(v).bit_length() + 6) // 7
+
+
 def _read_varint(blob: bytes, pos: int, what: str) -> tuple[int, int]:
     v, shift = 0, 0
     for i in range(5):
@@ -362,6 +373,135 @@ def decode_expected(blob: object, *, kind: str, sender: str, receiver: str, roun
         return None
     return Message(kind=kind, sender=sender, receiver=receiver, round=round_, key=key, digest=digest,
                    tensor=tensor, encoding=encoding)
+
+
+# -- in-process hand-over ---------------------------------------------------------------------------
+class Handoff(Message):
+    """A message handed over to a party in the same process: the released tensor itself, on its
+    device, instead of its frame (``docs/design.md``, "The in-process hot path").
+
+    The sender makes it with :func:`handoff` (a fresh float32 copy: the sender keeps no reference
+    to it, and it carries no autograd history, so the receiver can neither change the sender's
+    tensors nor backpropagate into its graph); the receiver checks it with :func:`receive_expected`
+    / :func:`open_message`, which apply exactly the checks a frame gets (and raise the same errors).
+    ``len()`` is the size its frame would have (what the coordinator counts as bytes on the wire);
+    :meth:`to_bytes` is that frame, made only when someone needs the bytes (a checkpoint of the
+    owed gradients, a write-ahead log's digest). Only a transport that calls the parties in one
+    process can carry one: Flower and the data plane carry bytes, and their parsers refuse
+    anything else (:func:`blob_list`)."""
+
+    _frame: bytes | None = None
+    _size: int | None = None
+
+    def __len__(self) -> int:
+        if self._size is None:
+            shape = tuple(self.tensor.shape)
+            per_sample = math.prod(shape[1:])
+            body = shape[0] * ((per_sample + 7) // 8) if self.encoding == "bits" else 4 * shape[0] * per_sample
+            key = self.key
+            head = len(_prefix(self.kind, self.encoding, key.phase, self.sender, self.receiver)) + _DIGEST.size
+            for what, v in zip(_HEADER_FIELDS, (self.round, key.epoch, key.index, shape[0], len(shape) - 1,
+                                                *shape[1:])):
+                head += _varint_size(v, what)
+            self._size = head + body
+        return self._size
+
+    def to_bytes(self) -> bytes:
+        """The frame :func:`encode` makes of this message (made once, then kept)."""
+        if self._frame is None:
+            self._frame = encode(self)
+        return self._frame
+
+
+def handoff(msg: Message) -> Handoff:
+    """``msg`` as an in-process :class:`Handoff`: the sender's side of :func:`encode` without the bytes.
+
+    The same checks as :func:`encode` (kind, encoding, phase, 1..MAX_NDIM + 1 dimensions, header
+    fields in range, a ``bits`` message holds zeros and ones: ``ValueError``), and the tensor is
+    what the receiver of the frame would decode: a new, contiguous float32 tensor (bits as exact
+    0.0/1.0) detached from every graph, on the sender's device — no copy to the host."""
+    if msg.kind not in KINDS:
+        raise ValueError(f"unknown message kind {msg.kind!r}")
+    if msg.encoding not in ENCODINGS:
+        raise ValueError(f"unknown encoding {msg.encoding!r}")
+    if msg.key.phase not in PHASES:
+        raise ValueError(f"unknown phase {msg.key.phase!r}")
+    t = msg.tensor.detach()
+    shape = list(t.shape)
+    if not 1 <= len(shape) <= MAX_NDIM + 1:
+        raise ValueError(f"a message tensor has 1..{MAX_NDIM + 1} dimensions, got shape {shape}")
+    if msg.encoding == "bits":
+        if t.numel() and not bool(((t == 0) | (t == 1)).all()):
+            raise ValueError("bits encoding needs a tensor of zeros and ones")
+        t = t.ne(0).to(torch.float32, memory_format=torch.contiguous_format)  # a new tensor; -0.0 -> 0.0
+    elif t.dtype == torch.float32:
+        t = t.clone(memory_format=torch.contiguous_format)
+    else:  # what encode sends of another dtype: its float32 rounding
+        t = t.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    out = Handoff(kind=msg.kind, sender=msg.sender, receiver=msg.receiver, round=msg.round, key=msg.key,
+                  digest=msg.digest, tensor=t, encoding=msg.encoding)
+    len(out)  # the header's fields in range (ValueError), as encode checks them
+    return out
+
+
+def wire_bytes(item: "bytes | Handoff") -> bytes:
+    """The frame of a message: ``item`` itself, or a :class:`Handoff`'s :meth:`~Handoff.to_bytes`."""
+    return item.to_bytes() if isinstance(item, Handoff) else item
+
+
+def open_message(item: object, max_bytes: int = MAX_FRAME_BYTES) -> Message:
+    """A received message, for :meth:`Message.check`: a frame goes through :func:`decode`; a
+    :class:`Handoff` gets decode's structural checks (its frame no longer than ``max_bytes``, a
+    float32-able tensor of 1..MAX_NDIM + 1 dimensions), with decode's errors. Anything else is a
+    :class:`ProtocolError`, as for decode."""
+    if not isinstance(item, Handoff):
+        return decode(item, max_bytes=max_bytes)
+    t = item.tensor
+    if not isinstance(t, torch.Tensor) or t.dim() < 1 or not isinstance(item.key, BatchKey):
+        raise ProtocolError(f"malformed message: an in-process message without a batch tensor "
+                            f"({type(t).__name__})")
+    if t.dim() - 1 > MAX_NDIM:
+        raise ProtocolError(f"malformed message: {t.dim() - 1} sample dimensions (at most {MAX_NDIM})")
+    if t.requires_grad:  # never let a receiver's backward reach into another party's graph
+        item = Handoff(kind=item.kind, sender=item.sender, receiver=item.receiver, round=item.round, key=item.key,
+                       digest=item.digest, tensor=t.detach(), encoding=item.encoding)
+    try:
+        size = len(item)
+    except (ValueError, TypeError) as exc:  # a field a frame cannot hold: no frame decodes to it
+        raise ProtocolError(f"malformed message: {exc}") from None
+    if size > max_bytes:
+        raise ProtocolError(f"oversized message: {size} bytes, at most {max_bytes} expected")
+    if item.encoding not in ENCODINGS or (item.encoding == "bits" and not _binary(item.tensor)):
+        # a bits frame decodes to zeros and ones only; no frame has another encoding
+        raise ProtocolError(f"malformed message: encoding {item.encoding!r} with values no frame of it can hold")
+    return item
+
+
+def _binary(t: torch.Tensor) -> bool:
+    return t.numel() == 0 or bool(((t == 0) | (t == 1)).all())
+
+
+def receive_expected(item: object, *, kind: str, sender: str, receiver: str, round_: int, key: BatchKey,
+                     rows: int, sample_shape: tuple[int, ...], digest: int) -> Message | None:
+    """:func:`decode_expected` for a frame or a :class:`Handoff`: the message when it is exactly the
+    expected one (every header field, the shape, float32, every value finite and within
+    ``MAX_ABS``), else ``None`` (the caller then runs :func:`open_message` and
+    :meth:`Message.check`, which say what is wrong). For a handoff no byte is made: the fields are
+    compared and the tensor's values checked where it lies (on a GPU: one reduction and one
+    synchronisation)."""
+    if type(item) is not Handoff:
+        return decode_expected(item, kind=kind, sender=sender, receiver=receiver, round_=round_, key=key,
+                               rows=rows, sample_shape=sample_shape, digest=digest)
+    t = item.tensor
+    if not (item.kind == kind and item.sender == sender and item.receiver == receiver and type(round_) is int
+            and type(item.round) is int and item.round == round_ and type(item.key) is BatchKey and item.key == key
+            and item.digest == digest and item.encoding in ENCODINGS and isinstance(t, torch.Tensor)
+            and t.dtype == torch.float32 and not t.requires_grad and len(sample_shape) <= MAX_NDIM
+            and tuple(t.shape) == (int(rows), *sample_shape)):
+        return None
+    if item.encoding == "bits" and not _binary(t):
+        return None
+    return item if _all_bounded(t) else None
 
 
 def decode(blob: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:

@@ -3,7 +3,27 @@
 from __future__ import annotations
 
 from fl_split.builder import make_parties
+from fl_split.protocol import Handoff, Message, decode, encode, open_message
 from fl_split.state import flatten, unflatten
+
+
+def opened(item) -> Message:
+    """What a party received, as a message: a frame decoded, or an in-process hand-over as it is."""
+    return open_message(item)
+
+
+def tampered(item, change):
+    """``item`` (a frame or an in-process :class:`~fl_split.protocol.Handoff`) after ``change(msg)``
+    edited its decoded message in place, sent the same way: re-encoded, or handed over as a new
+    ``Handoff`` built directly (what a hostile party in the process can make; nothing checked)."""
+    if isinstance(item, Handoff):
+        m = Message(item.kind, item.sender, item.receiver, item.round, item.key, item.digest, item.tensor.clone(),
+                    item.encoding)
+        change(m)
+        return Handoff(m.kind, m.sender, m.receiver, m.round, m.key, m.digest, m.tensor, m.encoding)
+    m = decode(item)
+    change(m)
+    return encode(m)
 
 
 class StatelessTransport:

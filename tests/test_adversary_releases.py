@@ -20,9 +20,9 @@ from fl_split.errors import ReleaseOutOfRange
 from fl_split.privacy.bounds import GAUSS_K, PeerTrust, ScaleMonitor
 from fl_split.privacy.factory import Exhausted
 from fl_split.privacy.mechanisms import Gaussian, Laplace, R3eLU, RandomizedResponse
-from fl_split.protocol import decode, encode
 from fl_split.schedule import BatchKey
 from fl_split.seeding import PrivateSeed
+from tests.helpers import tampered
 from tests.test_hostile import assert_untouched, snapshot
 
 #: the defences of the acceptance test (the main job's first); each with the options it needs
@@ -45,14 +45,13 @@ def _cfg(defence: str, **kw) -> RunConfig:
 
 def scaled(blobs: list[bytes], factor: float) -> list[bytes]:
     """The same messages with every value multiplied by ``factor`` (finite, right shape; bits
-    re-encoded as float32, which is what a guest scaling its randomized response must send)."""
-    out = []
-    for b in blobs:
-        m = decode(b)
+    re-encoded as float32, which is what a guest scaling its randomized response must send).
+    Frames or in-process hand-overs, whichever the transport carries (``tests.helpers.tampered``)."""
+    def scale(m):
         m.tensor = m.tensor * factor
         m.encoding = "float32"
-        out.append(encode(m))
-    return out
+
+    return [tampered(b, scale) for b in blobs]
 
 
 class ScalingGuest:

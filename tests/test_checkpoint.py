@@ -322,10 +322,10 @@ class GuestDiesAt:
         party = inner.parties[guest]
         real = party.step
 
-        def step(owed, keys, round_):
+        def step(owed, keys, round_, **kw):
             if round_ >= self.at:
                 raise ConnectionError(f"{guest} is unreachable")
-            return real(owed, keys, round_)
+            return real(owed, keys, round_, **kw)
 
         party.step = step
 

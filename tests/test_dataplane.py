@@ -571,8 +571,8 @@ def test_guest_killed_mid_epoch_is_named_and_ledgers_stay_consistent():
 
     local = LocalEngine(cfg.replace(engine="local"), PS)
     step = local.guests["guest-2"].step
-    local.guests["guest-2"].step = lambda owed, keys, r: (_ for _ in ()).throw(RuntimeError("gone")) if r == 3 \
-        else step(owed, keys, r)
+    local.guests["guest-2"].step = lambda owed, keys, r, **kw: (_ for _ in ()).throw(RuntimeError("gone")) if r == 3 \
+        else step(owed, keys, r, **kw)
     with pytest.raises(GuestFailure):
         local.run()
     assert host.report()["privacy"] == local.host.report()["privacy"]

@@ -22,10 +22,9 @@ from fl_split.cli import main
 from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine, LocalTransport, coordinate
 from fl_split.errors import ConfigError
-from fl_split.protocol import decode
 from fl_split.seeding import PrivateSeed
 
-from tests.helpers import StatelessTransport
+from tests.helpers import StatelessTransport, opened
 
 BASE = dict(dataset="digits", guests=2, epochs=2, batch_size=32, lr=0.01, limit=300, progress=False, seed=5)
 FIELDS = {"mechanism", "releases", "releases_per_record", "delta", "epsilon", "accountant", "epsilons",
@@ -42,7 +41,7 @@ class CountingTransport(LocalTransport):
     def _count(self, name, blobs):
         for b in blobs:
             self.sent[name]["messages"] += 1
-            self.sent[name]["records"] += decode(b).rows
+            self.sent[name]["records"] += opened(b).rows
 
     def guest_step(self, owed, keys, round_):
         out = super().guest_step(owed, keys, round_)

@@ -254,23 +254,25 @@ def test_fast_path_declines_anything_else(case):
 
 
 def test_parties_take_the_fast_path_and_train_as_before():
-    """A run's messages all pass the fast path (``decode`` is never needed), and the run equals the
+    """A run's messages all pass the fast path (the slow path, ``open_message`` — ``decode`` for a
+    frame —, is never needed), on the wire path and on the in-process one, and the run equals the
     monolithic model (``tests/test_equivalence.py`` checks that in detail)."""
     import fl_split.parties as P
     from fl_split.engine import LocalEngine
 
-    calls = {"decode": 0}
-    real = P.decode
+    calls = {"slow": 0}
+    real = P.open_message
 
     def counting(*a, **k):
-        calls["decode"] += 1
+        calls["slow"] += 1
         return real(*a, **k)
 
-    P.decode = counting
+    P.open_message = counting
     try:
         for kw in ({}, {"defense": "rr"}, {"batches_per_round": 3}):
-            LocalEngine(RunConfig(dataset="digits", guests=2, epochs=1, limit=200, progress=False, **kw),
-                        private_seed=PrivateSeed.legacy(1)).run()
+            for codec in (True, False):
+                LocalEngine(RunConfig(dataset="digits", guests=2, epochs=1, limit=200, progress=False, **kw),
+                            private_seed=PrivateSeed.legacy(1), codec=codec).run()
     finally:
-        P.decode = real
-    assert calls["decode"] == 0
+        P.open_message = real
+    assert calls["slow"] == 0

@@ -270,7 +270,14 @@ PRIVATE_KEYS = {"release_stats", "mean_active_fraction", "importance", "importan
 def _audit_blob(blob: bytes, seen: dict) -> None:
     """A message between parties is the fixed frame of fl_split.protocol and nothing else: kind,
     sender, receiver, round, batch key, shape, encoding and batch digest in the header (each at most
-    a 5-byte varint), then the perturbed tensor; no per-sample IDs, no other field."""
+    a 5-byte varint), then the perturbed tensor; no per-sample IDs, no other field. An in-process
+    hand-over (issue 18) holds those fields and its tensor only, and is audited as its frame."""
+    from fl_split.protocol import Handoff
+
+    if isinstance(blob, Handoff):
+        assert set(vars(blob)) <= {"kind", "sender", "receiver", "round", "key", "digest", "tensor", "encoding",
+                                   "_size", "_frame"}, vars(blob).keys()
+        blob = blob.to_bytes()
     m = decode(blob)
     n, d = m.tensor.shape[0], math.prod(m.tensor.shape[1:])
     payload = n * ((d + 7) // 8 if m.encoding == "bits" else 4 * d)

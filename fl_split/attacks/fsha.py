@@ -55,7 +55,7 @@ from fl_split.attacks.options import AttackOptions
 from fl_split.attacks.view import Grant, architecture
 from fl_split.models.registry import bottom_module
 from fl_split.errors import ConfigError
-from fl_split.protocol import Message, encode
+from fl_split.protocol import Message, encode, handoff
 
 HIDDEN = 256
 
@@ -143,8 +143,11 @@ class FSHAHost:
         return ((grad.flatten(1).norm(dim=1) - 1.0) ** 2).mean()
 
     # -- the coordinator's calls --------------------------------------------------------------------
-    def train(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int) -> dict[str, list[bytes]]:
+    def train(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int,
+              in_process: bool = False) -> dict[str, list[bytes]]:
+        """``in_process``: the guests are in this process (hand the gradients over, issue 18)."""
         keys = list(keys)
+        out = handoff if in_process else encode
         msgs = self.party._received(keys, blobs_by_guest, round_)  # the honest host's decoding and checks
         grads: dict[str, list[bytes]] = {g: [] for g in self.guests}
         for i, key in enumerate(keys):
@@ -174,7 +177,7 @@ class FSHAHost:
                 rng = self.party.backward_mechanisms[g](key).public_range()
                 if rng is not None:  # the guest refuses what its mechanism cannot make: stay inside it
                     t = rng.project(t)
-                grads[g].append(encode(Message("gradients", "host", g, round_, key, digest, t.float().cpu(), "float32")))
+                grads[g].append(out(Message("gradients", "host", g, round_, key, digest, t.float(), "float32")))
             if self.iterations % self.every == 0:
                 with torch.no_grad():
                     self.decoder.eval()

@@ -421,7 +421,8 @@ class Session:
         """Train (once) and return the results dictionary."""
         if self.results is None:
             host = self._acting_host if self._acting_host is not None else self.host
-            transport = ObservingTransport(LocalTransport(host, self.guests), self._boxes)
+            # frames, not in-process hand-overs: the adversary sees what a deployment's wire carries
+            transport = ObservingTransport(LocalTransport(host, self.guests, codec=True), self._boxes)
             self.results = coordinate(self.cfg, self.plan, transport, "local")
         return self.results
 

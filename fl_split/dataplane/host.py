@@ -499,7 +499,7 @@ class HostDataPlane:
     def __init__(self, host, endpoint: HostEndpoint) -> None:
         from fl_split.engine import LocalTransport
 
-        self._local = LocalTransport(host, {})
+        self._local = LocalTransport(host, {}, codec=True)  # the guests are in other processes: frames
         self.host = host
         self.endpoint = endpoint
         self.guests = list(endpoint.guests)
