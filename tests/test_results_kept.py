@@ -212,6 +212,7 @@ def test_deploy_local_says_each_phase_before_it_starts(tmp_path, monkeypatch):
             self.echo = lambda line: events.append(f"say {line}")
             self.workdir, self.parties, self.node_auth = tmp_path / "w", cfg.parties, True
             self.address, self.run_id, self.timeline = "127.0.0.1:1", 7, {}
+            self.own_tables = None  # a built-in dataset: exported, not each node's own table
 
         def __getattr__(self, name):
             return lambda *a, **k: events.append(name)
