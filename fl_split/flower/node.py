@@ -179,10 +179,12 @@ def private_seed_of(role: NodeRole, context: Context, given=None):
     return seed
 
 
-def plan_of(cfg: RunConfig, role: NodeRole):
-    """The run plan this node's party was built from (cached per process)."""
+def plan_of(cfg: RunConfig, role: NodeRole, handoff=None):
+    """The run plan this node's party was built from (cached per process; ``handoff``: see
+    :func:`build_party`)."""
     if role.mode == "simulation":
-        return _simulation_plan(cfg)
+        plan = handoff.plan(cfg, role.party) if handoff is not None else None
+        return plan if plan is not None else _simulation_plan(cfg)
     path = os.path.abspath(os.path.expanduser(role.data_path))
     return _deployment_plan(cfg, path, os.path.getmtime(path) if os.path.exists(path) else 0.0)
 
@@ -203,15 +205,20 @@ def _set_threads(cfg: RunConfig, role: NodeRole) -> None:
     apply_threads(party_threads(cfg.threads, cap["num_cpus"] if cap else None, max(1, cores // (cfg.guests + 1))))
 
 
-def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None, secret=None):
+def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None, secret=None, handoff=None):
     """``(party, public facts)`` of this node for ``cfg``, with its own secret (``secret``: the
-    one restored from the node's state; else fresh or from ``private_seed``)."""
+    one restored from the node's state; else fresh or from ``private_seed``). A simulated node
+    takes its slice from ``handoff`` (:class:`fl_split.flower.prepared.Handoff`, what the driver
+    prepared once) when that holds it, else prepares the data itself."""
     from fl_split.builder import make_guest, make_host
 
     if role.role == "guest" and role.guest_index > cfg.guests:
         raise FederationError(f"{role.party}: guest-index {role.guest_index} is out of range; the run has "
                               f"--guests {cfg.guests}")
-    if role.mode == "simulation":
+    handed = handoff.fetch(cfg, role.party) if handoff is not None and role.mode == "simulation" else None
+    if handed is not None:
+        data, facts, plan = handed.data, handed.facts, handoff.plan(cfg, role.party)
+    elif role.mode == "simulation":
         from fl_split.builder import prepare_data
         from fl_split.party_files import public_facts
 
@@ -250,7 +257,7 @@ def _save(context: Context, party, config_json: str) -> None:
     _PARTIES[(context.run_id, context.node_id)] = (token, party)
 
 
-def _restore(context: Context, role: NodeRole):
+def _restore(context: Context, role: NodeRole, handoff=None):
     from fl_split.seeding import PartySecret
     from fl_split.state import unflatten
 
@@ -263,15 +270,15 @@ def _restore(context: Context, role: NodeRole):
         return cached[1], str(meta["config"])
     cfg = RunConfig.from_mapping(R.loads(str(meta["config"])))
     state = unflatten(R.record_to_arrays(context.state.array_records[R.STATE_ARRAYS]), R.loads(str(meta["skeleton"])))
-    party, _ = build_party(cfg, role, secret=PartySecret.from_state(state["secret"]))
+    party, _ = build_party(cfg, role, secret=PartySecret.from_state(state["secret"]), handoff=handoff)
     party.import_state(state)
     return party, str(meta["config"])
 
 
 # -- the handler ---------------------------------------------------------------------------------
-def handle(message: Message, context: Context, private_seed: int | None = None) -> Message:
+def handle(message: Message, context: Context, private_seed: int | None = None, handoff=None) -> Message:
     """Answer one coordinator message (any operation) for the party this node hosts
-    (``private_seed``: see :func:`private_seed_of`)."""
+    (``private_seed``: see :func:`private_seed_of`; ``handoff``: see :func:`build_party`)."""
     mtype = message.metadata.message_type
     key = (context.run_id, context.node_id)
     req = R.request_of(message.content) if R.REQUEST in message.content.config_records else ConfigRecord()
@@ -290,16 +297,16 @@ def handle(message: Message, context: Context, private_seed: int | None = None) 
             config_json = str(req["config"])
             cfg = RunConfig.from_mapping(R.loads(config_json))
             seed = private_seed_of(role, context, private_seed)
-            party, facts = build_party(cfg, role, seed)
+            party, facts = build_party(cfg, role, seed, handoff=handoff)
             extra = _dataplane_setup(cfg, role, dict(context.node_config), context.state)
             if cfg.checkpoint_dir:
                 _checkpoint_setup(context, role, party, cfg, req, seed)
             _save(context, party, config_json)
             facts_json = facts.to_json() if role.role == "host" else facts.without_labels().to_json()
             return _reply(message, facts=R.dumps(facts_json), **extra)
-        party, config_json = _restore(context, role)
+        party, config_json = _restore(context, role, handoff)
         if mtype == R.MSG_EPOCH:
-            return _epoch(message, context, role, party, config_json, req)
+            return _epoch(message, context, role, party, config_json, req, handoff)
         keys = R.keys_from_json(req.get("keys", "[]"))
         if mtype == R.MSG_STEP:
             _expect(role, "guest", mtype)
@@ -351,7 +358,7 @@ def _dataplane_setup(cfg: RunConfig, role: NodeRole, node_config: dict, state) -
     return extra
 
 
-def _epoch(message: Message, context: Context, role: NodeRole, party, config_json: str, req) -> Message:
+def _epoch(message: Message, context: Context, role: NodeRole, party, config_json: str, req, handoff=None) -> Message:
     """``train.epoch``: play (host) or serve (guest) the request's epochs over the direct data plane.
 
     Releases leave the party during the message, so its state — ledger included — is saved whatever
@@ -367,7 +374,7 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
         wal = open_wal(party, str(ckpt["dir"]), str(ckpt["run"]), resume=True)
     try:
         if role.role == "host":
-            outcome = direct.host_epochs(party, cfg, plan_of(cfg, role), req, role, dict(context.node_config),
+            outcome = direct.host_epochs(party, cfg, plan_of(cfg, role, handoff), req, role, dict(context.node_config),
                                          context.state)
             reply = {"outcome": R.dumps(outcome)}
         else:
@@ -377,7 +384,7 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
             from fl_split.checkpoint import save_party
 
             last = int(req["last-epoch"])
-            save_party(party, str(ckpt["dir"]), direct.last_round(plan_of(cfg, role), cfg, last),
+            save_party(party, str(ckpt["dir"]), direct.last_round(plan_of(cfg, role, handoff), cfg, last),
                        run=str(ckpt["run"]), config=cfg.to_dict())
     finally:
         _close_wal(party, wal)
@@ -442,13 +449,14 @@ def _reply(message: Message, **values: Any) -> Message:
     return Message(R.reply_content(**values), reply_to=message)
 
 
-def make_client_app(private_seed: int | None = None):
+def make_client_app(private_seed: int | None = None, handoff=None):
     """The fl_split ClientApp: :func:`handle` registered under every message type the coordinator
     sends. ``private_seed`` (a :class:`~fl_split.seeding.PrivateSeed`) is for in-process simulations
     (``fl-split train --engine flower --private-seed-file F``), whose run-config is empty: it stays
-    in the ClientApp, never in a message."""
+    in the ClientApp, never in a message. ``handoff`` (in-process simulations too): each party's
+    data as the driver prepared it (:mod:`fl_split.flower.prepared`)."""
     def _handle(message: Message, context: Context) -> Message:
-        return handle(message, context, private_seed)
+        return handle(message, context, private_seed, handoff)
 
     return client_app_for(_handle)
 
