@@ -95,6 +95,18 @@ def defer_dynamo_import() -> None:
             setattr(fn, "__dynamo_disable", _EagerUntilDynamo(fn))
 
 
+def warm_gradient_backward() -> None:
+    """Do once, at party construction, what a process's first backward *with a given gradient*
+    does besides the arithmetic: PyTorch's ``_make_grads`` imports
+    ``torch.fx.experimental.symbolic_shapes`` (and sympy: ~480 modules, 1–1.5 s on the 2-core
+    machine) the first time ``out.backward(grad)`` runs — a guest's first training step, in the
+    first epoch's time. A guest is built for exactly that call (:meth:`LocalUpdate.backward`), so
+    it pays the import with the rest of its start-up (issue 18). A backward through one scalar, no
+    random draw, no parameter: nothing a party computes changes."""
+    t = torch.zeros(1, requires_grad=True)
+    (t * 1.0).backward(torch.ones(1))
+
+
 _QUIET_FILTER: tuple | None = None
 
 
