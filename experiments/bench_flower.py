@@ -274,6 +274,38 @@ def _process_age() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME) - start
 
 
+class TreeCPU(threading.Thread):
+    """CPU seconds (user + system) used by this process and every descendant (Ray's daemons, the
+    ClientApp actors), sampled every 0.2 s and kept per process at its last reading: a measure of
+    the work a run does that the machine's load hardly changes (wall times on the shared 2-core
+    machine vary twofold with it). A process that ends between samples loses < 0.2 s."""
+
+    def __init__(self, period: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.period, self.seen, self.halt = period, {}, threading.Event()
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def sample(self) -> None:
+        from fl_split.flower.processes import descendants
+
+        for pid in [os.getpid(), *descendants(os.getpid())]:
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    f = fh.read().rsplit(")", 1)[1].split()
+                self.seen[pid] = (int(f[11]) + int(f[12])) / self.tick
+            except (OSError, ValueError, IndexError):
+                pass
+
+    def run(self) -> None:
+        while not self.halt.wait(self.period):
+            self.sample()
+
+    def total(self) -> float:
+        self.halt.set()
+        self.sample()
+        return sum(self.seen.values())
+
+
 def startup_child(guests: int, engine: str, epochs: int) -> dict:
     """One run in this fresh process, as the CLI runs it (``--num-cpus auto``, one torch thread per
     party): the process's wall time from its start, the training time of the results, and for
@@ -285,6 +317,8 @@ def startup_child(guests: int, engine: str, epochs: int) -> dict:
 
     cfg = RunConfig(dataset="digits", guests=guests, epochs=epochs, progress=False, seed=0, engine=engine, device="cpu")
     load = os.getloadavg()
+    cpu = TreeCPU()
+    cpu.start()
     if engine == "flower":
         from fl_split.flower import FlowerEngine
 
@@ -297,6 +331,7 @@ def startup_child(guests: int, engine: str, epochs: int) -> dict:
         res, timeline = LocalEngine(cfg, _ps()).run(), {}
     wall = _process_age()
     return {"engine": engine, "guests": guests, "epochs": epochs, "process_wall_s": wall, "training_s": res["time_s"],
+            "cpu_s": cpu.total(),
             "startup_s": wall - res["time_s"], "epoch_times": [h["epoch_time_s"] for h in res["history"]],
             "timeline": timeline, "loadavg_before": load, "loadavg_after": os.getloadavg(),
             "final_loss": res["history"][-1]["train_loss"]}
@@ -330,6 +365,7 @@ def bench_startup(guests_list: list[int], repeats: int = 3, epochs: int = 2) -> 
                "flower_training_s": med([d["training_s"] for d in fl]),
                "local_training_s": med([d["training_s"] for d in lo]),
                "local_wall_s": med([d["process_wall_s"] for d in lo]),
+               "flower_cpu_s": med([d["cpu_s"] for d in fl]), "local_cpu_s": med([d["cpu_s"] for d in lo]),
                "timeline": {k: med([d["timeline"].get(k, float("nan")) for d in fl]) for k in STARTUP_ORDER},
                "loadavg": med([d["loadavg_before"][0] for d in fl + lo]),
                "same_final_loss": len({d["final_loss"] for d in fl + lo}) == 1, "runs": runs}
@@ -337,7 +373,8 @@ def bench_startup(guests_list: list[int], repeats: int = 3, epochs: int = 2) -> 
         rows.append(row)
         print(f"[startup] G = {g}: start-up {row['flower_startup_s']:.1f} s (wall {row['flower_wall_s']:.1f} s), "
               f"training Flower {row['flower_training_s']:.2f} s / local {row['local_training_s']:.2f} s = "
-              f"{row['training_ratio']:.2f}x (median of {repeats}; load {row['loadavg']:.1f})", flush=True)
+              f"{row['training_ratio']:.2f}x; CPU Flower {row['flower_cpu_s']:.1f} s, local {row['local_cpu_s']:.1f} s "
+              f"(median of {repeats}; load {row['loadavg']:.1f})", flush=True)
     return {"dataset": "digits", "rows": rows, "goal_startup_s": 8.0, "goal_training_ratio": 1.5}
 
 
@@ -551,12 +588,13 @@ def markdown(report: dict) -> str:
         lines.append("")
     if report.get("startup"):
         lines += ["**Start-up and total training time** (digits, fresh processes, `--num-cpus auto`; medians; "
-                  "start-up = process wall − training)", "",
-                  "| G | epochs | start-up (s) | wall (s) | Flower training (s) | local training (s) | Flower ÷ local | "
+                  "start-up = process wall − training; CPU = CPU seconds of the Flower process and all its descendants)", "",
+                  "| G | epochs | start-up (s) | wall (s) | CPU (s) | Flower training (s) | local training (s) | Flower ÷ local | "
                   + " | ".join(STARTUP_ORDER) + " | load |",
-                  "|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(STARTUP_ORDER) + "---:|"]
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(STARTUP_ORDER) + "---:|"]
         for r in report["startup"]["rows"]:
             lines.append(f"| {r['guests']} | {r['epochs']} | {r['flower_startup_s']:.1f} | {r['flower_wall_s']:.1f} "
+                         f"| {r.get('flower_cpu_s', float('nan')):.1f} "
                          f"| {r['flower_training_s']:.2f} | {r['local_training_s']:.2f} | {r['training_ratio']:.2f}× | "
                          + " | ".join(f"{r['timeline'][k]:.1f}" for k in STARTUP_ORDER) + f" | {r['loadavg']:.1f} |")
         lines.append("")
