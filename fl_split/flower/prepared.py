@@ -64,7 +64,10 @@ def prepare_parties(cfg: RunConfig) -> dict[str, PreparedParty]:
     return {p: PreparedParty(d, facts if p == "host" else facts.without_labels()) for p, d in prepared.parties.items()}
 
 
-#: per process: (data key, party) -> the fetched PreparedParty; (cfg, party) -> its plan
+#: per process: (data key, party) -> the fetched PreparedParty; (cfg, party) -> its plan (each at most
+#: CACHED entries, the oldest dropped first: an actor lives for one simulation, a process running
+#: parties as threads may run many)
+CACHED = 16
 _FETCHED: dict[tuple, PreparedParty] = {}
 _PLANS: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
@@ -107,7 +110,7 @@ class Handoff:
                     from fl_split.errors import ProtocolError
 
                     raise ProtocolError(f"{party}: the simulation handed this node another party's data")
-                _FETCHED[(key, party)] = got
+                _remember(_FETCHED, (key, party), got)
                 stats["fetched"] += 1
         return got
 
@@ -124,8 +127,14 @@ class Handoff:
             check_facts(cfg, got.facts, f"the data handed to {party}")
             plan = plan_from_facts(cfg, got.facts)
             with _LOCK:
-                _PLANS[(cfg, party)] = plan
+                _remember(_PLANS, (cfg, party), plan)
         return plan
+
+
+def _remember(cache: dict, key, value) -> None:
+    cache[key] = value
+    while len(cache) > CACHED:
+        cache.pop(next(iter(cache)))
 
 
 def _ray_get(ref):
