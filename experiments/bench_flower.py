@@ -9,8 +9,12 @@
   the epochs after the first), digits (2 guests) and movielens-small (1 guest); one control message
   per epoch (the default) and one for all epochs. Goal ≤ 1.5×. Every Flower run is checked to equal
   the local engine bit for bit.
-* **startup** — where ``fl-split train --engine flower`` spends its wall time before the first batch
-  (:meth:`FlowerEngine.startup`).
+* **startup** — issue 18: a 2-epoch digits run at G = 2 and 4 (``--startup-guests``), each repeat
+  (``--repeats``, default 3) a fresh process running the Flower engine as the CLI does and another
+  the local engine: start-up (the Flower process's wall time − its training time), the engine's
+  timeline (:meth:`FlowerEngine.startup`: imports, Ray start, actors, setup, …) and Flower ÷ local
+  *total* training time (every epoch, the first one's connections included); medians. The ratio
+  part also records the timeline of its own runs.
 * **scaling** — time per epoch and peak memory (resident memory of this process and every descendant:
   Ray's daemons and the ClientApp actors, sampled every 0.2 s) vs the number of guests G ∈ {1, 2, 4,
   8, 16} on breast-cancer (30 feature columns, so 16 guests fit), each party reserving
@@ -27,6 +31,7 @@
     python experiments/bench_flower.py                  # everything (~15-25 min on the 2-core machine)
     python experiments/bench_flower.py --quick          # latency + an in-process direct run (< 1 min)
     python experiments/bench_flower.py --only ratio startup
+    python experiments/bench_flower.py --only startup --startup-guests 2 --repeats 3
     python experiments/bench_flower.py --relay-sweep    # the relay's batches-per-round sweep (issue 3)
 
 Writes ``experiments/results/bench_flower.json`` (``--quick``: ``bench_flower_quick.json``), the plot
@@ -257,6 +262,122 @@ def bench_ratio(name: str, setup: dict, limit: int = 0) -> dict:
             "rows": rows, "startup": startup, "loadavg_before_flower": load_before, "loadavg_after_flower": load_after}
 
 
+# -- start-up: a fresh `fl-split train --engine flower` vs a fresh local run (issue 18) --------------------
+STARTUP_ORDER = ("imports", "ray_start", "simulation_start", "node_registration", "actors_ready", "setup", "checks",
+                 "training", "reports", "shutdown")
+
+
+def _process_age() -> float:
+    """Seconds since this process started (its start time in /proc, 10 ms ticks)."""
+    with open(f"/proc/{os.getpid()}/stat") as fh:
+        start = int(fh.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start
+
+
+class TreeCPU(threading.Thread):
+    """CPU seconds (user + system) used by this process and every descendant (Ray's daemons, the
+    ClientApp actors), sampled every 0.2 s and kept per process at its last reading: a measure of
+    the work a run does that the machine's load hardly changes (wall times on the shared 2-core
+    machine vary twofold with it). A process that ends between samples loses < 0.2 s."""
+
+    def __init__(self, period: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.period, self.seen, self.halt = period, {}, threading.Event()
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def sample(self) -> None:
+        from fl_split.flower.processes import descendants
+
+        for pid in [os.getpid(), *descendants(os.getpid())]:
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    f = fh.read().rsplit(")", 1)[1].split()
+                self.seen[pid] = (int(f[11]) + int(f[12])) / self.tick
+            except (OSError, ValueError, IndexError):
+                pass
+
+    def run(self) -> None:
+        while not self.halt.wait(self.period):
+            self.sample()
+
+    def total(self) -> float:
+        self.halt.set()
+        self.sample()
+        return sum(self.seen.values())
+
+
+def startup_child(guests: int, engine: str, epochs: int) -> dict:
+    """One run in this fresh process, as the CLI runs it (``--num-cpus auto``, one torch thread per
+    party): the process's wall time from its start, the training time of the results, and for
+    Flower the engine's timeline (:meth:`FlowerEngine.startup`)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from fl_split.config import RunConfig
+
+    cfg = RunConfig(dataset="digits", guests=guests, epochs=epochs, progress=False, seed=0, engine=engine, device="cpu")
+    load = os.getloadavg()
+    cpu = TreeCPU()
+    cpu.start()
+    if engine == "flower":
+        from fl_split.flower import FlowerEngine
+
+        runner = FlowerEngine(cfg, private_seed=_ps())
+        res = runner.run()
+        timeline = runner.startup()
+    else:
+        from fl_split.engine import LocalEngine
+
+        res, timeline = LocalEngine(cfg, _ps()).run(), {}
+    wall = _process_age()
+    return {"engine": engine, "guests": guests, "epochs": epochs, "process_wall_s": wall, "training_s": res["time_s"],
+            "cpu_s": cpu.total(),
+            "startup_s": wall - res["time_s"], "epoch_times": [h["epoch_time_s"] for h in res["history"]],
+            "timeline": timeline, "loadavg_before": load, "loadavg_after": os.getloadavg(),
+            "final_loss": res["history"][-1]["train_loss"]}
+
+
+def bench_startup(guests_list: list[int], repeats: int = 3, epochs: int = 2) -> dict:
+    """Each repeat: a fresh process runs the Flower engine, another the local engine (the order
+    alternates); medians over the repeats. Start-up = the Flower process's wall time − its training
+    time; the ratio = Flower's total training time (``time_s``: every epoch, the first one's
+    connections included) ÷ the local engine's."""
+    import subprocess
+
+    rows = []
+    for g in guests_list:
+        runs: dict[str, list[dict]] = {"flower": [], "local": []}
+        for r in range(repeats):
+            for engine in (("flower", "local") if r % 2 == 0 else ("local", "flower")):
+                out = subprocess.run([sys.executable, __file__, "--startup-child", str(g), engine, str(epochs)],
+                                     capture_output=True, text=True, timeout=1200)
+                if out.returncode != 0:
+                    raise RuntimeError(f"startup child (G = {g}, {engine}) failed:\n{out.stderr[-3000:]}")
+                runs[engine].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                d = runs[engine][-1]
+                print(f"[startup] G = {g}, {engine} #{r + 1}: wall {d['process_wall_s']:.1f} s, training "
+                      f"{d['training_s']:.2f} s, load {d['loadavg_before'][0]:.1f}", flush=True)
+        fl, lo = runs["flower"], runs["local"]
+        med = statistics.median
+        row = {"guests": g, "epochs": epochs, "repeats": repeats,
+               "flower_startup_s": med([d["startup_s"] for d in fl]),
+               "flower_wall_s": med([d["process_wall_s"] for d in fl]),
+               "flower_training_s": med([d["training_s"] for d in fl]),
+               "local_training_s": med([d["training_s"] for d in lo]),
+               "local_wall_s": med([d["process_wall_s"] for d in lo]),
+               "flower_cpu_s": med([d["cpu_s"] for d in fl]), "local_cpu_s": med([d["cpu_s"] for d in lo]),
+               "timeline": {k: med([d["timeline"].get(k, float("nan")) for d in fl]) for k in STARTUP_ORDER},
+               "loadavg": med([d["loadavg_before"][0] for d in fl + lo]),
+               "same_final_loss": len({d["final_loss"] for d in fl + lo}) == 1, "runs": runs}
+        row["training_ratio"] = row["flower_training_s"] / row["local_training_s"]
+        rows.append(row)
+        print(f"[startup] G = {g}: start-up {row['flower_startup_s']:.1f} s (wall {row['flower_wall_s']:.1f} s), "
+              f"training Flower {row['flower_training_s']:.2f} s / local {row['local_training_s']:.2f} s = "
+              f"{row['training_ratio']:.2f}x; CPU Flower {row['flower_cpu_s']:.1f} s, local {row['local_cpu_s']:.1f} s "
+              f"(median of {repeats}; load {row['loadavg']:.1f})", flush=True)
+    return {"dataset": "digits", "rows": rows, "goal_startup_s": 8.0, "goal_training_ratio": 1.5}
+
+
 # -- wire: randomized response vs float32 ---------------------------------------------------------------
 def bench_wire() -> dict:
     import torch
@@ -465,6 +586,18 @@ def markdown(report: dict) -> str:
                              f"| {r['flower_epoch_s']:.3f} | {r['local_epoch_s']:.3f} | {r['ratio']:.2f}× "
                              f"| {'yes' if r['flower_equals_local'] else 'NO'} |")
         lines.append("")
+    if report.get("startup"):
+        lines += ["**Start-up and total training time** (digits, fresh processes, `--num-cpus auto`; medians; "
+                  "start-up = process wall − training; CPU = CPU seconds of the Flower process and all its descendants)", "",
+                  "| G | epochs | start-up (s) | wall (s) | CPU (s) | Flower training (s) | local training (s) | Flower ÷ local | "
+                  + " | ".join(STARTUP_ORDER) + " | load |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(STARTUP_ORDER) + "---:|"]
+        for r in report["startup"]["rows"]:
+            lines.append(f"| {r['guests']} | {r['epochs']} | {r['flower_startup_s']:.1f} | {r['flower_wall_s']:.1f} "
+                         f"| {r.get('flower_cpu_s', float('nan')):.1f} "
+                         f"| {r['flower_training_s']:.2f} | {r['local_training_s']:.2f} | {r['training_ratio']:.2f}× | "
+                         + " | ".join(f"{r['timeline'][k]:.1f}" for k in STARTUP_ORDER) + f" | {r['loadavg']:.1f} |")
+        lines.append("")
     if report.get("ratio"):
         lines += ["**Start-up** (`fl-split train --engine flower`, seconds)", "",
                   "| dataset | imports + checks | Ray start | simulation start | node registration | actors ready "
@@ -507,12 +640,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="latency + an in-process direct run, under a minute")
     p.add_argument("--only", nargs="+", choices=("latency", "ratio", "startup", "scaling", "wire"),
-                   help="run only these parts (startup comes with ratio)")
+                   help="run only these parts")
     p.add_argument("--guests", nargs="+", type=int, default=[1, 2, 4, 8, 16], help="G values of the scaling part")
     p.add_argument("--compare-gloo", action="store_true", help="also time torch.distributed gloo send/recv")
     p.add_argument("--relay-sweep", action="store_true", help="the relay's batches-per-round sweep instead")
+    p.add_argument("--startup-guests", nargs="+", type=int, default=[2, 4], help="G values of the startup part")
+    p.add_argument("--repeats", type=int, default=3, help="fresh-process repeats of the startup part")
+    p.add_argument("--startup-child", nargs=3, metavar=("G", "ENGINE", "EPOCHS"), help=argparse.SUPPRESS)
     p.add_argument("--out", default=None)
     ns = p.parse_args(argv)
+    if ns.startup_child:
+        g, engine, epochs = ns.startup_child
+        print(json.dumps(startup_child(int(g), engine, int(epochs))))
+        return 0
     import torch
 
     torch.set_num_threads(1)  # Ray gives each ClientApp actor one thread: compare like with like
@@ -521,9 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.relay_sweep:
         relay_sweep(Path(ns.out or RESULTS / "bench_flower_relay_sweep.json"))
         return 0
-    parts = set(ns.only or ("latency", "ratio", "scaling", "wire"))
-    if "startup" in parts:
-        parts.add("ratio")
+    parts = set(ns.only or ("latency", "ratio", "startup", "scaling", "wire"))
     report: dict = {"versions": _versions(), "ratio_goal": RATIO_GOAL}
     t0 = time.perf_counter()
     if ns.quick:
@@ -535,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
             report["latency"] = bench_latency(ns.compare_gloo, rounds=400)
         if "ratio" in parts:
             report["ratio"] = [bench_ratio(name, setup) for name, setup in SETUPS.items()]
+        if "startup" in parts:
+            report["startup"] = bench_startup(ns.startup_guests, ns.repeats)
         if "wire" in parts:
             report["wire"] = bench_wire()
         if "scaling" in parts:

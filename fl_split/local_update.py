@@ -40,11 +40,71 @@ class OptimizerSettings:
         """The optimizer, with PyTorch's multi-tensor (``foreach``) update on every device: on CPU,
         where PyTorch's default is the per-parameter loop, it gives bit-identical parameters (tested)
         and cuts the per-step cost, which a party pays once per batch on a small model."""
+        defer_dynamo_import()
         params = [p for p in params if p.requires_grad]
         if self.name == "sgd":
             return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
                                    foreach=True)
         return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay, foreach=True)
+
+
+class _EagerUntilDynamo:
+    """What PyTorch's lazy ``torch._disable_dynamo`` wrapper calls for one optimizer method: the
+    method itself while ``torch._dynamo`` has not been imported — no compiled frame can then be
+    running, so "run this eagerly, do not trace it" is exactly a plain call — and, once anything
+    has imported it, ``torch._dynamo.disable(method)``, as PyTorch would."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.disabled = None
+
+    def __call__(self, *args, **kwargs):
+        if self.disabled is None:
+            import sys
+
+            if "torch._dynamo" not in sys.modules:
+                return self.fn(*args, **kwargs)
+            self.disabled = sys.modules["torch._dynamo"].disable(self.fn, True, wrapping=False)
+        return self.disabled(*args, **kwargs)
+
+
+#: the optimizer methods PyTorch wraps in ``torch._disable_dynamo`` that a party calls
+_DYNAMO_WRAPPED = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+
+
+def defer_dynamo_import() -> None:
+    """Keep the first optimizer of a process from importing ``torch._dynamo`` (issue 18: start-up).
+
+    ``torch.optim.Optimizer.add_param_group`` (and ``zero_grad``, ``state_dict``,
+    ``load_state_dict``) are wrapped in ``torch._disable_dynamo``, which imports ``torch._dynamo``
+    on the method's first call — 1–2.5 s and ~900 modules on the 2-core machine, paid by the local
+    engine and by every Flower ClientApp actor when it builds its party, for a compiler fl_split
+    never uses. The wrapper caches what to call on the method (``__dynamo_disable``); this fills
+    that cache with :class:`_EagerUntilDynamo`, which calls the method directly until
+    ``torch._dynamo`` is imported and behaves as PyTorch's wrapper from then on. Nothing is
+    changed if ``torch._dynamo`` is already imported, or if PyTorch's wrappers are not the ones
+    expected (the cache is then PyTorch's own). Parameters and results are unchanged
+    (``tests/test_flower_startup.py``)."""
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        return
+    for name in _DYNAMO_WRAPPED:
+        fn = getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
+        if fn is not None and getattr(fn, "__dynamo_disable", None) is None:
+            setattr(fn, "__dynamo_disable", _EagerUntilDynamo(fn))
+
+
+def warm_gradient_backward() -> None:
+    """Do once, at party construction, what a process's first backward *with a given gradient*
+    does besides the arithmetic: PyTorch's ``_make_grads`` imports
+    ``torch.fx.experimental.symbolic_shapes`` (and sympy: ~480 modules, 1–1.5 s on the 2-core
+    machine) the first time ``out.backward(grad)`` runs — a guest's first training step, in the
+    first epoch's time. A guest is built for exactly that call (:meth:`LocalUpdate.backward`), so
+    it pays the import with the rest of its start-up (issue 18). A backward through one scalar, no
+    random draw, no parameter: nothing a party computes changes."""
+    t = torch.zeros(1, requires_grad=True)
+    (t * 1.0).backward(torch.ones(1))
 
 
 _QUIET_FILTER: tuple | None = None

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
 
 from fl_split.errors import ConfigError, DataError
 from fl_split.seeding import numpy_rng
+
+if TYPE_CHECKING:  # pandas is imported where tables are encoded: a party built from its prepared slice never needs it
+    import pandas as pd
 
 TASKS = ("classification", "next-item")
 
@@ -347,6 +350,8 @@ def _encode_table(table: pd.DataFrame, categorical: Sequence[str], train_pos: np
             blocks.append(onehot)
             names.extend(f"{col}={c}" for c in cats)
         else:
+            import pandas as pd
+
             arr = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
             tr = arr[train_pos]
             mean = np.nanmean(tr) if np.isfinite(tr).any() else 0.0

@@ -9,6 +9,7 @@ simulation engine.
 * :mod:`fl_split.flower.node` — one node hosting one party (the ClientApp's work);
 * :mod:`fl_split.flower.strategy` — :class:`VerticalSplitStrategy` and the ServerApps;
 * :mod:`fl_split.flower.resources` — can a simulation run every ClientApp at once;
+* :mod:`fl_split.flower.prepared` — each simulated party's data slice, prepared once by the driver;
 * :mod:`fl_split.flower.engine` — :class:`FlowerEngine`, a Flower simulation in this process.
 
 The Flower apps themselves are thin shells: ``strategies/server_app.py`` and

@@ -155,6 +155,8 @@ class FlowerEngine:
         self.transports: list = []
         self.timeline: dict[str, float] = {}
         self.timelines: list[dict[str, float]] = []
+        #: the parties' data as this process prepared it for the last run (:mod:`fl_split.flower.prepared`)
+        self.handoff = None
 
     def backend_config(self) -> dict[str, Any]:
         """The Ray backend configuration: client resources, and the cluster to join."""
@@ -245,6 +247,18 @@ class FlowerEngine:
                 logging.getLogger("fl_split.flower").warning("Ray did not start (%s); trying again", exc)
         raise AssertionError("unreachable")
 
+    def _client_app(self, cfgs: list[RunConfig]):
+        """The fl_split ClientApp with each party's data prepared here once and put in Ray's object
+        store, one object per party (:mod:`fl_split.flower.prepared`): the actors fetch their own
+        party's slice instead of preparing the dataset again."""
+        import ray
+
+        from fl_split.flower.node import make_client_app
+        from fl_split.flower.prepared import Handoff
+
+        self.handoff = Handoff.offer(list(cfgs), put=ray.put)
+        return make_client_app(self.private_seed, self.handoff)
+
     def run(self) -> dict[str, Any]:
         """Run :attr:`cfg`; returns its results dictionary."""
         return self.run_series([self.cfg])[0]
@@ -273,12 +287,7 @@ class FlowerEngine:
 
         from fl_split.flower.strategy import make_server_app
 
-        if self.client_app is None:
-            from fl_split.flower.node import make_client_app
-
-            client_app = make_client_app(self.private_seed)
-        else:
-            client_app = self.client_app
+        client_app = self.client_app
         timeline: dict[str, float] = {"engine_start": t_start, "imports_done": time.perf_counter()}
         self.timeline = timeline
         sink: dict[str, Any] = {}
@@ -314,6 +323,9 @@ class FlowerEngine:
                 timeline["ray_started"] = time.perf_counter()
                 if self.cfg.ray_address:  # --num-cpus auto: the cluster's CPUs, known once joined
                     cfgs = self._share_cpus(cfgs, _cluster_cpus(), "in the Ray cluster")
+                if client_app is None:
+                    client_app = self._client_app(cfgs)
+                timeline["parties_offered"] = time.perf_counter()
                 watchdog.start()
                 # the direct data plane runs all G + 1 ClientApps at once: past Flower's thread pool
                 from fl_split.flower.resources import widened_worker_pool
@@ -324,6 +336,7 @@ class FlowerEngine:
                                    backend_config=self.backend_config(), verbose_logging=self.verbose)
                 timeline["simulation_returned"] = time.perf_counter()
         finally:
+            client_app = self.handoff = None  # the slices' references: released before Ray stops
             finished.set()
             server_done.set()
             if watchdog.is_alive():

@@ -182,11 +182,13 @@ def private_seed_of(role: NodeRole, context: Context, given=None):
     return seed
 
 
-def plan_of(cfg: RunConfig, role: NodeRole, state=None):
+def plan_of(cfg: RunConfig, role: NodeRole, state=None, handoff=None):
     """The run plan this node's party was built from (cached per process; ``state``: the node's
-    ``context.state``, where a node reading its own table keeps its aligned ID list)."""
+    ``context.state``, where a node reading its own table keeps its aligned ID list; ``handoff``:
+    see :func:`build_party`)."""
     if role.mode == "simulation":
-        return _simulation_plan(cfg)
+        plan = handoff.plan(cfg, role.party) if handoff is not None else None
+        return plan if plan is not None else _simulation_plan(cfg)
     if _node_tables(cfg):
         from fl_split.flower.alignment import node_plan
 
@@ -217,16 +219,22 @@ def _node_tables(cfg: RunConfig) -> bool:
     return uses_node_tables(cfg)
 
 
-def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None, secret=None, state=None):
+def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None, secret=None, state=None,
+                handoff=None):
     """``(party, public facts)`` of this node for ``cfg``, with its own secret (``secret``: the
     one restored from the node's state; else fresh or from ``private_seed``). ``state``: the node's
-    ``context.state`` (a node reading its own table: its aligned ID list, :mod:`fl_split.flower.alignment`)."""
+    ``context.state`` (a node reading its own table: its aligned ID list, :mod:`fl_split.flower.alignment`).
+    A simulated node takes its slice from ``handoff`` (:class:`fl_split.flower.prepared.Handoff`, what
+    the driver prepared once) when that holds it, else prepares the data itself."""
     from fl_split.builder import make_guest, make_host
 
     if role.role == "guest" and role.guest_index > cfg.guests:
         raise FederationError(f"{role.party}: guest-index {role.guest_index} is out of range; the run has "
                               f"--guests {cfg.guests}")
-    if role.mode == "simulation":
+    handed = handoff.fetch(cfg, role.party) if handoff is not None and role.mode == "simulation" else None
+    if handed is not None:
+        data, facts, plan = handed.data, handed.facts, handoff.plan(cfg, role.party)
+    elif role.mode == "simulation":
         from fl_split.builder import prepare_data
         from fl_split.party_files import public_facts
 
@@ -251,6 +259,12 @@ def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None,
                                   f"{data.party}'s data")
         plan = _deployment_plan(cfg, path, mtime)
     _set_threads(cfg, role)
+    if role.mode == "simulation":
+        from fl_split.local_update import warm_gradient_backward
+
+        # a simulation actor serves whichever node's message comes next: one that built the host at
+        # setup may restore a guest in the first epoch, whose first step would then pay the imports
+        warm_gradient_backward()
     if role.role == "host":
         party = make_host(plan, data, private_seed=private_seed, secret=secret)
     else:
@@ -270,7 +284,7 @@ def _save(context: Context, party, config_json: str) -> None:
     _PARTIES[(context.run_id, context.node_id)] = (token, party)
 
 
-def _restore(context: Context, role: NodeRole):
+def _restore(context: Context, role: NodeRole, handoff=None):
     from fl_split.seeding import PartySecret
     from fl_split.state import unflatten
 
@@ -283,15 +297,16 @@ def _restore(context: Context, role: NodeRole):
         return cached[1], str(meta["config"])
     cfg = RunConfig.from_mapping(R.loads(str(meta["config"])))
     state = unflatten(R.record_to_arrays(context.state.array_records[R.STATE_ARRAYS]), R.loads(str(meta["skeleton"])))
-    party, _ = build_party(cfg, role, secret=PartySecret.from_state(state["secret"]), state=context.state)
+    party, _ = build_party(cfg, role, secret=PartySecret.from_state(state["secret"]), state=context.state,
+                           handoff=handoff)
     party.import_state(state)
     return party, str(meta["config"])
 
 
 # -- the handler ---------------------------------------------------------------------------------
-def handle(message: Message, context: Context, private_seed: int | None = None) -> Message:
+def handle(message: Message, context: Context, private_seed: int | None = None, handoff=None) -> Message:
     """Answer one coordinator message (any operation) for the party this node hosts
-    (``private_seed``: see :func:`private_seed_of`)."""
+    (``private_seed``: see :func:`private_seed_of`; ``handoff``: see :func:`build_party`)."""
     mtype = message.metadata.message_type
     key = (context.run_id, context.node_id)
     req = R.request_of(message.content) if R.REQUEST in message.content.config_records else ConfigRecord()
@@ -310,7 +325,7 @@ def handle(message: Message, context: Context, private_seed: int | None = None) 
             config_json = str(req["config"])
             cfg = RunConfig.from_mapping(R.loads(config_json))
             seed = private_seed_of(role, context, private_seed)
-            party, facts = build_party(cfg, role, seed, state=context.state)
+            party, facts = build_party(cfg, role, seed, state=context.state, handoff=handoff)
             extra = _dataplane_setup(cfg, role, dict(context.node_config), context.state)
             if cfg.checkpoint_dir:
                 _checkpoint_setup(context, role, party, cfg, req, seed)
@@ -322,9 +337,9 @@ def handle(message: Message, context: Context, private_seed: int | None = None) 
 
             return _reply(message, **handle_align(RunConfig.from_mapping(R.loads(str(req["config"]))), role, req,
                                                   context.state))
-        party, config_json = _restore(context, role)
+        party, config_json = _restore(context, role, handoff)
         if mtype == R.MSG_EPOCH:
-            return _epoch(message, context, role, party, config_json, req)
+            return _epoch(message, context, role, party, config_json, req, handoff)
         keys = R.keys_from_json(req.get("keys", "[]"))
         if mtype == R.MSG_STEP:
             _expect(role, "guest", mtype)
@@ -376,7 +391,7 @@ def _dataplane_setup(cfg: RunConfig, role: NodeRole, node_config: dict, state) -
     return extra
 
 
-def _epoch(message: Message, context: Context, role: NodeRole, party, config_json: str, req) -> Message:
+def _epoch(message: Message, context: Context, role: NodeRole, party, config_json: str, req, handoff=None) -> Message:
     """``train.epoch``: play (host) or serve (guest) the request's epochs over the direct data plane.
 
     Releases leave the party during the message, so its state — ledger included — is saved whatever
@@ -392,7 +407,7 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
         wal = open_wal(party, str(ckpt["dir"]), str(ckpt["run"]), resume=True)
     try:
         if role.role == "host":
-            outcome = direct.host_epochs(party, cfg, plan_of(cfg, role, context.state), req, role,
+            outcome = direct.host_epochs(party, cfg, plan_of(cfg, role, context.state, handoff), req, role,
                                          dict(context.node_config), context.state)
             reply = {"outcome": R.dumps(outcome)}
         else:
@@ -402,7 +417,8 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
             from fl_split.checkpoint import save_party
 
             last = int(req["last-epoch"])
-            save_party(party, str(ckpt["dir"]), direct.last_round(plan_of(cfg, role, context.state), cfg, last),
+            plan = plan_of(cfg, role, context.state, handoff)
+            save_party(party, str(ckpt["dir"]), direct.last_round(plan, cfg, last),
                        run=str(ckpt["run"]), config=cfg.to_dict())
     finally:
         _close_wal(party, wal)
@@ -467,13 +483,14 @@ def _reply(message: Message, **values: Any) -> Message:
     return Message(R.reply_content(**values), reply_to=message)
 
 
-def make_client_app(private_seed: int | None = None):
+def make_client_app(private_seed: int | None = None, handoff=None):
     """The fl_split ClientApp: :func:`handle` registered under every message type the coordinator
     sends. ``private_seed`` (a :class:`~fl_split.seeding.PrivateSeed`) is for in-process simulations
     (``fl-split train --engine flower --private-seed-file F``), whose run-config is empty: it stays
-    in the ClientApp, never in a message."""
+    in the ClientApp, never in a message. ``handoff`` (in-process simulations too): each party's
+    data as the driver prepared it (:mod:`fl_split.flower.prepared`)."""
     def _handle(message: Message, context: Context) -> Message:
-        return handle(message, context, private_seed)
+        return handle(message, context, private_seed, handoff)
 
     return client_app_for(_handle)
 
