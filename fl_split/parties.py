@@ -527,11 +527,15 @@ class _Party:
         :meth:`_settle` needs (``None``: nothing to settle, the common case without a log)."""
         if self.ledger is not None and entries:
             epoch = max(int(e.key[1]) for e in entries)
-            if epoch > self._epoch:  # the previous epoch's releases are all charged: its epsilon
-                if self._epoch >= 1 and len(self.ledger):
-                    self.epsilon_by_epoch[self._epoch] = self.ledger.epsilon()
+            ended = None
+            if epoch > self._epoch and self._epoch >= 1 and len(self.ledger):
+                ended = self.ledger.epsilon()  # the previous epoch's releases are all charged
+            charge = self.ledger.charge(entries)  # BudgetExceeded: nothing recorded, here either
+            if epoch > self._epoch:
+                if ended is not None:
+                    self.epsilon_by_epoch[self._epoch] = ended
                 self._epoch = epoch
-            return self.ledger.charge(entries)
+            return charge
         return None
 
     def epsilons_per_epoch(self) -> dict[str, float | None]:
