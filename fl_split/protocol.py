@@ -282,8 +282,9 @@ def _read_varint(blob: bytes, pos: int, what: str) -> tuple[int, int]:
 
 
 # -- codec --------------------------------------------------------------------------------------
-def encode(msg: Message) -> bytes:
-    """Serialise ``msg`` (tensor moved to CPU; float32, or bit-packed when ``encoding='bits'``)."""
+def _checked_tensor(msg: Message) -> torch.Tensor:
+    """The sender's checks of :func:`encode` and :func:`handoff` (kind, encoding, phase, 1..MAX_NDIM
+    + 1 dimensions: ``ValueError``); returns the tensor detached from its graph."""
     if msg.kind not in KINDS:
         raise ValueError(f"unknown message kind {msg.kind!r}")
     if msg.encoding not in ENCODINGS:
@@ -291,11 +292,17 @@ def encode(msg: Message) -> bytes:
     if msg.key.phase not in PHASES:
         raise ValueError(f"unknown phase {msg.key.phase!r}")
     t = msg.tensor.detach()
+    if not 1 <= t.dim() <= MAX_NDIM + 1:
+        raise ValueError(f"a message tensor has 1..{MAX_NDIM + 1} dimensions, got shape {list(t.shape)}")
+    return t
+
+
+def encode(msg: Message) -> bytes:
+    """Serialise ``msg`` (tensor moved to CPU; float32, or bit-packed when ``encoding='bits'``)."""
+    t = _checked_tensor(msg)
     if t.device.type != "cpu":
         t = t.cpu()
     shape = list(t.shape)
-    if not 1 <= len(shape) <= MAX_NDIM + 1:
-        raise ValueError(f"a message tensor has 1..{MAX_NDIM + 1} dimensions, got shape {shape}")
     if msg.encoding == "bits":
         flat = t.reshape(shape[0], int(np.prod(shape[1:], dtype=np.int64))).numpy()  # (also for 0 samples)
         if flat.size and not np.all((flat == 0) | (flat == 1)):
@@ -420,16 +427,7 @@ def handoff(msg: Message) -> Handoff:
     fields in range, a ``bits`` message holds zeros and ones: ``ValueError``), and the tensor is
     what the receiver of the frame would decode: a new, contiguous float32 tensor (bits as exact
     0.0/1.0) detached from every graph, on the sender's device — no copy to the host."""
-    if msg.kind not in KINDS:
-        raise ValueError(f"unknown message kind {msg.kind!r}")
-    if msg.encoding not in ENCODINGS:
-        raise ValueError(f"unknown encoding {msg.encoding!r}")
-    if msg.key.phase not in PHASES:
-        raise ValueError(f"unknown phase {msg.key.phase!r}")
-    t = msg.tensor.detach()
-    shape = list(t.shape)
-    if not 1 <= len(shape) <= MAX_NDIM + 1:
-        raise ValueError(f"a message tensor has 1..{MAX_NDIM + 1} dimensions, got shape {shape}")
+    t = _checked_tensor(msg)
     if msg.encoding == "bits":
         if t.numel() and not bool(((t == 0) | (t == 1)).all()):
             raise ValueError("bits encoding needs a tensor of zeros and ones")

@@ -20,3 +20,16 @@ def _torch_threads():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture
+def flower_task_identity():
+    """The coordinator's ``Message()`` needs the process's Flower task identity (Flower sets it in a
+    real ServerApp process); restore whatever was there. Modules that build Flower messages use it
+    with ``pytestmark = pytest.mark.usefixtures("flower_task_identity")``."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved

@@ -26,10 +26,11 @@ from fl_split.dataplane import limits as L
 from fl_split.dataplane.errors import FloodError, PeerFailure
 from fl_split.dataplane.host import METHOD, HostEndpoint
 from tests.test_dataplane import KEYS, SESSION, _guest_thread, _rogue, _rounds, host_keys
-from tests.test_dataplane import _task_identity  # noqa: F401 - autouse: the coordinator's Flower task identity
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
+
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -24,9 +24,11 @@ from fl_split.dataplane.host import HostEndpoint
 from fl_split.dataplane.tls import ClientTLS, ServerTLS
 from fl_split.flower.strategy import VerticalSplitStrategy
 from tests.test_dataplane import KEYS, SESSION, _echo, _guest_thread, _rogue, _rounds, guest_keys, host_keys
-from tests.test_dataplane import _task_identity, tls  # noqa: F401 - fixtures: the Flower task identity, certificates
+from tests.test_dataplane import tls  # noqa: F401 - fixture: certificates
 from tests.test_flower import InlineGrid, _cfg, _local, _simulation_nodes, _strip
 
+
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 

@@ -53,14 +53,7 @@ def guest_keys(party: str) -> F.LinkKeys:
     return F.LinkKeys(KEYS[party], {"host": F.public_key(KEYS["host"])})
 
 
-@pytest.fixture(autouse=True)
-def _task_identity():
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 @pytest.fixture(scope="module")

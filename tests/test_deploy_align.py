@@ -81,15 +81,7 @@ def _scan(blob: bytes, ids: np.ndarray) -> list[int]:
     return [int(i) for i in ids if int(i) in text or int(i).to_bytes(8, "little", signed=True) in blob]
 
 
-@pytest.fixture(autouse=True)
-def _task_identity():
-    """The coordinator's Message() needs the process's Flower task identity (as in tests/test_flower.py)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 @pytest.fixture

@@ -32,7 +32,6 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto, recorddict_from_proto, recorddict_to_proto
 from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
 
 from fl_split.config import RunConfig, key_of, option_fields
 from fl_split.engine import LocalEngine
@@ -76,14 +75,7 @@ def tls_material(tmp_path_factory):
     return make_certificates(tmp_path_factory.mktemp("tls"))
 
 
-@pytest.fixture(autouse=True)
-def _task_identity():
-    """The coordinator's Message() needs the process's Flower task identity (Flower sets it in a
-    real ServerApp process); restore whatever was there."""
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 class InlineGrid(Grid):

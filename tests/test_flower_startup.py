@@ -95,18 +95,7 @@ def test_the_handoff_holds_only_what_it_covers_and_refuses_another_partys_slice(
         swapped.fetch(cfg, "guest-1")
 
 
-@pytest.fixture
-def task_identity():
-    """The coordinator's Message() needs the process's Flower task identity (as in test_flower)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
-def test_inline_run_from_the_handoff_equals_local_engine_and_never_prepares_on_a_node(monkeypatch, task_identity):
+def test_inline_run_from_the_handoff_equals_local_engine_and_never_prepares_on_a_node(monkeypatch, flower_task_identity):
     """The real strategy and ClientApp handlers (every message restores the party from its node
     state), each node building its party from the handoff: the local engine's results bit for
     bit, and no node prepared the dataset (``prepare_data`` fails if called)."""

@@ -12,7 +12,6 @@ import pytest
 import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
-from flwr.supercore.task_identity import TaskIdentity
 
 from fl_split.builder import make_parties
 from fl_split.config import RunConfig
@@ -181,14 +180,6 @@ def test_guest_refuses_hostile_gradients_untouched(run):
 
 
 # -- the Flower node's handler ---------------------------------------------------------------------------
-@pytest.fixture()
-def _task_identity():
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
 def _ask(ctx, mtype: str, **values):
     from fl_split.flower import records as R
     from fl_split.flower.node import handle
@@ -220,7 +211,7 @@ HOSTILE_STEP = [
 
 
 @pytest.mark.parametrize("name,values", HOSTILE_STEP, ids=[n for n, _ in HOSTILE_STEP])
-def test_node_handle_refuses_hostile_records_untouched(_task_identity, name, values):
+def test_node_handle_refuses_hostile_records_untouched(flower_task_identity, name, values):
     from fl_split.flower import records as R
     from fl_split.flower.node import _PARTIES
 
@@ -242,7 +233,7 @@ def test_node_handle_refuses_hostile_records_untouched(_task_identity, name, val
     assert err["type"] == "ProtocolError", (name, err["type"], err["message"])
 
 
-def test_node_handle_answers_a_malformed_round(_task_identity):
+def test_node_handle_answers_a_malformed_round(flower_task_identity):
     from fl_split.flower import records as R
 
     cfg = _cfg(data_plane="flower") if "data_plane" in RunConfig.__dataclass_fields__ else _cfg()

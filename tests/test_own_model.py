@@ -103,21 +103,14 @@ def test_attacks_on_a_user_model_equal_the_builtin(attack):
     assert own["details"] == builtin["details"]
 
 
-def test_user_model_in_the_flower_app_equals_the_builtin():
+def test_user_model_in_the_flower_app_equals_the_builtin(flower_task_identity):
     """The Flower app (inline: real strategy and ClientApp handler, each node building its own party
     from the run config's ``model`` key) with the user model ≡ the local engine with ``mlp``."""
     tf = pytest.importorskip("tests.test_flower")
-    from flwr.supercore.task_identity import TaskIdentity
-
     from fl_split.flower.strategy import VerticalSplitStrategy
 
     cfg = tf._cfg(model=OWN)
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1  # as tests/test_flower.py
-    try:
-        got = VerticalSplitStrategy(cfg).run(tf.InlineGrid(tf._simulation_nodes(3), fresh_process=True))
-    finally:
-        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+    got = VerticalSplitStrategy(cfg).run(tf.InlineGrid(tf._simulation_nodes(3), fresh_process=True))
     ref = tf._local(cfg.replace(model="mlp"))
     assert _strip(tf._strip(got)) == _strip(tf._strip(ref))
 

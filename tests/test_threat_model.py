@@ -409,16 +409,9 @@ def _audit_flower_reply(mtype: str, rec) -> None:
                 _audit_blob(b, seen)
 
 
-@pytest.fixture
-def flower_identity():
-    from tests.test_flower import _task_identity
-
-    yield from _task_identity.__wrapped__()
-
-
 @pytest.mark.parametrize("plane", ["direct", "flower"])
 @pytest.mark.parametrize("defense", ["laplace", "r3elu"])
-def test_wire_audit_flower(defense, plane, flower_identity, monkeypatch):
+def test_wire_audit_flower(defense, plane, flower_task_identity, monkeypatch):
     """Every reply to the coordinator, and — on the direct data plane — every frame between the
     parties (headers and blobs), is on the allow-list."""
     from fl_split.dataplane import frames as F
