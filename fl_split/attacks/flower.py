@@ -69,9 +69,10 @@ def instrument(party, directory: Path) -> Any:
     if party.name == "host":
         train, evaluate = party.train, party.evaluate
 
-        def recorded_train(keys, acts, round_):
+        # a Flower party's messages cross processes: bytes (in_process stays False), recorded as such
+        def recorded_train(keys, acts, round_, **kw):
             _append(inbox, [b for bl in acts.values() for b in bl])
-            grads = train(keys, acts, round_)
+            grads = train(keys, acts, round_, **kw)
             _append(outbox, [b for bl in grads.values() for b in bl])
             return grads
 
@@ -83,9 +84,9 @@ def instrument(party, directory: Path) -> Any:
     else:
         step = party.step
 
-        def recorded_step(owed, keys, round_):
+        def recorded_step(owed, keys, round_, **kw):
             _append(inbox, owed)
-            blobs = step(owed, keys, round_)
+            blobs = step(owed, keys, round_, **kw)
             _append(outbox, blobs)
             return blobs
 
