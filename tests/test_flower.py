@@ -746,7 +746,7 @@ def test_cli_flower_engine_one_host_four_guests(tmp_path, capsys):
 def test_cli_flower_party_failure_is_one_line(tmp_path, capsys, monkeypatch):
     """Relay: a ClientApp that crashes in round 3: the run stops, the CLI prints one line naming the
     party and the round, exits 1, writes no results, and leaves nothing running."""
-    monkeypatch.setattr(node_mod, "make_client_app", lambda private_seed=None: _fault_app("raise", "guest-2", 3))
+    monkeypatch.setattr(node_mod, "make_client_app", lambda private_seed=None, handoff=None: _fault_app("raise", "guest-2", 3))
     from fl_split.cli import main
 
     out = tmp_path / "r.json"
@@ -766,7 +766,7 @@ def test_cli_flower_guest_killed_mid_epoch(tmp_path, capsys, monkeypatch):
     """Direct data plane: guest-2's process is killed (SIGKILL) while it serves round 3 of the
     first epoch. The host notices the broken stream at once, names the guest, ends the epoch for
     the others; the CLI prints one line, exits 1, writes no results and leaves nothing running."""
-    monkeypatch.setattr(node_mod, "make_client_app", lambda private_seed=None: _fault_app("kill", "guest-2", 3))
+    monkeypatch.setattr(node_mod, "make_client_app", lambda private_seed=None, handoff=None: _fault_app("kill", "guest-2", 3))
     from fl_split.cli import main
 
     out = tmp_path / "r.json"
@@ -792,7 +792,7 @@ def test_cli_flower_guest_killed_mid_epoch_pad_goes_on_as_the_local_engine(tmp_p
     guest-2 has no entry in privacy or parties; nothing is left running."""
     from tests.test_checkpoint import GuestDiesAt
 
-    monkeypatch.setattr(node_mod, "make_client_app", lambda private_seed=None: _fault_app("kill", "guest-2", 3))
+    monkeypatch.setattr(node_mod, "make_client_app", lambda private_seed=None, handoff=None: _fault_app("kill", "guest-2", 3))
     from fl_split.cli import main
 
     out = tmp_path / "r.json"
