@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -659,8 +660,6 @@ def _fault_app(kind: str, party: str, round_: int, seconds: float = 0.0):
         req = message.content.config_records.get(R.REQUEST, {})
         me = node_role(context.node_config).party
         if kind == "kill" and me == party and message.metadata.message_type == R.MSG_EPOCH:
-            import signal
-
             import fl_split.dataplane.guest as guest_mod
 
             serve = guest_mod.serve
@@ -1000,6 +999,28 @@ def test_cli_flower_engine_fits_a_small_machine_with_no_resource_flags(tmp_path)
     assert got["config"]["num_cpus"] == share and len(got["history"]) == 1
     assert run.actors() == 3  # every party in its own Ray actor
     assert run.left() == []
+
+
+def test_an_interrupt_swallowed_by_another_handler_still_ends_the_run():
+    """Ray defers SIGINT inside some calls (its handler only notes it, and drops it when the call
+    fails, as it does when the same Ctrl-C killed the actors): the run must still end with 130. Here
+    a handler that ignores SIGINT stands in for Ray's; the wakeup-fd watcher ends the process."""
+    code = ("import signal, time\n"
+            "from fl_split.flower.processes import exit_on_signals\n"
+            "with exit_on_signals('fl-split: interrupted; no results written'):\n"
+            "    signal.signal(signal.SIGINT, lambda *a: None)\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(30)\n"
+            "print('not interrupted', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "not interrupted" not in out
+    assert err.strip().splitlines()[-1] == "fl-split: interrupted; no results written"
 
 
 @pytest.mark.slow

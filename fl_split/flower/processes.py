@@ -124,10 +124,11 @@ def exit_on_signals(message: str, grace: float = 2.0) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    once = threading.Lock()
 
-    def handler(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+    def interrupted() -> None:
+        if not once.acquire(blocking=False):  # the other path is already ending the run
+            return
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.write(message + "\n")
@@ -137,9 +138,39 @@ def exit_on_signals(message: str, grace: float = 2.0) -> Iterator[None]:
         finally:
             os._exit(EXIT_INTERRUPTED)
 
+    def handler(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        interrupted()
+
+    # Ray defers SIGINT inside some of its calls (DeferSigint: its own handler only notes the
+    # signal, and drops it when the call then fails — as it does when the same Ctrl-C killed the
+    # actors), so the run would end with the actors' error and exit 1. The wakeup fd sees every
+    # signal at the C level, whichever Python handler is installed: a thread watching it ends the run.
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    wanted = {int(signal.SIGINT), int(signal.SIGTERM)}
+
+    def watch() -> None:
+        try:
+            while True:
+                data = os.read(r, 64)
+                if not data:
+                    return
+                if wanted.intersection(data):
+                    interrupted()
+        except OSError:
+            return
+        finally:
+            os.close(r)
+
     saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    threading.Thread(target=watch, name="fl_split-signal-watch", daemon=True).start()
     try:
         yield
     finally:
+        signal.set_wakeup_fd(old_fd)
+        os.close(w)  # the watcher reads end-of-file and stops
         for sig, old in saved.items():
             signal.signal(sig, old)
