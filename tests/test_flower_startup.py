@@ -248,3 +248,139 @@ def test_simulation_actors_build_their_parties_from_the_driver_s_slices(tmp_path
     assert {r["type"] for r in rows} >= {"query.setup", "train.epoch"}
     assert all(r["prepared_here"] == 0 and r["heavy"] == [] for r in rows), rows
     assert all(r["fetched"] >= 1 for r in rows if r["type"] != "query.role"), rows
+
+
+# -- Flower's in-process runtime made prompt, Ray's shutdown without the monitor's grace ----------
+class _Recorded:
+    """Stands in for the object a wrapper hands a timed wait to; records the timeout."""
+
+    def __init__(self) -> None:
+        self.timeouts: list = []
+
+    def wait(self, timeout=None):
+        self.timeouts.append(timeout)
+        return False
+
+    def is_set(self):
+        return False
+
+
+def test_prompt_stop_caps_timed_waits_only():
+    """The delivery thread's ``f_stop.wait(0.1)`` becomes a wait of at most DELIVERY_POLL; an
+    untimed wait and a shorter one are passed on unchanged; setting and reading reach the real event."""
+    import threading
+
+    from fl_split.flower.vce import DELIVERY_POLL, PromptStop
+
+    rec = _Recorded()
+    stop = PromptStop(rec)
+    stop.wait(0.1), stop.wait(None), stop.wait(DELIVERY_POLL / 4)
+    assert rec.timeouts == [DELIVERY_POLL, None, DELIVERY_POLL / 4]
+    event = threading.Event()
+    wrapped = PromptStop(event)
+    assert not wrapped.is_set()
+    wrapped.set()
+    assert event.is_set() and wrapped.is_set() and wrapped.wait(0.1) is True
+
+
+def test_prompt_queue_caps_timed_gets_and_returns_items_at_once(monkeypatch):
+    import queue
+
+    from fl_split.flower.vce import STOP_POLL, PromptQueue
+
+    seen = []
+    real_get = queue.Queue.get
+    monkeypatch.setattr(queue.Queue, "get", lambda self, block=True, timeout=None: (seen.append(timeout),
+                                                                                     real_get(self, block, timeout))[1])
+    q = PromptQueue()
+    with pytest.raises(queue.Empty):
+        q.get(timeout=1.0)
+    q.put("message")
+    assert q.get(timeout=1.0) == "message"
+    q.put("next")
+    assert q.get() == "next"
+    assert seen == [STOP_POLL, STOP_POLL, None]
+
+
+def test_prompt_runtime_substitutes_for_the_block_and_only_a_runtime_of_the_expected_shape(monkeypatch):
+    """Inside the block Flower's ``run_api`` gets the wrapped stop event (the same call otherwise) and
+    its queues are PromptQueues; after it Flower's own are back. A runtime whose ``run_api`` takes no
+    ``f_stop`` is left alone."""
+    import queue
+    import threading
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    from fl_split.flower.vce import PromptQueue, PromptStop, prompt_runtime
+
+    calls = []
+
+    def run_api(app_fn, backend_fn, nodes_mapping, state_factory, node_info_stores, f_stop, metrics):
+        calls.append((app_fn, metrics, f_stop, vce_api.Queue))
+
+    monkeypatch.setattr(vce_api, "run_api", run_api)
+    event = threading.Event()
+    with prompt_runtime() as made:
+        assert made is True
+        vce_api.run_api("app", "backend", {}, "state", {}, event, metrics="m")
+    app_fn, metrics, f_stop, queue_class = calls[0]
+    assert (app_fn, metrics, queue_class) == ("app", "m", PromptQueue)
+    assert isinstance(f_stop, PromptStop) and f_stop.event is event
+    assert vce_api.run_api is run_api and vce_api.Queue is queue.Queue
+
+    monkeypatch.setattr(vce_api, "run_api", lambda app_fn, backend_fn, stop_event: None)
+    with prompt_runtime() as made:
+        assert made is False and vce_api.Queue is queue.Queue
+
+
+def test_shutdown_ends_only_the_monitor_without_grace(monkeypatch):
+    """Ray's shutdown of the engine's local instance SIGKILLs the autoscaler monitor at once (it
+    used Ray's whole second of grace every time); every other daemon keeps its graceful end."""
+    from ray._private import ray_constants
+    from ray._private import worker as ray_worker
+
+    from fl_split.flower.engine import _end_monitor_without_grace
+
+    class Node:
+        def __init__(self) -> None:
+            self.calls = []
+
+        def _kill_process_impl(self, process_type, allow_graceful=False, check_alive=True, wait=False):
+            self.calls.append((process_type, allow_graceful, check_alive, wait))
+
+    node = Node()
+    monkeypatch.setattr(ray_worker, "_global_node", node)
+    _end_monitor_without_grace()
+    for kind in (ray_constants.PROCESS_TYPE_RAYLET, ray_constants.PROCESS_TYPE_MONITOR,
+                 ray_constants.PROCESS_TYPE_GCS_SERVER):
+        node._kill_process_impl(kind, allow_graceful=True, check_alive=False, wait=False)
+    assert node.calls == [(ray_constants.PROCESS_TYPE_RAYLET, True, False, False),
+                          (ray_constants.PROCESS_TYPE_MONITOR, False, False, False),
+                          (ray_constants.PROCESS_TYPE_GCS_SERVER, True, False, False)]
+    monkeypatch.setattr(ray_worker, "_global_node", None)
+    _end_monitor_without_grace()  # no local node: nothing to change, no error
+
+
+@pytest.mark.slow
+def test_a_data_error_found_while_ray_starts_is_reported_and_leaves_nothing(flower_task_identity):
+    """The data are checked while Ray starts: a configuration only the data can refuse (a cut
+    layer the model does not have) stops the run with that error — not Ray's, not a hang — and
+    the Ray instance started meanwhile is shut down, with none of its processes left."""
+    import os
+    import time
+
+    import ray
+
+    from fl_split.errors import ConfigError
+    from fl_split.flower import FlowerEngine
+    from fl_split.flower.processes import descendants
+
+    cfg = _cfg(engine="flower", cut_layer=99)
+    FlowerEngine.check(cfg, data=False)  # the options alone pass: only the data refuse it
+    with pytest.raises(ConfigError, match=r"^--cut-layer: got 99; allowed: an integer in 1\.\.2 for model 'mlp'"):
+        FlowerEngine(cfg, private_seed=PS).run()
+    assert not ray.is_initialized()
+    deadline = time.monotonic() + 20
+    while (left := [c for c in descendants(os.getpid()).values() if "ray" in c]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == []

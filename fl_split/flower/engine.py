@@ -93,6 +93,54 @@ def _end_stuck_actors(server_done: threading.Event, finished: threading.Event, g
             pass
 
 
+class _Background(threading.Thread):
+    """Runs ``fn()`` on a thread of its own, started at once; :meth:`result` waits for it and
+    returns its value or raises its exception."""
+
+    def __init__(self, fn, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.fn, self.value, self.error = fn, None, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
+            self.error = exc
+
+    def result(self):
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _end_monitor_without_grace() -> None:
+    """Make ``ray.shutdown()`` of this process's local Ray instance end its autoscaler monitor with
+    SIGKILL at once. Ray gives each of its daemons one second to end after SIGTERM, one after the
+    other; measured (Ray 2.55, 2-core machine): every daemon ended within 0.04 s except the monitor,
+    which used the whole second every time — 1.0 of the 1.4 s ``ray.shutdown()`` took. The monitor
+    of a single-machine instance that ends with the run holds nothing to save. Ray internals
+    (``_global_node._kill_process_impl``): left as they are if this Ray lacks them."""
+    try:
+        from ray._private import ray_constants
+        from ray._private import worker as ray_worker
+
+        node = ray_worker._global_node
+        impl = node._kill_process_impl
+        monitor = ray_constants.PROCESS_TYPE_MONITOR
+    except (ImportError, AttributeError):
+        return
+    if node is None or not callable(impl):
+        return
+
+    def kill(process_type, allow_graceful=False, check_alive=True, wait=False):
+        return impl(process_type, allow_graceful=allow_graceful and process_type != monitor,
+                    check_alive=check_alive, wait=wait)
+
+    node._kill_process_impl = kill
+
+
 class _Recorder(threading.Thread):
     """Records, once a second while the simulation runs, every process this process started since
     :meth:`start` (Ray's daemons, its workers and ClientApp actors), with its command line: when Ray
@@ -168,12 +216,12 @@ class FlowerEngine:
                 "init_args": init_args}
 
     @staticmethod
-    def check(cfg: RunConfig) -> None:
-        """Fail fast, before Ray starts, on what the parties would reject anyway: the data and
-        model options (the simulation prepares the same data), a device Ray cannot provide, and —
-        for the direct data plane on a local Ray instance — too few resources to run every
-        ClientApp at once."""
-        from fl_split.builder import plan_run
+    def check(cfg: RunConfig, data: bool = True) -> None:
+        """Fail fast, before Ray starts, on what the parties would reject anyway: a device Ray
+        cannot provide, the Flower options, and — for the direct data plane on a local Ray instance —
+        too few resources to run every ClientApp at once; with ``data``, also the data and model
+        options (the simulation prepares the same data: :func:`fl_split.builder.plan_run`).
+        :meth:`run_series` checks the data while Ray starts."""
         from fl_split.devices import for_simulation
         from fl_split.flower.strategy import check_options
 
@@ -184,7 +232,10 @@ class FlowerEngine:
                 from fl_split.flower.resources import check_capacity, local_capacity
 
                 check_capacity(cfg.guests, local_capacity(cfg.num_cpus, cfg.num_gpus), " (this machine)")
-        plan_run(cfg)
+        if data:
+            from fl_split.builder import plan_run
+
+            plan_run(cfg)
 
     def _share_cpus(self, cfgs: list[RunConfig], node_cpus: list[float], where: str) -> list[RunConfig]:
         """Resolve ``--num-cpus auto`` (:func:`fl_split.flower.resources.auto_share`) in :attr:`cfg` and
@@ -197,6 +248,18 @@ class FlowerEngine:
         if self.say is not None:
             self.say(share_line(self.cfg, self.num_supernodes, node_cpus, where))
         return [resolve_num_cpus(c, self.num_supernodes, node_cpus) for c in cfgs]
+
+    def _prepare(self, cfgs: list[RunConfig], timeline: dict[str, float]) -> None:
+        """What :meth:`run_series` does while Ray starts: check every run's data and model options
+        (:meth:`check`, which prepares the data) and import the simulation's modules."""
+        for c in cfgs:
+            self.check(c)
+        import flwr.simulation  # noqa: F401 - imported here, used on the main thread
+
+        import fl_split.flower.strategy  # noqa: F401
+        import fl_split.flower.vce  # noqa: F401
+
+        timeline["imports_done"] = time.perf_counter()
 
     def _start_ray(self) -> bool:
         """Start (or join, with ``--ray-address``) Ray for the simulation; ``False`` if this process
@@ -232,6 +295,7 @@ class FlowerEngine:
             before = set(descendants(os.getpid()))
             try:
                 ray.init(**args)
+                _end_monitor_without_grace()
                 return True
             except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception for a timed-out start
                 with contextlib.suppress(Exception):
@@ -276,19 +340,16 @@ class FlowerEngine:
             if bad:
                 raise ConfigError(bad[0].replace("_", "-"), getattr(c, bad[0]), repr(getattr(self.cfg, bad[0])),
                                   reason="every run of a series shares the simulation's federation")
-            self.check(c)
+            self.check(c, data=False)
         # --device auto: resolved once, here, by the rule of every engine; the parties get the result
         cfgs = [for_simulation(c) for c in cfgs]
         if not self.cfg.ray_address:  # --num-cpus auto: this machine's CPUs shared by the G + 1 ClientApps
             from fl_split.flower.resources import local_cpus
 
             cfgs = self._share_cpus(cfgs, [float(local_cpus())], "on this machine")
-        from flwr.simulation import run_simulation
-
-        from fl_split.flower.strategy import make_server_app
 
         client_app = self.client_app
-        timeline: dict[str, float] = {"engine_start": t_start, "imports_done": time.perf_counter()}
+        timeline: dict[str, float] = {"engine_start": t_start}
         self.timeline = timeline
         sink: dict[str, Any] = {}
         server_done, finished = threading.Event(), threading.Event()
@@ -315,7 +376,24 @@ class FlowerEngine:
                 warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
                 sigterm = _sigterm_handler()
                 recorder = _Recorder()
-                started = self._start_ray()
+                # the data are checked (and Flower imported) on another thread while this one starts
+                # Ray's daemons, which is mostly waiting for those processes: on 2 cores the two
+                # overlap (docs/flower.md, "Start-up"). Ray's driver must start on the main thread
+                # (measured: started on another thread, its first remote call hung in the GCS client).
+                preparing = _Background(lambda: self._prepare(cfgs, timeline), "fl_split-prepare")
+                try:
+                    started = self._start_ray()
+                except BaseException:
+                    preparing.join()
+                    if preparing.error is not None:  # the data's error is the one to report
+                        raise preparing.error from None
+                    raise
+                preparing.result()
+                from flwr.simulation import run_simulation
+
+                from fl_split.flower.strategy import make_server_app
+                from fl_split.flower.vce import prompt_runtime
+
                 if started and not self.cfg.ray_address:  # a local instance: every process of it is ours
                     recorder.snapshot()
                     recorder.start()
@@ -330,7 +408,8 @@ class FlowerEngine:
                 # the direct data plane runs all G + 1 ClientApps at once: past Flower's thread pool
                 from fl_split.flower.resources import widened_worker_pool
 
-                with widened_worker_pool(self.num_supernodes if any(c.data_plane == "direct" for c in cfgs) else 0):
+                with widened_worker_pool(self.num_supernodes if any(c.data_plane == "direct" for c in cfgs) else 0), \
+                        prompt_runtime():
                     run_simulation(server_app=make_server_app(list(cfgs), sink, self.poll_interval, done=server_done),
                                    client_app=client_app, num_supernodes=self.num_supernodes,
                                    backend_config=self.backend_config(), verbose_logging=self.verbose)
