@@ -70,7 +70,21 @@ def _ps():
     return PrivateSeed.legacy(PS_INT)
 RATIO_GOAL = 1.5
 DATAPLANE_TIMEOUT = 600.0  # scaling part: seconds to wait for G + 1 actors to start and the guests to connect
-CRED = "b3" * 32
+
+
+
+def _bench_key(party: str) -> bytes:
+    """A fixed X25519 private key per party for the latency part (a benchmark's, not a secret)."""
+    import hashlib
+
+    return hashlib.sha256(f"fl_split bench_flower latency {party}".encode()).digest()
+
+
+def _bench_keys(party: str, peers: list[str]):
+    """``party``'s data-plane identity with the public keys of ``peers`` (issue 16's LinkKeys)."""
+    from fl_split.dataplane import frames as F
+
+    return F.LinkKeys(_bench_key(party), {p: F.public_key(_bench_key(p)) for p in peers})
 
 
 def _versions() -> dict:
@@ -107,7 +121,7 @@ def _latency_guest(name: str, address: str, nbytes: int, tls_ca: str | None) -> 
     from fl_split.dataplane.tls import ClientTLS
 
     payload = os.urandom(nbytes)
-    serve(name, lambda owed, keys, r: [payload], address, CRED, "00ff00ff00ff00ff",
+    serve(name, lambda owed, keys, r: [payload], address, _bench_keys(name, ["host"]), "00ff00ff00ff00ff",
           ClientTLS.from_files(tls_ca) if tls_ca else None, timeout=60)
 
 
@@ -119,7 +133,7 @@ def dataplane_latency(guests: int, nbytes: int, rounds: int = 400, tls: dict | N
 
     names = [f"guest-{i + 1}" for i in range(guests)]
     server = ServerTLS.from_files(str(tls["host_cert"]), str(tls["host_key"])) if tls else None
-    ep = HostEndpoint(names, CRED, "00ff00ff00ff00ff", "127.0.0.1:0", tls=server, timeout=60)
+    ep = HostEndpoint(names, _bench_keys("host", names), "00ff00ff00ff00ff", "127.0.0.1:0", tls=server, timeout=60)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_latency_guest, args=(g, ep.address, nbytes, str(tls["ca"]) if tls else None))
              for g in names]

@@ -13,8 +13,11 @@ and report message — and after the ServerApp returned, the simulation took **1
 ``flwr run``'s SuperLink is another process, left as it is), two waiting times and nothing else:
 
 * the stop event handed to the runtime is wrapped so that a *timed* wait lasts at most
-  :data:`DELIVERY_POLL` (0.01 s): the delivery thread looks for new messages 100 times a second
-  (each look is one pass over the few undelivered messages under the LinkState's lock);
+  :data:`DELIVERY_POLL` (0.005 s, as the coordinator polls for replies): the delivery thread looks
+  for new messages 200 times a second (each look is one pass over the few undelivered messages,
+  under the LinkState's lock). Measured, 4-epoch digits runs at 2 guests, three runs per process,
+  two processes per value: total training 1.22–1.73 s with Flower's 0.1 s, 0.86–1.48 s with 0.005 s
+  (0.01 s and 0.002 s fell in between);
 * the runtime's queues cap a timed ``get`` at :data:`STOP_POLL` (0.05 s): a waiting worker sees the
   stop event within 0.05 s. A queue that has an item returns it at once, as before.
 
@@ -33,7 +36,7 @@ import threading
 from collections.abc import Iterator
 
 #: longest timed wait of the delivery thread (Flower's: 0.1 s), seconds
-DELIVERY_POLL = 0.01
+DELIVERY_POLL = 0.005
 #: longest timed ``get`` of the runtime's queues (Flower's: 1.0 s), seconds
 STOP_POLL = 0.05
 
