@@ -34,7 +34,7 @@ from fl_split.data.registry import dataset_info, load_dataset
 from fl_split.errors import ConfigError
 from fl_split.devices import apply_deterministic
 from fl_split.merge import Merge, merged_shape
-from fl_split.local_update import DpSgdUpdate, FrozenUpdate, LocalUpdate, OptimizerSettings, OptimizerUpdate, warm_gradient_backward
+from fl_split.local_update import DpSgdUpdate, FrozenUpdate, LocalUpdate, OptimizerSettings, OptimizerUpdate
 from fl_split.models.registry import build_bottom, build_top, get_architecture, output_shape
 from fl_split.models.user import UserArchitecture, is_user_model
 from fl_split.parties import GuestParty, HostParty, Importance, MechanismSchedule, resolve_device
@@ -273,8 +273,6 @@ def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = N
         bottom.load_state_dict(pretrained_bottom(cfg, name, secret))
     dev = resolve_device(device or cfg.device)
     update = _update_policy(cfg, "guest", name, [bottom.to(dev)], frozen=cfg.one_shot)
-    if update.trains:
-        warm_gradient_backward()  # the first step's one-time imports belong to start-up, not to epoch 1
     width = int(np.prod(plan.cut_shapes[name]))
     importance = None
     if _uses_importance(cfg, "guest"):

@@ -95,16 +95,23 @@ def defer_dynamo_import() -> None:
             setattr(fn, "__dynamo_disable", _EagerUntilDynamo(fn))
 
 
-def warm_gradient_backward() -> None:
-    """Do once, at party construction, what a process's first backward *with a given gradient*
-    does besides the arithmetic: PyTorch's ``_make_grads`` imports
-    ``torch.fx.experimental.symbolic_shapes`` (and sympy: ~480 modules, 1–1.5 s on the 2-core
-    machine) the first time ``out.backward(grad)`` runs — a guest's first training step, in the
-    first epoch's time. A guest is built for exactly that call (:meth:`LocalUpdate.backward`), so
-    it pays the import with the rest of its start-up (issue 18). A backward through one scalar, no
-    random draw, no parameter: nothing a party computes changes."""
-    t = torch.zeros(1, requires_grad=True)
-    (t * 1.0).backward(torch.ones(1))
+def backward_through(out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
+    """``out.backward(grad)`` — the chain rule through a party's own graph with the gradient another
+    party sent for ``out`` (eq. of the split backward: dL/dθ = (∂out/∂θ)ᵀ · grad) — taken as the
+    backward of the scalar ``sum(out ⊙ grad)``, whose gradient with respect to ``out`` is ``1 · grad``:
+    the same numbers, bit for bit (the product's backward multiplies ``grad`` by ones).
+
+    Why not ``out.backward(grad)``: for a tensor gradient PyTorch's ``_make_grads`` imports
+    ``torch.fx.experimental.symbolic_shapes`` and sympy (~480 modules: 0.36 s of CPU on a quiet
+    2-core machine, 1–1.5 s under load) the first time a process does it — once per Ray actor, in
+    start-up or in the first epoch (issue 18). A scalar backward does not (test_local_update)."""
+    if grad is None:
+        out.backward()
+        return
+    if grad.shape != out.shape:  # a product would broadcast; out.backward(grad) refuses, and so does this
+        raise RuntimeError(f"Mismatch in shape: grad_output[0] has a shape of {tuple(grad.shape)} and "
+                           f"output[0] has a shape of {tuple(out.shape)}.")
+    torch.sum(out * grad).backward()
 
 
 _QUIET_FILTER: tuple | None = None
@@ -151,7 +158,7 @@ class LocalUpdate:
         self.optimizer.zero_grad(set_to_none=True)
 
     def backward(self, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
-        out.backward(grad)
+        backward_through(out, grad)
 
     def step(self, gen: torch.Generator | None = None) -> None:
         self.optimizer.step()
@@ -290,7 +297,7 @@ class DpSgdUpdate(LocalUpdate):
 
     def backward(self, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         quiet_input_grad_warning()  # Opacus' hooks on a bottom whose input needs no gradient
-        out.backward(grad)
+        backward_through(out, grad)
 
     def step(self, gen: torch.Generator | None = None) -> None:
         if gen is None:

@@ -206,6 +206,64 @@ def test_the_first_optimizer_does_not_import_dynamo_and_trains_the_same(tmp_path
     assert lazy["params"] == eager["params"]
 
 
+def _grads_after(backward, module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> list[torch.Tensor]:
+    module.zero_grad(set_to_none=True)
+    backward(module(x), grad)
+    return [p.grad.clone() for p in module.parameters()]
+
+
+@pytest.mark.parametrize("shape", ["mlp", "cnn"])
+def test_backward_through_the_cut_equals_backward_with_the_gradient_bit_for_bit(shape):
+    """A party's backward with the gradient it received (the split backward) is taken as the
+    backward of sum(out ⊙ grad): every parameter gradient is bit-identical to ``out.backward(grad)``,
+    over gradients spanning 12 orders of magnitude, zeros and signed zeros included."""
+    from fl_split.local_update import backward_through
+
+    torch.manual_seed(3)
+    if shape == "mlp":
+        module, x = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)), \
+            torch.randn(16, 20)
+    else:
+        module, x = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten()), \
+            torch.randn(8, 1, 8, 8)
+    out_shape = module(x).shape
+    grad = torch.randn(out_shape) * torch.logspace(-6, 6, out_shape.numel()).reshape(out_shape)
+    grad.view(-1)[:5] = torch.tensor([0.0, -0.0, 0.0, 1e-38, -1e-38])
+    want = _grads_after(lambda out, g: out.backward(g), module, x, grad)
+    got = _grads_after(backward_through, module, x, grad)
+    for w, g in zip(want, got):
+        assert torch.equal(w, g) and w.dtype == g.dtype
+
+
+def test_backward_through_refuses_a_gradient_of_another_shape():
+    from fl_split.local_update import backward_through
+
+    out = torch.nn.Linear(4, 3)(torch.randn(5, 4))
+    for bad in (torch.ones(5, 1), torch.ones(3), torch.ones(5, 3, 1)):  # a product would broadcast these
+        with pytest.raises(RuntimeError, match=r"Mismatch in shape: grad_output\[0\] has a shape of"):
+            backward_through(out, bad)
+
+
+def test_a_guest_s_steps_import_neither_symbolic_shapes_nor_sympy(tmp_path):
+    """A fresh interpreter (as a Ray actor) that builds a guest and runs its backward with a received
+    gradient never imports ``torch.fx.experimental.symbolic_shapes`` or sympy (what
+    ``out.backward(grad)`` imports the first time in a process)."""
+    code = """
+import json, sys
+import torch
+from fl_split.local_update import OptimizerSettings, OptimizerUpdate
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+update = OptimizerUpdate([model], OptimizerSettings("sgd", lr=0.1))
+for _ in range(3):
+    update.zero_grad()
+    out = model(torch.randn(4, 8))
+    update.backward(out, torch.randn(4, 16))
+    update.step()
+print(json.dumps(sorted(m for m in ("sympy", "torch.fx.experimental.symbolic_shapes") if m in sys.modules)))
+"""
+    assert _run(code, tmp_path) == []
+
+
 # -- on Ray ------------------------------------------------------------------------------------------
 def recording_client_app(private_seed=None, handoff=None):
     """The fl_split ClientApp, each reply also recorded to ``$FL_SPLIT_TEST_RECORD``: whether this

@@ -259,12 +259,6 @@ def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None,
                                   f"{data.party}'s data")
         plan = _deployment_plan(cfg, path, mtime)
     _set_threads(cfg, role)
-    if role.mode == "simulation":
-        from fl_split.local_update import warm_gradient_backward
-
-        # a simulation actor serves whichever node's message comes next: one that built the host at
-        # setup may restore a guest in the first epoch, whose first step would then pay the imports
-        warm_gradient_backward()
     if role.role == "host":
         party = make_host(plan, data, private_seed=private_seed, secret=secret)
     else:
