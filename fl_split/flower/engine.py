@@ -13,7 +13,11 @@ Start-up (``docs/flower.md``, "Start-up"): the engine starts Ray itself, before 
 with no per-job runtime environment (the workers inherit ``PYTHONPATH`` from this process; Flower's
 own start passes it as a runtime environment, which costs seconds per actor) and, for a local
 instance, with only the CPUs the ``G + 1`` ClientApps reserve, so the actor pool holds ``G + 1``
-actors instead of one per core. :attr:`FlowerEngine.timeline` records where the time went.
+actors instead of one per core — while another thread checks the run's data and imports Flower
+(Ray's driver itself must start on the main thread). Flower's in-process runtime is made prompt for
+the run (:mod:`fl_split.flower.vce`: messages delivered within 5 ms, stopped within 50 ms of the
+ServerApp's end), and Ray's shutdown does not wait a second for its autoscaler monitor.
+:attr:`FlowerEngine.timeline` records where the time went.
 
 Resources: each ClientApp (Ray actor) reserves ``--num-cpus`` / ``--num-gpus``; the direct data
 plane needs all ``G + 1`` at once (checked before Ray starts, :mod:`fl_split.flower.resources`).
