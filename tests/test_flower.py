@@ -1001,6 +1001,19 @@ def test_cli_flower_engine_fits_a_small_machine_with_no_resource_flags(tmp_path)
     assert run.left() == []
 
 
+def _interrupted_program(code: str, timeout: float) -> tuple[int, str, str]:
+    """Run ``code`` in a fresh interpreter; once it prints ``ready``, send it SIGINT; its exit
+    status, stdout and stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, out, err
+
+
 def test_an_interrupt_swallowed_by_another_handler_still_ends_the_run():
     """Ray defers SIGINT inside some calls (its handler only notes it, and drops it when the call
     fails, as it does when the same Ctrl-C killed the actors): the run must still end with 130. Here
@@ -1012,14 +1025,8 @@ def test_an_interrupt_swallowed_by_another_handler_still_ends_the_run():
             "    print('ready', flush=True)\n"
             "    time.sleep(30)\n"
             "print('not interrupted', flush=True)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=10)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130 and "not interrupted" not in out
+    code_, out, err = _interrupted_program(code, timeout=10)
+    assert code_ == 130 and "not interrupted" not in out
     assert err.strip().splitlines()[-1] == "fl-split: interrupted; no results written"
 
 
@@ -1041,14 +1048,8 @@ def test_a_run_that_fails_while_the_interrupt_is_being_handled_still_exits_130()
             "    while not seen:\n"
             "        time.sleep(0.01)\n"
             "    raise RuntimeError('the actors died')\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err[-2000:]
+    code_, _, err = _interrupted_program(code, timeout=20)
+    assert code_ == 130, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "fl-split: interrupted; no results written"
 
 
