@@ -13,8 +13,7 @@ Start-up (``docs/flower.md``, "Start-up"): the engine starts Ray itself, before 
 with no per-job runtime environment (the workers inherit ``PYTHONPATH`` from this process; Flower's
 own start passes it as a runtime environment, which costs seconds per actor) and, for a local
 instance, with only the CPUs the ``G + 1`` ClientApps reserve, so the actor pool holds ``G + 1``
-actors instead of one per core — while another thread checks the run's data and imports Flower
-(Ray's driver itself must start on the main thread). Flower's in-process runtime is made prompt for
+actors instead of one per core. Flower's in-process runtime is made prompt for
 the run (:mod:`fl_split.flower.vce`: messages delivered within 5 ms, stopped within 50 ms of the
 ServerApp's end), and Ray's shutdown does not wait a second for its autoscaler monitor.
 :attr:`FlowerEngine.timeline` records where the time went.
@@ -95,28 +94,6 @@ def _end_stuck_actors(server_done: threading.Event, finished: threading.Event, g
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-class _Background(threading.Thread):
-    """Runs ``fn()`` on a thread of its own, started at once; :meth:`result` waits for it and
-    returns its value or raises its exception."""
-
-    def __init__(self, fn, name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self.fn, self.value, self.error = fn, None, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.value = self.fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
-            self.error = exc
-
-    def result(self):
-        self.join()
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 def _end_monitor_without_grace() -> None:
@@ -220,12 +197,12 @@ class FlowerEngine:
                 "init_args": init_args}
 
     @staticmethod
-    def check(cfg: RunConfig, data: bool = True) -> None:
-        """Fail fast, before Ray starts, on what the parties would reject anyway: a device Ray
-        cannot provide, the Flower options, and — for the direct data plane on a local Ray instance —
-        too few resources to run every ClientApp at once; with ``data``, also the data and model
-        options (the simulation prepares the same data: :func:`fl_split.builder.plan_run`).
-        :meth:`run_series` checks the data while Ray starts."""
+    def check(cfg: RunConfig) -> None:
+        """Fail fast, before Ray starts, on what the parties would reject anyway: the data and
+        model options (the simulation prepares the same data), a device Ray cannot provide, and —
+        for the direct data plane on a local Ray instance — too few resources to run every
+        ClientApp at once."""
+        from fl_split.builder import plan_run
         from fl_split.devices import for_simulation
         from fl_split.flower.strategy import check_options
 
@@ -236,10 +213,7 @@ class FlowerEngine:
                 from fl_split.flower.resources import check_capacity, local_capacity
 
                 check_capacity(cfg.guests, local_capacity(cfg.num_cpus, cfg.num_gpus), " (this machine)")
-        if data:
-            from fl_split.builder import plan_run
-
-            plan_run(cfg)
+        plan_run(cfg)
 
     def _share_cpus(self, cfgs: list[RunConfig], node_cpus: list[float], where: str) -> list[RunConfig]:
         """Resolve ``--num-cpus auto`` (:func:`fl_split.flower.resources.auto_share`) in :attr:`cfg` and
@@ -252,18 +226,6 @@ class FlowerEngine:
         if self.say is not None:
             self.say(share_line(self.cfg, self.num_supernodes, node_cpus, where))
         return [resolve_num_cpus(c, self.num_supernodes, node_cpus) for c in cfgs]
-
-    def _prepare(self, cfgs: list[RunConfig], timeline: dict[str, float]) -> None:
-        """What :meth:`run_series` does while Ray starts: check every run's data and model options
-        (:meth:`check`, which prepares the data) and import the simulation's modules."""
-        for c in cfgs:
-            self.check(c)
-        import flwr.simulation  # noqa: F401 - imported here, used on the main thread
-
-        import fl_split.flower.strategy  # noqa: F401
-        import fl_split.flower.vce  # noqa: F401
-
-        timeline["imports_done"] = time.perf_counter()
 
     def _start_ray(self) -> bool:
         """Start (or join, with ``--ray-address``) Ray for the simulation; ``False`` if this process
@@ -344,7 +306,7 @@ class FlowerEngine:
             if bad:
                 raise ConfigError(bad[0].replace("_", "-"), getattr(c, bad[0]), repr(getattr(self.cfg, bad[0])),
                                   reason="every run of a series shares the simulation's federation")
-            self.check(c, data=False)
+            self.check(c)
         # --device auto: resolved once, here, by the rule of every engine; the parties get the result
         cfgs = [for_simulation(c) for c in cfgs]
         if not self.cfg.ray_address:  # --num-cpus auto: this machine's CPUs shared by the G + 1 ClientApps
@@ -352,8 +314,13 @@ class FlowerEngine:
 
             cfgs = self._share_cpus(cfgs, [float(local_cpus())], "on this machine")
 
+        from flwr.simulation import run_simulation
+
+        from fl_split.flower.strategy import make_server_app
+        from fl_split.flower.vce import prompt_runtime
+
         client_app = self.client_app
-        timeline: dict[str, float] = {"engine_start": t_start}
+        timeline: dict[str, float] = {"engine_start": t_start, "imports_done": time.perf_counter()}
         self.timeline = timeline
         sink: dict[str, Any] = {}
         server_done, finished = threading.Event(), threading.Event()
@@ -380,24 +347,7 @@ class FlowerEngine:
                 warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
                 sigterm = _sigterm_handler()
                 recorder = _Recorder()
-                # the data are checked (and Flower imported) on another thread while this one starts
-                # Ray's daemons, which is mostly waiting for those processes: on 2 cores the two
-                # overlap (docs/flower.md, "Start-up"). Ray's driver must start on the main thread
-                # (measured: started on another thread, its first remote call hung in the GCS client).
-                preparing = _Background(lambda: self._prepare(cfgs, timeline), "fl_split-prepare")
-                try:
-                    started = self._start_ray()
-                except BaseException:
-                    preparing.join()
-                    if preparing.error is not None:  # the data's error is the one to report
-                        raise preparing.error from None
-                    raise
-                preparing.result()
-                from flwr.simulation import run_simulation
-
-                from fl_split.flower.strategy import make_server_app
-                from fl_split.flower.vce import prompt_runtime
-
+                started = self._start_ray()
                 if started and not self.cfg.ray_address:  # a local instance: every process of it is ours
                     recorder.snapshot()
                     recorder.start()
