@@ -72,7 +72,6 @@ RATIO_GOAL = 1.5
 DATAPLANE_TIMEOUT = 600.0  # scaling part: seconds to wait for G + 1 actors to start and the guests to connect
 
 
-
 def _bench_key(party: str) -> bytes:
     """A fixed X25519 private key per party for the latency part (a benchmark's, not a secret)."""
     import hashlib

@@ -104,7 +104,8 @@ def backward_through(out: torch.Tensor, grad: torch.Tensor | None = None) -> Non
     Why not ``out.backward(grad)``: for a tensor gradient PyTorch's ``_make_grads`` imports
     ``torch.fx.experimental.symbolic_shapes`` and sympy (~480 modules: 0.36 s of CPU on a quiet
     2-core machine, 1–1.5 s under load) the first time a process does it — once per Ray actor, in
-    start-up or in the first epoch (issue 18). A scalar backward does not (test_local_update)."""
+    start-up or in the first epoch (issue 18). A scalar backward does not
+    (``tests/test_flower_startup.py``)."""
     if grad is None:
         out.backward()
         return

@@ -110,9 +110,9 @@ def _end_monitor_without_grace() -> None:
         node = ray_worker._global_node
         impl = node._kill_process_impl
         monitor = ray_constants.PROCESS_TYPE_MONITOR
-    except (ImportError, AttributeError):
+    except (ImportError, AttributeError):  # (no local node: _global_node is None)
         return
-    if node is None or not callable(impl):
+    if not callable(impl):
         return
 
     def kill(process_type, allow_graceful=False, check_alive=True, wait=False):
@@ -313,7 +313,6 @@ class FlowerEngine:
             from fl_split.flower.resources import local_cpus
 
             cfgs = self._share_cpus(cfgs, [float(local_cpus())], "on this machine")
-
         from flwr.simulation import run_simulation
 
         from fl_split.flower.strategy import make_server_app
