@@ -28,6 +28,14 @@ __all__ = ["LocalSuperLink", "LoopbackRayCluster", "descendants", "free_port", "
            "stop_session"]
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the OS hands out for ``bind(0)`` (Linux: ``ip_local_port_range``)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
     """A currently free TCP port on 127.0.0.1 (the OS picks it)."""
     with socket.socket() as s:
@@ -145,7 +153,11 @@ class LoopbackRayCluster(_Service):
             raise
 
     def _node_args(self, cpus: int, index: int) -> list[str]:
-        low = 30000 + (os.getpid() % 200) * 100 + index * 20  # a private worker-port range per node
+        # a private worker-port range per node, below the OS's ephemeral range: the other ports come
+        # from free_port(), i.e. from that range, and once fell inside a node's worker ports (Ray
+        # then refused to start: "worker_ports is trying to use a port number … used by other
+        # components")
+        low = _ephemeral_low() - 3000 + (os.getpid() % 40) * 60 + index * 20
         return ["--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus), "--num-gpus", "0",
                 "--disable-usage-stats", "--temp-dir", str(self.tmp),
                 "--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
