@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,18 +43,9 @@ RESULTS = HERE / "results"
 if str(ROOT) not in sys.path:  # run as `python experiments/expN.py` from the repository root
     sys.path.insert(0, str(ROOT))
 
-HOLDS, PARTLY, FAILS = "holds", "partly holds", "does not hold"
-#: a measurement no paper made (an open question answered), and a claim we could not measure
-NEW, NOT_MEASURED = "new", "not measured"
-#: the claim cannot be judged here: the model is at its trivial level, the undefended attack does not
-#: beat its baseline (so no defence can be judged), or the comparison is equal by construction
-UNINFORMATIVE = "uninformative"
-#: the difference that decides the claim is within the seed spread (paired test p ≥ 0.05, or a margin
-#: under 2 standard deviations)
-INCONCLUSIVE = "inconclusive"
-VERDICTS = (HOLDS, PARTLY, FAILS, NEW, NOT_MEASURED, UNINFORMATIVE, INCONCLUSIVE)
-#: significance level of the paired tests every verdict on a difference uses
-ALPHA = 0.05
+from experiments.verdicts import (  # noqa: E402,F401 - the verdict rules, re-exported as C.*
+    ALPHA, FAILS, HOLDS, INCONCLUSIVE, NEW, NOT_APPLICABLE, NOT_APPLICABLE_WHY, NOT_MEASURED, PARTLY, UNINFORMATIVE,
+    USABLE_RULE, VERDICTS, ATTACK_CHANNEL, channel_of, guard, holm, mean_sd, paired, t_test, touches, usable, welch, within)
 
 
 # -- setup -------------------------------------------------------------------------------------------
@@ -121,36 +111,6 @@ def use_datasets(pairs: Sequence[str], data_root: str = "") -> dict[str, str]:
 
 
 # -- statistics ----------------------------------------------------------------------------------------
-def mean_sd(xs: Iterable[float | None]) -> tuple[float, float]:
-    v = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    if not v:
-        return float("nan"), float("nan")
-    return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
-
-
-def paired(a: Sequence[float], b: Sequence[float]) -> dict:
-    """Per-seed paired comparison of ``a`` against ``b`` (same seeds, same order): the mean
-    difference, its SD over seeds, a paired t-test p-value (``nan`` with fewer than 2 pairs) and
-    ``clear``: the difference is outside the seed spread (p < :data:`ALPHA`). Verdicts on a
-    difference use this, never the sign alone (issue 19)."""
-    d = [float(x) - float(y) for x, y in zip(a, b)]
-    m, sd = mean_sd(d)
-    if len(d) < 2:
-        p = float("nan")
-    elif sd == 0:
-        p = 0.0 if m != 0 else 1.0
-    else:
-        from scipy import stats
-
-        p = float(stats.ttest_1samp(d, 0.0).pvalue)
-    return {"diff": m, "sd": sd, "n": len(d), "p": p, "clear": p == p and p < ALPHA}
-
-
-def margin_clear(margin: float, sd: float) -> bool:
-    """A margin counts when it is at least two standard deviations of the seed spread."""
-    return abs(margin) >= 2.0 * (sd or 0.0)
-
-
 def fmt(m: float, s: float | None = None, digits: int = 3, pct: bool = False) -> str:
     """``0.941 ± 0.012`` (or ``94.1 ± 1.2`` with ``pct``)."""
     if m is None or (isinstance(m, float) and math.isnan(m)):
@@ -429,6 +389,8 @@ class Out:
     def claims(self, claims: list[dict]) -> Path:
         for c in claims:
             c.setdefault("experiment", self.name)
+            c.setdefault("n", len(self.args.seeds))
+            guard(c, int(c["n"]))  # n ≥ 2 or inconclusive (issue 26)
             assert c["verdict"] in VERDICTS, c
             assert c.get("rule"), f"claim {c['id']} has no rule (issue 19: every verdict states its rule)"
         return self.json("claims.json", claims)
@@ -589,11 +551,21 @@ def plt():
 
 
 def claim(cid: str, source: str, claim_text: str, paper: str, ours: str, verdict: str, note: str = "", *,
-          rule: str) -> dict:
+          rule: str, p: float | None = None, n: int | None = None, deterministic: bool = False) -> dict:
     """One row of the claim table. ``rule``: how the verdict is decided — the statistic, the
-    threshold and the seeds (printed in the table beside the verdict)."""
-    return {"id": cid, "source": source, "claim": claim_text, "paper": paper, "ours": ours, "verdict": verdict,
-            "note": note, "rule": rule}
+    threshold and the seeds (printed in the table beside the verdict). ``p``: the p-value of the test
+    the verdict rests on, where it rests on a significance (``claims.py`` corrects the table's
+    p-values with Holm's method; ``None`` where no test decides it); ``n``: the seeds it rests on
+    (default: the run's; fewer than 2 makes a decided verdict inconclusive unless ``deterministic``)."""
+    c = {"id": cid, "source": source, "claim": claim_text, "paper": paper, "ours": ours, "verdict": verdict,
+         "note": note, "rule": rule}
+    if p is not None and p == p and verdict in (HOLDS, PARTLY, FAILS):
+        c["p"] = float(p)
+    if n is not None:
+        c["n"] = int(n)
+    if deterministic:
+        c["deterministic"] = True
+    return c
 
 
 def runs_or_train(out: "Out", args: argparse.Namespace) -> list[dict] | None:

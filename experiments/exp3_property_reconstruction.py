@@ -226,48 +226,79 @@ def make_claims(summary, args, defences, runs) -> list[dict]:
             nd_runs = _seeds(runs, ds, "none", "none", None, attack)
             leak = C.paired([r["value"] for r in nd_runs], [r["baseline"] for r in nd_runs])
             gap = 100 * leak["diff"]
-            leaks = leak["clear"] and leak["diff"] > 0  # the undefended attack beats its baseline
+            leaks = leak["above"]  # the undefended attack beats its baseline (one-sided, on the standard error)
+            under10 = C.t_test([r["value"] - r["baseline"] for r in nd_runs], 0.10)
+            if leaks:
+                verdict, p3a = (C.HOLDS if gap > 10 else C.PARTLY), leak["p_above"]
+            elif under10["below"]:
+                verdict, p3a = C.FAILS, under10["p_below"]
+            else:
+                verdict, p3a = C.INCONCLUSIVE, None
             claims.append(C.claim(f"3a-{ds}-{who}", "001 §5.2.1", f"without a defence the {who} infers a property of the "
                                   f"other party's data ({stands})",
                                   f"{PAPER_PROP_BASE[(an, direction)]} % attack accuracy",
                                   f"{ds}: {C.fmt(nd['value_mean'], nd['value_sd'], pct=True)} % vs majority "
                                   f"{C.fmt(nd['baseline_mean'], pct=True)} % ({gap:+.1f} ± {100 * leak['sd']:.1f} pts, "
-                                  f"paired p = {leak['p']:.2g})",
-                                  (C.HOLDS if gap > 10 else C.PARTLY) if leaks else
-                                  (C.FAILS if leak["n"] > 1 and gap < 10 else C.INCONCLUSIVE),
-                                  f"property {nd['property']}",
-                                  rule=f"attack accuracy − majority rate, paired over {leak['n']} seeds: holds if > 10 pts "
-                                       "and clear (p < 0.05), partly if clear but ≤ 10 pts, else does not hold"))
-            # usable: above the constant prediction by 2 sd and by a tenth of the undefended model's gain over it
-            nd_gain = nd["utility_mean"] - trivial[0]
-            utility_ok = lambda r: r["utility_mean"] - trivial[0] >= max(2 * r["utility_sd"], 0.1 * nd_gain)  # noqa: E731
+                                  f"one-sided paired p = {leak['p_above']:.2g})",
+                                  verdict, f"property {nd['property']}",
+                                  rule=f"attack accuracy − majority rate, paired over {leak['n']} seeds, one-sided t-tests: "
+                                       "holds if clearly > 0 (p < 0.05) and its mean > 10 pts, partly if clearly > 0 with "
+                                       "a mean ≤ 10 pts, does not hold if not clearly > 0 but clearly < 10 pts, else "
+                                       "inconclusive", p=p3a, n=leak["n"]))
+            nd_util = C.mean_sd(r["utility"] for r in nd_runs)[0]
+            triv_s = {s: C.trivial_metric(ds, s) for s in args.seeds}
+            nd_adv = {int(r["seed"]): float(r["advantage"]) for r in nd_runs}
+            host_alone = ("; host-protection claim: judged against the constant prediction — the host-alone baseline "
+                          "(a model on the host's own features) is not in the committed runs and needs a host-only "
+                          "training" if direction == "host" else "")
             if "r3elu" in defences:
                 rs = adv_range(ds, "r3elu", direction, attack)
-                nd_adv = nd["advantage_mean"]
-                usable = [r for r in rs if utility_ok(r)]
+                usable, tests = [], []
+                for row in rs:  # the usability guard and the per-seed advantage at each ε
+                    sr = _seeds(runs, ds, "r3elu", direction, row["epsilon"], attack)
+                    seeds = [int(r["seed"]) for r in sr if int(r["seed"]) in nd_adv]
+                    if C.usable([r["utility"] for r in sr], [triv_s[int(r["seed"])] for r in sr], nd_util)["ok"]:
+                        usable.append(row)
+                        adv = {int(r["seed"]): float(r["advantage"]) for r in sr}
+                        # per seed: defended advantage − a quarter / three quarters of the undefended one
+                        tests.append((C.t_test([adv[k] - 0.25 * nd_adv[k] for k in seeds]),
+                                      C.paired([adv[k] for k in seeds], [nd_adv[k] for k in seeds]),
+                                      C.t_test([adv[k] - 0.75 * nd_adv[k] for k in seeds])))
                 worst = max(r["advantage_mean"] for r in usable) if usable else float("nan")
                 util = max(r["utility_mean"] for r in rs)
                 pv = [row[2] for row in PAPER_PROP[(an, direction)]]
+                p3b = None
                 if not leaks:
                     verdict, why = C.UNINFORMATIVE, "the undefended attack does not beat its baseline"
                 elif not usable:
-                    verdict, why = C.UNINFORMATIVE, "the model is at the constant prediction in every cell"
+                    verdict, why = C.UNINFORMATIVE, "the model is not usable at any ε"
                 else:
-                    verdict = C.HOLDS if worst <= 0.25 * max(nd_adv, 1e-9) else (C.PARTLY if worst < nd_adv else C.FAILS)
-                    why = f"judged on the {len(usable)} of {len(rs)} ε where the model beats the constant prediction"
+                    why = f"judged on the {len(usable)} of {len(rs)} ε where the model is usable"
+                    if all(q["below"] for q, _, _ in tests):
+                        verdict, p3b = C.HOLDS, max(q["p_below"] for q, _, _ in tests)
+                    elif all(d["below"] for _, d, _ in tests):
+                        verdict, p3b = C.PARTLY, max(d["p_below"] for _, d, _ in tests)
+                    elif any(t["above"] for _, _, t in tests):
+                        verdict, p3b = C.FAILS, min(t["p_above"] for _, _, t in tests) * len(tests)
+                    else:
+                        verdict = C.INCONCLUSIVE
+                    if p3b is not None:  # the verdict also rests on its premise, 3a's leak
+                        p3b = max(p3b, leak["p_above"])
                 claims.append(C.claim(f"3b-{ds}-{who}", f"001 Table {4 if direction == 'guest' else 5}",
                                       f"R3eLU protecting the {direction} stops the {who}'s property inference ({stands})",
                                       f"{min(pv):.1f}–{max(pv):.1f} % at ε = 0.1–4 (no defence "
                                       f"{PAPER_PROP_BASE[(an, direction)]} %)",
                                       f"{ds}: {C.fmt(min(r['value_mean'] for r in rs), pct=True)}–"
                                       f"{C.fmt(max(r['value_mean'] for r in rs), pct=True)} % (majority "
-                                      f"{C.fmt(nd['baseline_mean'], pct=True)}); advantage ≤ {C.fmt(worst, digits=2)} vs {nd_adv:.2f} "
+                                      f"{C.fmt(nd['baseline_mean'], pct=True)}); advantage ≤ {C.fmt(worst, digits=2)} vs {nd['advantage_mean']:.2f} "
                                       f"undefended; utility ≤ {C.fmt(util, pct=True)} % (constant prediction "
-                                      f"{C.fmt(trivial[0], pct=True)} %)", verdict, why,
+                                      f"{C.fmt(trivial[0], pct=True)} %)", verdict, why + host_alone,
                                       rule="only where the undefended attack clearly beats its baseline (3a) and on the ε "
-                                           "where the model is usable — utility above the constant prediction by ≥ 2 sd "
-                                           "and ≥ a tenth of the undefended gain (else uninformative): holds if the worst advantage is ≤ ¼ of the undefended one, "
-                                           "partly if below it, else does not hold"))
+                                           f"where the model is usable ({C.USABLE_RULE}; else uninformative); per seed, "
+                                           "the advantage against the undefended one, one-sided t-tests: holds if clearly "
+                                           "below ¼ of it at every usable ε, partly if clearly below it at every usable "
+                                           "ε, does not hold if clearly above ¾ of it at some (p × the number of ε), "
+                                           "else inconclusive; its p is the larger of that and 3a's", p=p3b))
             if "dpsgd" in defences:
                 rs = adv_range(ds, "dpsgd", direction, attack)
                 mean_adv = sum(r["advantage_mean"] for r in rs) / len(rs)
@@ -278,47 +309,83 @@ def make_claims(summary, args, defences, runs) -> list[dict]:
                          f"{min(pv):.1f}–{max(pv):.1f} % (no defence {base_p} %)"
                          + (" — the table contradicts the text: it shows DP-SGD cutting the attack to near chance"
                             if contradicts else ""))
-                if not leaks:
-                    verdict = C.UNINFORMATIVE
-                else:
-                    verdict = (C.HOLDS if mean_adv >= 0.5 * nd["advantage_mean"] else
-                               (C.PARTLY if mean_adv >= 0.2 * nd["advantage_mean"] else C.FAILS))
+                # the channel check (issue 26): DP-SGD noises the protected party's parameter updates, never the
+                # activations / gradients the property attacks read, so "it does not stop the attack" cannot fail
+                verdict = (C.NOT_APPLICABLE if not C.touches("dpsgd", direction, attack) else C.UNINFORMATIVE
+                           if not leaks else C.HOLDS if mean_adv >= 0.5 * nd["advantage_mean"] else
+                           C.PARTLY if mean_adv >= 0.2 * nd["advantage_mean"] else C.FAILS)
                 claims.append(C.claim(f"3c-{ds}-{who}", f"001 Table {4 if direction == 'guest' else 5}, §5.2.1",
                                       f"DP-SGD on the {direction}'s model does not stop the {who}'s property inference "
                                       f"({stands})", paper,
                                       f"{ds}: {C.fmt(min(r['value_mean'] for r in rs), pct=True)}–"
                                       f"{C.fmt(max(r['value_mean'] for r in rs), pct=True)} %; mean advantage {mean_adv:.2f} "
                                       f"vs {nd['advantage_mean']:.2f} undefended",
-                                      verdict, "we test the text's claim; where 001's table contradicts it, our numbers "
-                                               "side with the text" if contradicts else "",
-                                      rule="only where the undefended attack clearly beats its baseline (3a), else "
-                                           "uninformative: holds if DP-SGD keeps ≥ ½ of the undefended advantage (mean "
-                                           "over ε), partly if ≥ ⅕, else does not hold"))
+                                      verdict, (f"{C.NOT_APPLICABLE_WHY} (DP-SGD on the {direction}'s model noises its "
+                                                f"parameter updates; the attack reads the "
+                                                f"{C.ATTACK_CHANNEL[attack]})" if verdict == C.NOT_APPLICABLE else "")
+                                      + ("; where 001's table contradicts the text, our numbers side with the text"
+                                         if contradicts else ""),
+                                      rule=f"channel check first: {C.NOT_APPLICABLE_WHY}; else only where the "
+                                           "undefended attack clearly beats its baseline (3a): holds if DP-SGD keeps ≥ ½ "
+                                           "of the undefended advantage (mean over ε), partly if ≥ ⅕, else does not "
+                                           "hold"))
         if all(d in defences for d in DEFENCES):
-            means = {d: sum(r["value_mean"] / r["baseline_mean"] for r in adv_range(ds, d, "guest", "reconstruction"))
-                     / len(adv_range(ds, d, "guest", "reconstruction")) for d in DEFENCES}
             nd = _get(summary, ds, "none", "none", None, "reconstruction")
-            best = max(means, key=means.get)
+            nd_util = C.mean_sd(r["utility"] for r in _seeds(runs, ds, "none", "none", None, "reconstruction"))[0]
+            # the usability guard: R3eLU is credited only on the ε where its model is usable
+            eps_all = [r["epsilon"] for r in adv_range(ds, "r3elu", "guest", "reconstruction")]
+            eps_ok = [e for e in eps_all if C.usable(
+                [r["utility"] for r in _seeds(runs, ds, "r3elu", "guest", e, "reconstruction")],
+                [C.trivial_metric(ds, int(r["seed"])) for r in _seeds(runs, ds, "r3elu", "guest", e, "reconstruction")],
+                nd_util)["ok"]]
+
+            def ratio(d: str) -> dict[int, float]:
+                """per seed, MSE over the attack's baseline MSE, mean over the usable ε"""
+                per: dict[int, list[float]] = {}
+                for e in eps_ok:
+                    for r in _seeds(runs, ds, d, "guest", e, "reconstruction"):
+                        per.setdefault(int(r["seed"]), []).append(r["value"] / r["baseline"])
+                return {k: sum(v) / len(v) for k, v in per.items() if len(v) == len(eps_ok)}
+
+            ratios = {d: ratio(d) for d in DEFENCES}
+            means = {d: C.mean_sd(ratios[d].values())[0] for d in DEFENCES}
+            seeds = sorted(set.intersection(*(set(v) for v in ratios.values()))) if eps_ok else []
+            vs = {d: C.paired([ratios["r3elu"][k] for k in seeds], [1.05 * ratios[d][k] for k in seeds])
+                  for d in ("laplace", "dpsgd")}
+            at_base = C.t_test([ratios["r3elu"][k] for k in seeds], 0.95)
             lap, dp, ours = (min(row[i] for row in PAPER_REC[an]) for i in range(3))
             lap_h, dp_h, ours_h = (max(row[i] for row in PAPER_REC[an]) for i in range(3))
             attack_used = ("a learned inversion decoder on leaked pairs" if ds == "digits"
                            else "Luo et al.'s generative regression network (GRN, the attack made for tables)")
             works = nd["value_mean"] < 0.9 * nd["baseline_mean"]
+            p3d = None
+            if not works or not eps_ok:
+                verdict = C.UNINFORMATIVE
+            elif all(v["above"] for v in vs.values()):
+                verdict, p3d = C.HOLDS, max(v["p_above"] for v in vs.values())
+            elif at_base["above"] or any(v["above"] for v in vs.values()):
+                verdict = C.PARTLY
+                p3d = at_base["p_above"] if at_base["above"] else min(v["p_above"] for v in vs.values()) * 2
+            elif any(v["below"] for v in vs.values()) and at_base["below"]:
+                verdict, p3d = C.FAILS, max(at_base["p_below"], min(v["p_below"] for v in vs.values()) * 2)
+            else:
+                verdict = C.INCONCLUSIVE
             claims.append(C.claim(f"3d-{ds}", "001 Table 6, §5.2.2", f"R3eLU defends the guest against reconstruction "
                                   f"better than Laplace and DP-SGD ({stands})",
                                   f"{an} MSE R3eLU {ours:.4g}–{ours_h:.4g} vs Laplace {lap:.4g}–{lap_h:.4g}, DP-SGD "
                                   f"{dp:.4g}–{dp_h:.4g} (none {PAPER_REC_BASE[an]:.4g}); 001's attack is a GAN",
-                                  f"{ds} ({attack_used}): MSE / baseline MSE, mean over ε: "
+                                  f"{ds} ({attack_used}): MSE / baseline MSE, mean over the {len(eps_ok)} of "
+                                  f"{len(eps_all)} ε where R3eLU's model is usable: "
                                   + ", ".join(f"{d} {means[d]:.2f}" for d in DEFENCES)
                                   + f" (none {nd['value_mean'] / nd['baseline_mean']:.2f})",
-                                  C.UNINFORMATIVE if not works else
-                                  (C.HOLDS if best == "r3elu" and means["r3elu"] > 1.05 * max(means["laplace"], means["dpsgd"])
-                                   else (C.PARTLY if best == "r3elu" or means["r3elu"] >= 0.95 else C.FAILS)),
-                                  f"{attack_used}, not 001's GAN",
-                                  rule="MSE over the attack's baseline MSE, mean over ε; uninformative if the undefended "
-                                       "attack is not 10 % below its baseline; holds if R3eLU's is the highest and 5 % "
-                                       "above the others, partly if highest or ≥ 0.95 (at the baseline), else does not "
-                                       "hold"))
+                                  verdict, f"{attack_used}, not 001's GAN; DP-SGD does not touch the activations the "
+                                           "attack reads (a comparator that cannot defend)",
+                                  rule="per seed, MSE over the attack's baseline MSE, mean over the ε where R3eLU's "
+                                       f"model is usable ({C.USABLE_RULE}); uninformative if there is none or the "
+                                       "undefended attack is not 10 % below its baseline; paired one-sided t-tests: "
+                                       "holds if R3eLU's is clearly > 1.05 × each other's, partly if clearly > 1.05 × "
+                                       "one of them (p × 2) or clearly ≥ 0.95 (at the baseline), does not hold if "
+                                       "clearly below 0.95 and below 1.05 × one of them, else inconclusive", p=p3d))
     return claims
 
 

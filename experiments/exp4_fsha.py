@@ -151,19 +151,81 @@ RULE_WORKS = ("FSHA works: mean MSE ≤ 0.6 × the mean-sample MSE and SSIM ≥ 
 RULE_BROKEN = "FSHA broken: mean MSE ≥ 0.9 × the mean-sample MSE and SSIM ≤ the mean sample's + 0.05"
 
 
+RULE_TESTS = ("each condition is a one-sided t-test of the per-seed values against its threshold (p < 0.05; a "
+              "state's p is the larger of its two tests')")
+RULE_ALIVE = "FSHA alive: SSIM clearly > the mean sample's + 0.05 or MSE clearly < 0.9 × the mean-sample MSE"
+
+
+def _usability(family: str, level: float, denoise: str) -> dict | None:
+    """The usability guard for a defence credited against FSHA, whose hijacked training has no task:
+    the same defence's honest model on digits from the committed experiment that trained it (exp5
+    for noise ± masking / scaling, exp2 for R3eLU protecting the guest); ``None`` where not there."""
+    if family == "r3elu":
+        path, key = C.RESULTS / "exp2_utility_epsilon" / "runs.csv", "value"
+        pick = lambda r, lv: (r["dataset"], r["defence"], r["direction"]) == ("digits", "r3elu", "guest") and \
+            r["epsilon"] is not None and abs(r["epsilon"] - lv) < 1e-9  # noqa: E731
+        base = lambda r: (r["dataset"], r["defence"]) == ("digits", "none")  # noqa: E731
+    else:
+        path, key = C.RESULTS / "exp5_denoising" / "runs.csv", "best"
+        pick = lambda r, lv: (r["family"], r["denoise"]) == (family, denoise) and abs(float(r["level"]) - lv) < 1e-9  # noqa: E731
+        base = lambda r: float(r["level"]) == 0 and r["denoise"] == "none"  # noqa: E731
+    if not path.exists():
+        return None
+    rows = C.read_runs(path)
+    got, at = [r for r in rows if pick(r, level)], level
+    if not got and family == "gaussian":  # a σ exp5 did not train: the nearest larger one (more noise) stands in
+        larger = sorted({float(r["level"]) for r in rows if r["family"] == family and float(r["level"]) > level})
+        if larger:
+            at = larger[0]
+            got = [r for r in rows if pick(r, at)]
+    if not got:
+        return None
+    use = C.usable([r[key] for r in got], [C.trivial_metric("digits", int(r["seed"])) for r in got],
+                   C.mean_sd(r[key] for r in rows if base(r))[0])
+    where = path.parent.name + (f", σ = {at:g} standing in" if at != level else "")
+    return {**use, "where": where, "mean": C.mean_sd(r[key] for r in got)[0]}
+
+
 def make_claims(summary, runs) -> list[dict]:
     by = {s["config"]: s for s in summary}
     claims = []
 
-    def broken(s):
-        return s["mse_mean"] >= 0.9 * s["baseline_mse_mean"] and (s["ssim_mean"] or 0) <= (s["baseline_ssim_mean"] or 0) + 0.05
+    def per(label: str, f) -> list[float]:
+        return [f(r) for r in sorted((r for r in runs if r["config"] == label), key=lambda r: r["seed"])]
 
-    def works(s):
-        return s["mse_mean"] <= 0.6 * s["baseline_mse_mean"] and (s["ssim_mean"] or 0) >= (s["baseline_ssim_mean"] or 0) + 0.15
+    def state(label: str, what: str) -> dict:
+        """FSHA ``works`` / ``broken`` / ``alive`` under a configuration, on the standard error"""
+        if what == "works":
+            a = C.t_test(per(label, lambda r: r["ssim"] - r["baseline_ssim"] - 0.15))
+            b = C.t_test(per(label, lambda r: r["mse"] - 0.6 * r["baseline_mse"]))
+            return {"ok": a["above"] and b["below"], "p": max(a["p_above"], b["p_below"])}
+        if what == "broken":
+            a = C.t_test(per(label, lambda r: r["ssim"] - r["baseline_ssim"] - 0.05))
+            b = C.t_test(per(label, lambda r: r["mse"] - 0.9 * r["baseline_mse"]))
+            return {"ok": a["below"] and b["above"], "p": max(a["p_below"], b["p_above"])}
+        a = C.t_test(per(label, lambda r: r["ssim"] - r["baseline_ssim"] - 0.05))
+        b = C.t_test(per(label, lambda r: r["mse"] - 0.9 * r["baseline_mse"]))
+        return {"ok": a["above"] or b["below"], "p": min(1.0, 2 * min(a["p_above"], b["p_below"]))}
+
+    def triage(label: str) -> tuple[str, float | None]:
+        """holds if FSHA works, does not hold if broken, partly if alive but not working, else inconclusive"""
+        w, b, a = state(label, "works"), state(label, "broken"), state(label, "alive")
+        return ((C.HOLDS, w["p"]) if w["ok"] else (C.FAILS, b["p"]) if b["ok"] else (C.PARTLY, a["p"]) if a["ok"]
+                else (C.INCONCLUSIVE, None))
+
+    def guard_note(use: dict | None) -> str:
+        if use is None:
+            return "usability not measured (no committed run of this defence's honest model)"
+        return (f"usability ({use['where']}, same defence on digits): {100 * use['mean']:.1f} % — "
+                + ("usable" if use["ok"] else "NOT usable (at the constant prediction)"))
 
     nd = by.get("no defence")
     if nd:
         long = next((s for k, s in by.items() if k.startswith("no defence,")), None)
+        w = state("no defence", "works")
+        below = C.t_test(per("no defence", lambda r: r["mse"] - r["baseline_mse"]))
+        v4a, p4a = ((C.HOLDS, w["p"]) if w["ok"] else (C.PARTLY, below["p_below"]) if below["below"]
+                    else (C.FAILS, below["p_above"]) if below["above"] else (C.INCONCLUSIVE, None))
         claims.append(C.claim("4a", "Pasquini et al. 2021; 001 Table 8", "FSHA reconstructs the guest's private inputs "
                               "when nothing defends them", "official MNIST: MSE 0.15 (500 it.) → 0.019 (9,500 it.) in "
                               "[−1, 1]; 001: 0.0206",
@@ -172,90 +234,147 @@ def make_claims(summary, runs) -> list[dict]:
                                  if long else "")
                               + f" (mean sample {C.fmt(4 * nd['baseline_mse_mean'], digits=3)}); SSIM "
                                 f"{C.fmt(nd['ssim_mean'], nd['ssim_sd'])} vs {C.fmt(nd['baseline_ssim_mean'])}",
-                              C.HOLDS if works(nd) else (C.PARTLY if nd["mse_mean"] < nd["baseline_mse_mean"] else C.FAILS),
-                              "digits 8×8 vs MNIST 28×28: fewer pixels, fewer records",
-                              rule=RULE_WORKS + "; holds if it works, partly if the MSE is below the baseline, else does "
-                                                "not hold"))
+                              v4a, "digits 8×8 vs MNIST 28×28: fewer pixels, fewer records",
+                              rule=RULE_WORKS + "; holds if it works, partly if the MSE is clearly below the baseline, "
+                                                "does not hold if clearly above, else inconclusive; " + RULE_TESTS,
+                              p=p4a))
     ns, mk, sc = by.get("noise σ=0.7"), by.get("noise + mask p=0.2"), by.get("noise + scale λ=0.2")
     if ns:
+        v4b, p4b = triage(ns["config"])
         claims.append(C.claim("4b", "003 §4.3, Fig. 5", "with noise σ = 0.7 alone, FSHA's reconstructions stay recognisable",
                               "digits recognisable (images only)",
                               f"SSIM {C.fmt(ns['ssim_mean'], ns['ssim_sd'])} (mean sample {C.fmt(ns['baseline_ssim_mean'])}), "
                               f"MSE {C.fmt(ns['mse_mean'], ns['mse_sd'], 4)} vs {C.fmt(ns['baseline_mse_mean'], digits=4)}",
-                              C.HOLDS if works(ns) else (C.FAILS if broken(ns) else C.PARTLY),
-                              rule=f"{RULE_WORKS}; {RULE_BROKEN}; holds if it works, does not hold if broken, else partly"))
+                              v4b, rule=f"{RULE_WORKS}; {RULE_BROKEN}; {RULE_ALIVE}; holds if it works, does not hold if "
+                                        f"broken, partly if alive, else inconclusive; {RULE_TESTS}", p=p4b))
+    ns_broken = state(ns["config"], "broken") if ns else {"ok": False, "p": None}
     if mk:
+        use = _usability("gaussian", 0.7, "p=0.2")
+        v, pv = triage(mk["config"])
+        v = {C.HOLDS: C.FAILS, C.FAILS: C.HOLDS}.get(v, v)  # the claim is that it breaks FSHA
+        if ns and ns_broken["ok"] or (use is not None and not use["ok"] and v == C.HOLDS):
+            v, pv = C.UNINFORMATIVE, None
         claims.append(C.claim("4c", "003 §4.3, Fig. 5", "noise + masking (p = 0.2) breaks FSHA",
                               "reconstructions 'severely degraded' (images only)",
                               f"SSIM {C.fmt(mk['ssim_mean'], mk['ssim_sd'])} (mean sample {C.fmt(mk['baseline_ssim_mean'])}), "
-                              f"MSE {C.fmt(mk['mse_mean'], mk['mse_sd'], 4)} vs {C.fmt(mk['baseline_mse_mean'], digits=4)}",
-                              C.UNINFORMATIVE if ns and broken(ns) else
-                              (C.HOLDS if broken(mk) else (C.FAILS if works(mk) else C.PARTLY)),
+                              f"MSE {C.fmt(mk['mse_mean'], mk['mse_sd'], 4)} vs {C.fmt(mk['baseline_mse_mean'], digits=4)}; "
+                              + guard_note(use), v,
                               "the mask is applied by the receiving host, i.e. by the attacker; a host that skips it "
                               "gets the noise-only row" + ("; noise alone already breaks FSHA here, so masking adds "
                                                            "nothing measurable: see the σ sweep (4c-σ, 4d-σ)"
-                                                           if ns and broken(ns) else ""),
+                                                           if ns and ns_broken["ok"] else ""),
                               rule=f"{RULE_BROKEN}; uninformative when noise alone already breaks it (nothing left for "
-                                   "masking to break); holds if broken, does not hold if it still works, else partly"))
+                                   "masking to break) or the defended model is not usable (" + C.USABLE_RULE + "); holds "
+                                   f"if broken, does not hold if it still works, partly if alive; {RULE_TESTS}", p=pv))
     if sc and ns:
         d = abs(sc["ssim_mean"] - ns["ssim_mean"])
+        eq = C.within(C.paired(per(sc["config"], lambda r: r["ssim"]), per(ns["config"], lambda r: r["ssim"])), 0.05)
+        v4d, p4d = (C.UNINFORMATIVE, None) if ns_broken["ok"] else \
+            (C.HOLDS, eq["p_within"]) if eq["inside"] else (C.FAILS, eq["p_beyond"]) if eq["outside"] else \
+            (C.INCONCLUSIVE, None)
         claims.append(C.claim("4d", "003 §4.3, Fig. 5", "scaling (λ = 0.2) has almost no effect on FSHA",
                               "'almost no effect, regardless of the scaling factor' (images only)",
                               f"SSIM {C.fmt(sc['ssim_mean'], sc['ssim_sd'])} with scaling vs {C.fmt(ns['ssim_mean'], ns['ssim_sd'])} "
-                              f"noise only (|Δ| = {d:.3f})",
-                              C.UNINFORMATIVE if broken(ns) else
-                              (C.HOLDS if d <= max(0.05, 2 * max(sc["ssim_sd"], ns["ssim_sd"])) else
-                               (C.PARTLY if not broken(sc) else C.FAILS)),
+                              f"noise only (|Δ| = {d:.3f})", v4d,
                               "noise alone already breaks FSHA here: scaling cannot be compared with it; see the σ "
-                              "sweep (4d-σ)" if broken(ns) else "",
-                              rule="|SSIM(noise + scaling) − SSIM(noise)| ≤ max(0.05, 2 sd): holds; uninformative when "
-                                   "noise alone already breaks FSHA (both at the baseline, equal for no reason of "
-                                   "scaling's); else partly if scaling leaves FSHA working, does not hold if it breaks it"))
-    # 4c-σ / 4d-σ: masking vs scaling at the largest swept σ where FSHA still works under noise alone
+                              "sweep (4d-σ)" if ns_broken["ok"] else "",
+                              rule="paired equivalence test (TOST) of SSIM(noise + scaling) − SSIM(noise) against ±0.05: "
+                                   "holds if clearly within, does not hold if clearly beyond, else inconclusive; "
+                                   "uninformative when noise alone clearly breaks FSHA (both at the baseline, equal for "
+                                   "no reason of scaling's)", p=p4d))
+    # 4c-σ / 4d-σ: judged across the whole σ sweep, at every σ where FSHA is still alive under noise alone
     swept = [sg for sg in SWEEP_SIGMAS if all(k in by for k in (f"noise σ={sg:g}", f"noise σ={sg:g} + mask p=0.2",
                                                                   f"noise σ={sg:g} + scale λ=0.2"))]
     if swept:
-        alive = [sg for sg in swept if not broken(by[f"noise σ={sg:g}"])]
-        sg = max(alive) if alive else max(swept)
-        ns_, mk_, sc_ = (by[f"noise σ={sg:g}"], by[f"noise σ={sg:g} + mask p=0.2"], by[f"noise σ={sg:g} + scale λ=0.2"])
-        seeds = lambda label: {r["seed"]: r["ssim"] for r in runs if r["config"] == label}  # noqa: E731
-        n_s, m_s, c_s = seeds(ns_["config"]), seeds(mk_["config"]), seeds(sc_["config"])
-        common = sorted(set(n_s) & set(m_s) & set(c_s))
-        mask_cmp = C.paired([m_s[k] for k in common], [n_s[k] for k in common])
-        scale_cmp = C.paired([c_s[k] for k in common], [n_s[k] for k in common])
+        alive = {sg: state(f"noise σ={sg:g}", "alive") for sg in swept}
+        live = [sg for sg in swept if alive[sg]["ok"]]
+        p_alive = max((alive[sg]["p"] for sg in live), default=None)
+        ssim = lambda label: per(label, lambda r: r["ssim"])  # noqa: E731
+        mask = {sg: C.paired(ssim(f"noise σ={sg:g} + mask p=0.2"), ssim(f"noise σ={sg:g}")) for sg in swept}
+        scale = {sg: C.within(C.paired(ssim(f"noise σ={sg:g} + scale λ=0.2"), ssim(f"noise σ={sg:g}")), 0.05)
+                 for sg in swept}
+        brk = {sg: state(f"noise σ={sg:g} + mask p=0.2", "broken") for sg in swept}
+        wrk = {sg: state(f"noise σ={sg:g} + mask p=0.2", "works") for sg in swept}
+        uses = {sg: _usability("gaussian", sg, "p=0.2") for sg in live}
+        usable_live = [sg for sg in live if uses[sg] is None or uses[sg]["ok"]]
         where = ", ".join(f"σ={x:g}: SSIM {C.fmt(by[f'noise σ={x:g}']['ssim_mean'], by[f'noise σ={x:g}']['ssim_sd'])}"
-                          for x in swept)
+                          + (" (alive)" if alive[x]["ok"] else "") for x in swept)
+        if not live or not usable_live:
+            v4cs, p4cs = C.UNINFORMATIVE, None
+        elif all(brk[sg]["ok"] for sg in usable_live):
+            v4cs, p4cs = C.HOLDS, max(brk[sg]["p"] for sg in usable_live)
+        elif any(wrk[sg]["ok"] for sg in usable_live):
+            v4cs, p4cs = C.FAILS, min(1.0, min(wrk[sg]["p"] for sg in usable_live if wrk[sg]["ok"]) * len(usable_live))
+        elif all(mask[sg]["below"] for sg in usable_live):
+            v4cs, p4cs = C.PARTLY, max(mask[sg]["p_below"] for sg in usable_live)
+        else:
+            v4cs, p4cs = C.INCONCLUSIVE, None
         claims.append(C.claim("4c-σ", "003 §4.3, Fig. 5", "noise + masking (p = 0.2) breaks FSHA where noise alone does not",
                               "reconstructions 'severely degraded' (images only, σ = 0.7 on MNIST)",
-                              f"σ = {sg:g}: SSIM noise {C.fmt(ns_['ssim_mean'], ns_['ssim_sd'])}, + mask "
-                              f"{C.fmt(mk_['ssim_mean'], mk_['ssim_sd'])} (Δ {mask_cmp['diff']:+.3f}, paired p = "
-                              f"{mask_cmp['p']:.2g}); mean sample {C.fmt(mk_['baseline_ssim_mean'])}; noise alone: {where}",
-                              C.UNINFORMATIVE if not alive else (C.HOLDS if broken(mk_) else
-                                                                 C.FAILS if works(mk_) or not mask_cmp["clear"] else C.PARTLY),
-                              rule=f"at the largest swept σ where noise alone does not break FSHA ({RULE_BROKEN}); "
-                                   "uninformative if there is none; holds if masking breaks it, does not hold if FSHA "
-                                   "still works or masking does not change SSIM clearly (paired over seeds), else partly"))
+                              "; ".join(f"σ = {sg:g}: + mask SSIM {C.fmt(by[f'noise σ={sg:g} + mask p=0.2']['ssim_mean'], by[f'noise σ={sg:g} + mask p=0.2']['ssim_sd'])} "
+                                        f"(Δ {mask[sg]['diff']:+.3f}, paired p = {mask[sg]['p']:.2g}"
+                                        + (", broken" if brk[sg]["ok"] else "") + ")" for sg in live)
+                              + f"; mean sample {C.fmt(by[f'noise σ={swept[0]:g}']['baseline_ssim_mean'])}; noise alone: "
+                              f"{where}; " + "; ".join(f"σ={sg:g} " + guard_note(uses[sg]) for sg in live),
+                              v4cs if p4cs is None or p_alive is None else v4cs,
+                              rule=f"across the whole σ sweep, at every σ where FSHA is alive under noise alone ({RULE_ALIVE}) "
+                                   f"and the masked model is usable ({C.USABLE_RULE}); uninformative if there is none; "
+                                   f"holds if masking breaks FSHA at every such σ ({RULE_BROKEN}), does not hold if FSHA "
+                                   "still works with masking at one (p × the number of σ), partly if masking clearly "
+                                   f"lowers SSIM (paired) at every such σ, else inconclusive; {RULE_TESTS}; the p is the "
+                                   "larger of that and the premise's",
+                              p=None if p4cs is None else max(p4cs, p_alive or 0.0)))
+        if not live:
+            v4ds, p4ds = C.UNINFORMATIVE, None
+        elif all(scale[sg]["inside"] for sg in live):
+            v4ds, p4ds = C.HOLDS, max(scale[sg]["p_within"] for sg in live)
+        elif any(scale[sg]["outside"] for sg in live):
+            v4ds = C.FAILS
+            p4ds = min(1.0, min(scale[sg]["p_beyond"] for sg in live if scale[sg]["outside"]) * len(live))
+        else:
+            v4ds, p4ds = C.INCONCLUSIVE, None
         claims.append(C.claim("4d-σ", "003 §4.3, Fig. 5", "scaling (λ = 0.2) has almost no effect on FSHA, where noise "
                               "alone does not break it", "'almost no effect, regardless of the scaling factor'",
-                              f"σ = {sg:g}: SSIM noise {C.fmt(ns_['ssim_mean'], ns_['ssim_sd'])}, + scale "
-                              f"{C.fmt(sc_['ssim_mean'], sc_['ssim_sd'])} (Δ {scale_cmp['diff']:+.3f}, paired p = "
-                              f"{scale_cmp['p']:.2g})",
-                              C.UNINFORMATIVE if not alive else (
-                                  C.HOLDS if abs(scale_cmp["diff"]) <= 0.05 and not (scale_cmp["clear"] and broken(sc_))
-                                  else C.FAILS if scale_cmp["clear"] else C.INCONCLUSIVE),
-                              rule="at the same σ as 4c-σ: holds if |ΔSSIM| ≤ 0.05 (and scaling does not break FSHA); "
-                                   "does not hold if the change is larger and clear (paired t-test p < 0.05), else "
-                                   "inconclusive; uninformative if noise alone breaks FSHA at every swept σ"))
+                              "; ".join(f"σ = {sg:g}: SSIM noise {C.fmt(by[f'noise σ={sg:g}']['ssim_mean'], by[f'noise σ={sg:g}']['ssim_sd'])}, "
+                                        f"+ scale {C.fmt(by[f'noise σ={sg:g} + scale λ=0.2']['ssim_mean'], by[f'noise σ={sg:g} + scale λ=0.2']['ssim_sd'])} "
+                                        f"(Δ {scale[sg]['diff']:+.3f}; beyond ±0.05: p = {scale[sg]['p_beyond']:.2g})"
+                                        for sg in live),
+                              v4ds,
+                              rule="across the whole σ sweep, at every σ where FSHA is alive under noise alone "
+                                   f"({RULE_ALIVE}): paired equivalence test (TOST) of the SSIM change against ±0.05 — "
+                                   "holds if clearly within at every such σ, does not hold if clearly beyond at one "
+                                   "(p × the number of σ), else inconclusive; uninformative if noise alone breaks FSHA "
+                                   "at every swept σ; the p is the larger of that and the premise's",
+                              p=None if p4ds is None else max(p4ds, p_alive or 0.0)))
     r3 = [by[k] for k in ("R3eLU ε=0.1", "R3eLU ε=1", "R3eLU ε=4") if k in by]
     if r3:
+        levels = {s["config"]: float(s["config"].split("=")[1]) for s in r3}
+        uses = {s["config"]: _usability("r3elu", levels[s["config"]], "") for s in r3}
+        ok = [s for s in r3 if uses[s["config"]] is None or uses[s["config"]]["ok"]]
+        brk = {s["config"]: state(s["config"], "broken") for s in ok}
+        alive = {s["config"]: state(s["config"], "alive") for s in ok}
+        if not ok:
+            v4e, p4e = C.UNINFORMATIVE, None
+        elif all(b["ok"] for b in brk.values()):
+            v4e, p4e = C.HOLDS, max(b["p"] for b in brk.values())
+        elif any(a["ok"] for a in alive.values()):
+            v4e, p4e = (C.PARTLY if any(b["ok"] for b in brk.values()) else C.FAILS), \
+                min(1.0, min(a["p"] for a in alive.values() if a["ok"]) * len(ok))
+        else:
+            v4e, p4e = C.INCONCLUSIVE, None
         claims.append(C.claim("4e", "001 §5.2.3, Fig. 3, Table 8", "R3eLU frustrates FSHA even at ε = 4",
                               "MNIST MSE 1.98 / 1.94 / 1.92 at ε = 0.1 / 1 / 4 vs 0.0206 undefended ([−1, 1])",
                               "; ".join(f"{s['config']}: MSE [−1,1] {C.fmt(s['mse_pm1_mean'], s['mse_pm1_sd'], 3)}, SSIM "
-                                        f"{C.fmt(s['ssim_mean'], s['ssim_sd'])}" for s in r3)
+                                        f"{C.fmt(s['ssim_mean'], s['ssim_sd'])}, " + guard_note(uses[s["config"]])
+                                        for s in r3)
                               + f" (mean sample {C.fmt(4 * r3[0]['baseline_mse_mean'], digits=3)} / "
-                                f"{C.fmt(r3[0]['baseline_ssim_mean'])})",
-                              C.HOLDS if all(broken(s) for s in r3) else (C.PARTLY if any(broken(s) for s in r3) else C.FAILS),
-                              rule=f"{RULE_BROKEN}; holds if broken at every ε, partly at some, else does not hold"))
+                                f"{C.fmt(r3[0]['baseline_ssim_mean'])})", v4e,
+                              "R3eLU breaks FSHA by releasing noise; its honest model at the same ε learns nothing "
+                              "(exp2, digits, guest protected)" if not ok else "",
+                              rule=f"{RULE_BROKEN}; only on the ε where R3eLU's honest model is usable ({C.USABLE_RULE}; "
+                                   "exp2's committed runs; uninformative if none): holds if broken at every such ε, "
+                                   "partly if broken at some and alive at others, does not hold if alive at one and "
+                                   f"broken at none, else inconclusive; {RULE_TESTS}", p=p4e))
     return claims
 
 

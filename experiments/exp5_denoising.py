@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     out.csv("runs.csv", runs)
     summary = summarise(runs)
     out.csv("table.csv", summary)
-    claims = make_claims(summary, args)
+    claims = make_claims(summary, args, runs)
     text = markdown(summary, args, denoisers, new_denoisers, claims)
     out.md("table.md", text)
     out.claims(claims)
@@ -214,105 +214,135 @@ def _best_denoiser(summary, fam, lvl):
     return max(cands, key=lambda r: r["best_mean"]) if cands else None
 
 
-GAIN_RULE = ("difference of the mean best accuracies over seeds against the larger of the two sds (at least 0.5 "
-             "pts): holds if > 2 sd and > 2 pts, partly if > 2 sd but ≤ 2 pts, does not hold if < −2 sd, "
-             "inconclusive within ±2 sd")
+GAIN_RULE = ("per-seed paired difference of the best accuracies, one-sided t-tests on its standard error: holds if "
+             "clearly > 0 with a mean > 2 pts, partly if clearly > 0 with a mean ≤ 2 pts, does not hold if clearly < 0, "
+             "else inconclusive")
 
 
-def _judge_gain(gain: float, noise: float) -> str:
-    """A difference in points judged against the seed spread (``noise`` = the larger sd, in points)."""
-    if gain > 2 * noise:
-        return C.HOLDS if gain > 2 else C.PARTLY
-    return C.FAILS if gain < -2 * noise else C.INCONCLUSIVE
+def _seed_best(runs, fam, lvl, dn) -> dict[int, float]:
+    return {int(r["seed"]): float(r["best"]) for r in runs
+            if r["family"] == fam and abs(float(r["level"]) - lvl) < 1e-12 and r["denoise"] == dn}
 
 
-RECOVERY_RULE = "; uninformative when the noise itself costs < 2 pts or < 2 sd (nothing to recover)"
+def _diff(a: dict[int, float], b: dict[int, float]) -> dict:
+    """paired test of a − b (in points) over the seeds both have"""
+    seeds = sorted(set(a) & set(b))
+    return C.paired([100 * a[k] for k in seeds], [100 * b[k] for k in seeds])
 
 
-def _recovery(base, noisy, gain: float, noise: float) -> str:
+def _judge_gain(t: dict) -> tuple[str, float | None]:
+    """A difference in points judged on its standard error (:data:`GAIN_RULE`)."""
+    if t["above"]:
+        return (C.HOLDS if t["diff"] > 2 else C.PARTLY), t["p_above"]
+    return (C.FAILS, t["p_below"]) if t["below"] else (C.INCONCLUSIVE, None)
+
+
+RECOVERY_RULE = ("; uninformative unless the noise itself clearly costs accuracy (paired, one-sided) with a mean ≥ 2 "
+                 "pts (nothing to recover); the p is the larger of the two tests'")
+
+
+def _recovery(lost: dict | None, gain: dict) -> tuple[str, float | None]:
     """A "denoising recovers the accuracy lost to the noise" verdict: uninformative when nothing was lost."""
-    if base is not None:
-        lost = 100 * (base["best_mean"] - noisy["best_mean"])
-        if lost < max(2.0, 2 * 100 * max(base["best_sd"], noisy["best_sd"], 0.005)):
-            return C.UNINFORMATIVE
-    return _judge_gain(gain, noise)
+    if lost is not None and not (lost["above"] and lost["diff"] >= 2):
+        return C.UNINFORMATIVE, None
+    v, p = _judge_gain(gain)
+    return v, (None if p is None else max(p, lost["p_above"] if lost else 0.0))
 
 
-def make_claims(summary, args) -> list[dict]:
+def make_claims(summary, args, runs) -> list[dict]:
     claims = []
     base = _get(summary, "gaussian", 0.0, "none")
     s07 = _get(summary, "gaussian", 0.7, "none")
+    b0 = _seed_best(runs, "gaussian", 0.0, "none")
     if base and s07:
-        drop = 100 * (base["best_mean"] - s07["best_mean"])
-        noise = 100 * max(base["best_sd"], s07["best_sd"], 0.005)
+        drop = _diff(b0, _seed_best(runs, "gaussian", 0.7, "none"))
+        seeds = sorted(set(b0) & set(_seed_best(runs, "gaussian", 0.7, "none")))
+        d = [100 * (b0[k] - _seed_best(runs, "gaussian", 0.7, "none")[k]) for k in seeds]
+        over8, over2 = C.t_test(d, 8.0), C.t_test(d, 2.0)
+        if over8["above"]:
+            v5a, p5a = C.HOLDS, over8["p_above"]
+        elif over2["above"] and over8["below"]:
+            v5a, p5a = C.PARTLY, max(over2["p_above"], over8["p_below"])
+        elif over8["below"]:
+            v5a, p5a = C.FAILS, over8["p_below"]
+        else:
+            v5a, p5a = C.INCONCLUSIVE, None
         claims.append(C.claim("5a", "003 Table 10", "σ = 0.7 on the 256-wide split layer hurts training badly",
                               "98.96 → 81.85 % (−17.1 pts)",
                               f"{C.fmt(base['best_mean'], base['best_sd'], pct=True)} → "
-                              f"{C.fmt(s07['best_mean'], s07['best_sd'], pct=True)} % ({-drop:+.1f} pts)",
-                              C.HOLDS if drop > 8 else (C.PARTLY if drop > 2 and drop > 2 * noise else C.FAILS),
+                              f"{C.fmt(s07['best_mean'], s07['best_sd'], pct=True)} % ({-drop['diff']:+.1f} ± "
+                              f"{drop['se']:.1f} pts SE)", v5a,
                               "digits (8×8) instead of MNIST; 230 instead of 3,750 steps",
-                              rule="drop of the mean best accuracy (no noise → σ = 0.7): holds if > 8 pts (003: 17), "
-                                   "partly if > 2 pts and > 2 sd, else does not hold (no bad harm)"))
+                              rule="per-seed drop of the best accuracy (no noise → σ = 0.7), one-sided t-tests: holds "
+                                   "if clearly > 8 pts (003: 17), partly if clearly > 2 pts and clearly < 8, does not "
+                                   "hold if clearly < 8 pts otherwise (no bad harm), else inconclusive", p=p5a))
     for lvl in (0.7, 0.5):
         nr = _get(summary, "gaussian", lvl, "none")
         bd = _best_denoiser(summary, "gaussian", lvl)
         if not (nr and bd):
             continue
-        gain = 100 * (bd["best_mean"] - nr["best_mean"])
-        noise = 100 * max(nr["best_sd"], bd["best_sd"], 0.005)
+        nrs = _seed_best(runs, "gaussian", lvl, "none")
+        gain = _diff(_seed_best(runs, "gaussian", lvl, bd["denoise"]), nrs)
+        v, pv = _recovery(_diff(b0, nrs) if base else None, gain)
         p = PAPER_T10[lvl]
         pbest = max(p[1:], key=lambda x: x[0])
         claims.append(C.claim(f"5b-σ{lvl:g}", "003 Table 10, §4", f"denoising (best λ or p) recovers the accuracy lost to "
                               f"σ = {lvl:g}", f"{p[0][0]:.2f} → {pbest[0]:.2f} % ({pbest[0] - p[0][0]:+.1f} pts)",
                               f"{C.fmt(nr['best_mean'], nr['best_sd'], pct=True)} → {C.fmt(bd['best_mean'], bd['best_sd'], pct=True)} "
-                              f"% with {bd['denoise']} ({gain:+.1f} pts)",
-                              _recovery(base, nr, gain, noise), rule=GAIN_RULE + RECOVERY_RULE))
+                              f"% with {bd['denoise']} ({gain['diff']:+.1f} ± {gain['se']:.1f} pts SE)",
+                              v, rule=GAIN_RULE + RECOVERY_RULE, p=pv))
     rows = [(lvl, _best_denoiser(summary, "gaussian", lvl)) for lvl in (0.3, 0.5, 0.7)]
     rows = [(lvl, r) for lvl, r in rows if r]
     if rows:
         small_labels = ("λ=0.1", "λ=0.2", "p=0.1", "p=0.2")
         small = sum(r["denoise"] in small_labels for _, r in rows)
 
-        def tied_small(lvl, best):  # a small-parameter denoiser within 2 sd of the best one
-            cands = [r for r in summary if r["family"] == "gaussian" and abs(r["level"] - lvl) < 1e-12
-                     and r["denoise"] in small_labels]
-            return any(best["best_mean"] - r["best_mean"] <= 2 * max(best["best_sd"], r["best_sd"], 0.005) for r in cands)
+        def below_best(lvl, best) -> float:
+            """the largest one-sided p of 'this small-parameter denoiser is below the best' (< α: all clearly are)"""
+            top = _seed_best(runs, "gaussian", lvl, best["denoise"])
+            return max((_diff(_seed_best(runs, "gaussian", lvl, lab), top)["p_below"] for lab in small_labels
+                        if _seed_best(runs, "gaussian", lvl, lab)), default=float("nan"))
 
-        excluded = [lvl for lvl, r in rows if not tied_small(lvl, r)]
+        pb = {lvl: below_best(lvl, r) for lvl, r in rows if r["denoise"] not in small_labels}
+        excluded = [lvl for lvl, q in pb.items() if q < C.ALPHA]
+        v5c = C.HOLDS if small == len(rows) else (C.FAILS if excluded else C.INCONCLUSIVE)
         claims.append(C.claim("5c", "003 §4", "both denoisers work best with λ or p = 0.1–0.2",
                               "best at σ = 0.3/0.5/0.7: p = 0.1 / 0.2 / 0.2 (λ best at 0.1)",
                               ", ".join(f"σ = {lvl:g}: {r['denoise']}" for lvl, r in rows)
-                              + (f"; no λ or p of 0.1–0.2 within 2 sd of the best at σ = "
+                              + (f"; every λ or p of 0.1–0.2 clearly below the best at σ = "
                                  f"{', '.join(f'{x:g}' for x in excluded)}" if excluded else ""),
-                              C.HOLDS if small == len(rows) else (C.FAILS if excluded else C.INCONCLUSIVE),
+                              v5c,
                               rule="the denoiser with the highest mean best accuracy at each σ: holds if it has λ or p "
-                                   "in 0.1–0.2 at every σ; does not hold if at some σ no such denoiser is within 2 sd "
-                                   "of the best; else inconclusive (tied within the spread)"))
+                                   "in 0.1–0.2 at every σ (a ranking of means, no test); does not hold if at some σ "
+                                   "every such denoiser is clearly below the best (paired one-sided t-tests; p × the "
+                                   "number of σ); else inconclusive",
+                              p=min(1.0, min(pb[x] for x in excluded) * len(rows)) if v5c == C.FAILS else None))
     nr = _get(summary, "laplace", 0.5, "none")
     bd = _best_denoiser(summary, "laplace", 0.5)
     if nr and bd:
-        gain = 100 * (bd["best_mean"] - nr["best_mean"])
-        noise = 100 * max(nr["best_sd"], bd["best_sd"], 0.005)
+        nrs = _seed_best(runs, "laplace", 0.5, "none")
+        gain = _diff(_seed_best(runs, "laplace", 0.5, bd["denoise"]), nrs)
+        v, pv = _recovery(_diff(b0, nrs) if base else None, gain)
         p = PAPER_T3[0.5]
         pbest = max(p[1:], key=lambda x: x[0])
         claims.append(C.claim("5d", "003 Table 3", "with Laplace noise b = 0.5, denoising recovers the accuracy",
                               f"{p[0][0]:.2f} → {pbest[0]:.2f} % ({pbest[0] - p[0][0]:+.1f} pts)",
                               f"{C.fmt(nr['best_mean'], nr['best_sd'], pct=True)} → "
-                              f"{C.fmt(bd['best_mean'], bd['best_sd'], pct=True)} % with {bd['denoise']} ({gain:+.1f} pts)",
-                              _recovery(_get(summary, "gaussian", 0.0, "none"), nr, gain, noise),
+                              f"{C.fmt(bd['best_mean'], bd['best_sd'], pct=True)} % with {bd['denoise']} "
+                              f"({gain['diff']:+.1f} ± {gain['se']:.1f} pts SE)", v,
                               "ReLU cut layer clipped to [0, 1], not tanh (fl_split's Laplace keeps the native activation)",
-                              rule=GAIN_RULE + RECOVERY_RULE))
+                              rule=GAIN_RULE + RECOVERY_RULE, p=pv))
     lap, gau = _get(summary, "laplace", 0.7, "none"), _get(summary, "gaussian", 0.7, "none")
     if lap and gau:
-        d = 100 * (gau["best_mean"] - lap["best_mean"])
-        noise = 100 * max(lap["best_sd"], gau["best_sd"], 0.005)
+        d = _diff(_seed_best(runs, "gaussian", 0.7, "none"), _seed_best(runs, "laplace", 0.7, "none"))
+        v, pv = _judge_gain(d)
         claims.append(C.claim("5e", "003 Table 3, §B.1", "Laplace noise hurts split learning more than Gaussian noise "
                               "of the same scale (b = σ = 0.7)", "16.62 % (Laplace) vs 81.85 % (Gaussian)",
                               f"{C.fmt(lap['best_mean'], lap['best_sd'], pct=True)} % vs "
-                              f"{C.fmt(gau['best_mean'], gau['best_sd'], pct=True)} %",
-                              _judge_gain(d, noise),
+                              f"{C.fmt(gau['best_mean'], gau['best_sd'], pct=True)} % (Δ {d['diff']:+.1f} ± "
+                              f"{d['se']:.1f} pts SE, paired p = {d['p']:.2g})", v,
                               "Laplace on a [0, 1] ReLU layer vs Gaussian on a [−1, 1] tanh layer; Lap(b) has SD √2·b",
-                              rule=GAIN_RULE))
+                              rule=GAIN_RULE, p=pv))
     return claims
 
 
