@@ -560,7 +560,7 @@ def claim(cid: str, source: str, claim_text: str, paper: str, ours: str, verdict
     c = {"id": cid, "source": source, "claim": claim_text, "paper": paper, "ours": ours, "verdict": verdict,
          "note": note, "rule": rule}
     if p is not None and p == p and verdict in (HOLDS, PARTLY, FAILS):
-        c["p"] = float(p)
+        c["p"] = float(f"{p:.3g}")  # 3 significant digits: a rebuild from runs.csv (6 digits) gives the same
     if n is not None:
         c["n"] = int(n)
     if deterministic:

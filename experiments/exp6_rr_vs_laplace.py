@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             row[f + "_mean"], row[f + "_sd"] = C.mean_sd(x[f] for x in rs)
         summary.append(row)
     out.csv("table.csv", summary)
-    claims = make_claims(summary, cuts, eps_list)
+    claims = make_claims(summary, cuts, eps_list, runs)
     text = markdown(summary, args, cuts, eps_list, claims)
     out.md("table.md", text)
     out.claims(claims)
@@ -164,54 +164,68 @@ def markdown(summary, args, cuts, eps_list, claims) -> str:
     return "\n".join(parts)
 
 
-CELLS_RULE = ("per (cut, ε) cell, RR vs Laplace accuracy, clear when the mean difference exceeds 2 × the larger sd "
-              "over seeds: holds if RR is clearly above in every cell, does not hold if clearly below in half of them, "
-              "partly if clearly above in more than half, else inconclusive")
+CELLS_RULE = ("per (cut, ε) cell, RR vs Laplace accuracy, paired t-test over seeds (clear: p < 0.05): holds if RR is "
+              "clearly above in every cell, does not hold if clearly below in half of them, partly if clearly above "
+              "in more than half, else inconclusive; the p is the largest among the cells the verdict counts")
 
 
-def _clear(a: dict, b: dict, field: str) -> tuple[int, int]:
-    """(a clearly above b, a clearly below b): a mean difference beyond 2 × the larger sd over seeds."""
-    d = a[field + "_mean"] - b[field + "_mean"]
-    m = 2 * max(a[field + "_sd"] or 0.0, b[field + "_sd"] or 0.0)
-    return int(d > m), int(d < -m)
+def _seed(runs, cut, mech, eps, field) -> dict[int, float]:
+    return {int(r["seed"]): float(r[field]) for r in runs if int(r["cut"]) == int(cut) and r["mechanism"] == mech
+            and ((eps is None and r["eps_per_element"] is None)
+                 or (eps is not None and r["eps_per_element"] is not None and math.isclose(r["eps_per_element"], eps)))}
 
 
-def _cells_verdict(wins: int, losses: int, tot: int) -> str:
-    if wins == tot:
-        return C.HOLDS
-    if losses >= tot / 2:
-        return C.FAILS
-    return C.PARTLY if wins > tot / 2 else C.INCONCLUSIVE
+def _pair(a: dict[int, float], b: dict[int, float]) -> dict:
+    seeds = sorted(set(a) & set(b))
+    return C.paired([a[k] for k in seeds], [b[k] for k in seeds])
 
 
-def make_claims(summary, cuts, eps_list) -> list[dict]:
+def _cells_verdict(tests: list[dict]) -> tuple[str, float | None, int, int]:
+    """(verdict, p, wins, losses) over per-cell paired tests of RR − Laplace"""
+    win = [t["p"] for t in tests if t["clear"] and t["diff"] > 0]
+    loss = [t["p"] for t in tests if t["clear"] and t["diff"] < 0]
+    tot = len(tests)
+    if tot and len(win) == tot:
+        return C.HOLDS, max(win), len(win), len(loss)
+    if tot and len(loss) >= tot / 2:
+        return C.FAILS, sorted(loss)[int(math.ceil(tot / 2)) - 1], len(win), len(loss)
+    if len(win) > tot / 2:
+        return C.PARTLY, sorted(win)[tot // 2], len(win), len(loss)
+    return C.INCONCLUSIVE, None, len(win), len(loss)
+
+
+def make_claims(summary, cuts, eps_list, runs) -> list[dict]:
     claims = []
-    wins, losses, tot, margins = 0, 0, 0, []
-    for cut in cuts:
-        for e in eps_list:
-            rr, lm = _get(summary, cut, "rr", e), _get(summary, cut, "laplace", e)
-            tot += 1
-            w, l_ = _clear(rr, lm, "accuracy")
-            wins, losses = wins + w, losses + l_
-            margins.append(100 * (rr["accuracy_mean"] - lm["accuracy_mean"]))
+    trivial = {k: C.trivial_metric("digits", k) for k in {int(r["seed"]) for r in runs}}
+    acc = {(c, m, e): _seed(runs, c, m, e, "accuracy") for c in cuts for m in ("rr", "laplace") for e in eps_list}
+    nd_acc = {c: _seed(runs, c, "none", None, "accuracy") for c in cuts}
+    # the usability guard on each LDP cell a claim credits (6d, 6f)
+    use = {k: C.usable(list(v.values()), [trivial[s] for s in v], C.mean_sd(nd_acc[k[0]].values())[0])["ok"]
+           for k, v in acc.items()}
+    tests = [_pair(acc[(c, "rr", e)], acc[(c, "laplace", e)]) for c in cuts for e in eps_list]
+    margins = [100 * t["diff"] for t in tests]
+    v6a, p6a, wins, losses = _cells_verdict(tests)
     claims.append(C.claim("6a", "002 §4.2, Figs. 1–4", "randomized response preserves utility better than the Laplace "
                           "mechanism at the same ε, at every cut layer", "RR above LM in every panel (CIFAR-10, SVHN; "
-                          "ResNet-18, VGG-16)", f"RR clearly above LM in {wins} of {tot} (cut, ε) cells, clearly below "
-                          f"in {losses}; margin {min(margins):+.1f} … {max(margins):+.1f} pts",
-                          _cells_verdict(wins, losses, tot), rule=CELLS_RULE))
+                          "ResNet-18, VGG-16)", f"RR clearly above LM in {wins} of {len(tests)} (cut, ε) cells, clearly "
+                          f"below in {losses}; margin {min(margins):+.1f} … {max(margins):+.1f} pts",
+                          v6a, rule=CELLS_RULE, p=p6a))
     early = min(cuts)
     rr2, nd = _get(summary, early, "rr", max(eps_list)), _get(summary, early, "none", None)
     gap = 100 * (nd["accuracy_mean"] - rr2["accuracy_mean"])
+    lost = _pair({k: 100 * v for k, v in nd_acc[early].items()},
+                 {k: 100 * v for k, v in acc[(early, "rr", max(eps_list))].items()})
+    over3 = C.t_test(_lost_per_seed(nd_acc[early], acc[(early, "rr", max(eps_list))], 100.0), 3.0)
+    v6b, p6b = ((C.HOLDS, over3["p_below"]) if over3["below"] else (C.FAILS, over3["p_above"]) if over3["above"]
+                else (C.INCONCLUSIVE, None))
     claims.append(C.claim("6b", "002 Table 1", f"RR at ε = {max(eps_list):g} with an early cut is almost as accurate as "
                           "no LDP", "−0.45 … −1.95 pts (e.g. ResNet-18 CIFAR-10 92.91 vs 94.86 %)",
                           f"cut {early}: {C.fmt(rr2['accuracy_mean'], rr2['accuracy_sd'], pct=True)} vs "
-                          f"{C.fmt(nd['accuracy_mean'], nd['accuracy_sd'], pct=True)} % ({-gap:+.1f} pts)",
-                          C.HOLDS if gap <= 3 else (C.FAILS if gap - 3 > 2 * math.hypot(rr2["accuracy_sd"],
-                                                                                          nd["accuracy_sd"])
-                                                    else C.INCONCLUSIVE),
-                          rule="accuracy lost to RR at the largest ε and the earliest cut: holds if ≤ 3 pts (002: "
-                               "0.45–1.95), does not hold if it exceeds 3 pts by more than 2 sd of the difference, else "
-                               "inconclusive"))
+                          f"{C.fmt(nd['accuracy_mean'], nd['accuracy_sd'], pct=True)} % ({-gap:+.1f} ± {lost['se']:.1f} "
+                          "pts SE)", v6b,
+                          rule="per-seed accuracy lost to RR at the largest ε and the earliest cut, one-sided t-tests "
+                               "against 3 pts (002: 0.45–1.95): holds if clearly ≤ 3 pts, does not hold if clearly "
+                               "> 3 pts, else inconclusive", p=p6b))
     ratios = [_get(summary, c, "laplace", e)["bytes_to_host"] / _get(summary, c, "rr", e)["bytes_to_host"]
               for c in cuts for e in eps_list]
     claims.append(C.claim("6c", "002 §4.4", "RR needs 32× less communication than float32 Laplace releases",
@@ -220,40 +234,81 @@ def make_claims(summary, cuts, eps_list) -> list[dict]:
                           "headers and batch references included)",
                           C.HOLDS if min(ratios) >= 25 else (C.PARTLY if min(ratios) >= 10 else C.FAILS),
                           rule="bytes of the encoded messages to the host (deterministic, no seed spread): holds if "
-                               "Laplace / RR ≥ 25× in every cell, partly if ≥ 10×"))
+                               "Laplace / RR ≥ 25× in every cell, partly if ≥ 10×", deterministic=True))
     nd_ssim = {c: _get(summary, c, "none", None)["ssim_mean"] for c in cuts}
     ldp = [(c, m, e, _get(summary, c, m, e)["ssim_mean"]) for c in cuts for m in ("rr", "laplace") for e in eps_list]
-    reduced = sum(s < nd_ssim[c] - 0.1 for c, _, _, s in ldp)
+    ok = [(c, m, e) for c, m, e, _ in ldp if use[(c, m, e)]]
+    # per usable cell: undefended SSIM − LDP SSIM, paired, against 0.1
+    red = {k: C.t_test(_lost_per_seed(_seed(runs, k[0], "none", None, "ssim"), _seed(runs, *k, "ssim")), 0.1) for k in ok}
+    high = C.t_test(_seed(runs, early, "none", None, "ssim").values(), 0.5)
+    reduced = [k for k in ok if red[k]["above"]]
+    not_red = [k for k in ok if red[k]["below"]]
+    if not ok or not high["above"]:
+        v6d, p6d = (C.UNINFORMATIVE if not ok else C.FAILS if high["below"] else C.INCONCLUSIVE), \
+            (high["p_below"] if ok and high["below"] else None)
+    elif len(reduced) == len(ok):
+        v6d, p6d = C.HOLDS, max([high["p_above"]] + [red[k]["p_above"] for k in reduced])
+    elif len(reduced) > len(ok) / 2:
+        v6d, p6d = C.PARTLY, max([high["p_above"]] + sorted(red[k]["p_above"] for k in reduced)[:len(ok) // 2 + 1])
+    elif len(not_red) >= len(ok) / 2:
+        v6d, p6d = C.FAILS, sorted(red[k]["p_below"] for k in not_red)[int(math.ceil(len(ok) / 2)) - 1]
+    else:
+        v6d, p6d = C.INCONCLUSIVE, None
     claims.append(C.claim("6d", "002 §4.5, Table 3", "without LDP early-layer features invert to high-quality images; "
                           "RR and Laplace greatly reduce the inversion",
                           "no-LDP 'high quality'; with LDP SSIM 0.04–0.73 (layer1 RR ε=2: 0.728)",
                           "no LDP SSIM " + ", ".join(f"layer{c} {nd_ssim[c]:.2f}" for c in cuts)
-                          + f"; with LDP below no-LDP by > 0.1 in {reduced} of {len(ldp)} cells (range "
+                          + f"; of the {len(ok)} of {len(ldp)} LDP cells whose model is usable, clearly > 0.1 below "
+                            f"no-LDP in {len(reduced)}, clearly less in {len(not_red)} (SSIM range "
                             f"{min(s for *_, s in ldp):.2f}–{max(s for *_, s in ldp):.2f})",
-                          C.HOLDS if reduced == len(ldp) and nd_ssim[early] > 0.5 else
-                          (C.PARTLY if reduced > len(ldp) / 2 else C.FAILS),
-                          rule="mean SSIM over seeds: holds if the undefended earliest cut inverts to SSIM > 0.5 and "
-                               "every LDP cell is > 0.1 below its cut's undefended SSIM, partly if more than half are"))
-    cells = [_clear(_get(summary, c, "rr", e), _get(summary, c, "laplace", e), "ssim") for c in cuts for e in eps_list]
-    more, less = sum(w for w, _ in cells), sum(x for _, x in cells)
+                          v6d,
+                          rule="per-seed SSIM, one-sided t-tests: the undefended earliest cut must invert to SSIM clearly "
+                               f"> 0.5; on the LDP cells whose model is usable ({C.USABLE_RULE}; none: uninformative): "
+                               "holds if every one is clearly > 0.1 below its cut's undefended SSIM (paired), partly if "
+                               "more than half are, does not hold if half are clearly less, else inconclusive", p=p6d))
+    cells = [_pair(_seed(runs, c, "rr", e, "ssim"), _seed(runs, c, "laplace", e, "ssim")) for c in cuts for e in eps_list]
+    v6e, p6e, more, less = _cells_verdict(cells)
     claims.append(C.claim("6e", "002 Table 3", "at the same ε, RR leaks more to inversion than Laplace (higher SSIM)",
                           "RR ≥ LM SSIM in 9 of 9 (layer, ε) cells of layers 1–3", f"RR clearly above LM in {more} of "
                           f"{len(cells)} cells, clearly below in {less}",
-                          _cells_verdict(more, less, len(cells)), rule=CELLS_RULE.replace("accuracy", "inversion SSIM")))
+                          v6e, rule=CELLS_RULE.replace("accuracy", "inversion SSIM"), p=p6e))
     nd_f1 = C.mean_sd(_get(summary, c, "none", None)["f1_mean"] for c in cuts)[0]
     base = _get(summary, early, "none", None)["f1_baseline_mean"]
     ldp_f1 = [_get(summary, c, m, e)["f1_mean"] for c in cuts for m in ("rr", "laplace") for e in eps_list]
+    # premise per seed (mean over cuts): the undefended F1 beats always-member by > 0.03
+    nd_f1_s = {c: _seed(runs, c, "none", None, "f1") for c in cuts}
+    base_s = {c: _seed(runs, c, "none", None, "f1_baseline") for c in cuts}
+    seeds = sorted(set.intersection(*(set(v) for v in nd_f1_s.values())))
+    premise = C.t_test([sum(nd_f1_s[c][k] - base_s[c][k] for c in cuts) / len(cuts) for k in seeds], 0.03)
+    below = {k: _pair(_seed(runs, k[0], *k[1:], "f1"), nd_f1_s[k[0]]) for k in ok}
+    all_below = bool(ok) and all(t["below"] for t in below.values())
+    p_below = max((t["p_below"] for t in below.values()), default=None)
+    if premise["below"]:
+        v6f, p6f = C.FAILS, premise["p_below"]
+    elif not ok:
+        v6f, p6f = C.UNINFORMATIVE, None
+    elif premise["above"] and all_below:
+        v6f, p6f = C.HOLDS, max(premise["p_above"], p_below)
+    elif all_below:
+        v6f, p6f = C.PARTLY, p_below
+    else:
+        v6f, p6f = C.INCONCLUSIVE, None
     claims.append(C.claim("6f", "002 §4.5, Table 4", "membership inference succeeds without LDP and is pushed to chance "
                           "by RR or Laplace", f"F1 {PAPER_F1_NONE} without LDP, 0.49–0.63 with",
-                          f"F1 {nd_f1:.3f} without LDP (always-member baseline {base:.3f}), "
-                          f"{min(ldp_f1):.3f}–{max(ldp_f1):.3f} with",
-                          C.HOLDS if nd_f1 > base + 0.03 and max(ldp_f1) < nd_f1 else
-                          (C.PARTLY if max(ldp_f1) < nd_f1 else C.FAILS),
-                          "F1 of 'always member' is 2/3 at a 50 % member rate, above 002's no-LDP F1",
-                          rule="holds if the undefended F1 beats the always-member baseline by > 0.03 and every LDP "
-                               "cell is below the undefended F1; partly if only the second; else does not hold (the "
-                               "claim's first half fails when the undefended attack does not beat its baseline)"))
+                          f"F1 {nd_f1:.3f} without LDP (always-member baseline {base:.3f}; − baseline − 0.03: one-sided "
+                          f"p below = {premise['p_below']:.2g}), {min(ldp_f1):.3f}–{max(ldp_f1):.3f} with",
+                          v6f, "F1 of 'always member' is 2/3 at a 50 % member rate, above 002's no-LDP F1",
+                          rule="per-seed F1, one-sided t-tests: does not hold if the undefended F1 is clearly below the "
+                               "always-member baseline + 0.03 (the claim's first half fails); else, on the LDP cells "
+                               f"whose model is usable ({C.USABLE_RULE}): holds if the undefended F1 clearly beats the "
+                               "baseline + 0.03 and every such cell is clearly below the undefended F1 (paired), partly "
+                               "if only the second, else inconclusive", p=p6f))
     return claims
+
+
+def _lost_per_seed(a: dict[int, float], b: dict[int, float], k: float = 1.0) -> list[float]:
+    """a − b per seed (the seeds both have)"""
+    return [k * (a[s] - b[s]) for s in sorted(set(a) & set(b))]
 
 
 def plot(out, summary, cuts, eps_list) -> None:

@@ -197,41 +197,58 @@ def _seed_tdcs(runs, ds, defence, eps, base_u) -> dict[int, float]:
 def make_claims(summary, args, epsilons, defences, runs) -> list[dict]:
     claims = []
     for ds in args.datasets:
-        trivial = C.mean_sd(C.trivial_metric(ds, s) for s in args.seeds)[0]
+        triv_s = {s: C.trivial_metric(ds, s) for s in args.seeds}
+        trivial = C.mean_sd(triv_s.values())[0]
         base_u = _get(summary, ds, "none", None)["utility_mean"]
-        best, wins, losses, informative, notes = {}, 0, 0, 0, []
+
+        def use(d: str, e: float) -> bool:
+            """the usability guard on a defence's per-seed utility at ε"""
+            u = {int(r["seed"]): r["utility"] for r in runs if (r["dataset"], r["defence"], r["attack"]) == (ds, d, "label")
+                 and r["epsilon"] is not None and r["epsilon"] == e}
+            return C.usable(list(u.values()), [triv_s.get(k, trivial) for k in u], base_u)["ok"]
+
+        best, informative, notes, win_p, loss_p = {}, 0, [], [], []
         for e in epsilons:
             rs = [_get(summary, ds, d, e) for d in defences]
             top = max(rs, key=lambda r: r["t_dcs"])
             best[e] = f"ε={e:g}: {top['defence']} ({top['t_dcs']:.3f})"
             r3 = _get(summary, ds, "r3elu", e)
-            # DCS rewards a useless model (no utility, no leak): a cell counts only where R3eLU's model is usable
-            if r3["utility_mean"] - trivial < max(2 * r3["utility_sd"], 0.1 * (base_u - trivial)):
-                notes.append(f"ε={e:g}: R3eLU at the constant prediction ({100 * r3['utility_mean']:.1f} vs "
+            # DCS rewards a useless model (no utility, no leak): a cell counts only where R3eLU's model is usable,
+            # against the best other defence whose model is usable too
+            others = [r for r in rs if r["defence"] != "r3elu" and use(r["defence"], e)]
+            if not use("r3elu", e):
+                notes.append(f"ε={e:g}: R3eLU not usable ({100 * r3['utility_mean']:.1f} vs constant prediction "
                              f"{100 * trivial:.1f} %)")
                 continue
+            if not others:
+                notes.append(f"ε={e:g}: no other defence usable")
+                continue
             informative += 1
-            other = max((r for r in rs if r["defence"] != "r3elu"), key=lambda r: r["t_dcs"])
+            other = max(others, key=lambda r: r["t_dcs"])
             a, b = _seed_tdcs(runs, ds, "r3elu", e, base_u), _seed_tdcs(runs, ds, other["defence"], e, base_u)
             seeds = sorted(set(a) & set(b))
             cmp = C.paired([a[k] for k in seeds], [b[k] for k in seeds])
-            wins += cmp["clear"] and cmp["diff"] > 0
-            losses += cmp["clear"] and cmp["diff"] < 0
-            notes.append(f"ε={e:g}: R3eLU − {other['defence']} {cmp['diff']:+.3f} ± {cmp['sd']:.3f} (p = {cmp['p']:.2g})")
+            if cmp["clear"]:
+                (win_p if cmp["diff"] > 0 else loss_p).append(cmp["p"])
+            notes.append(f"ε={e:g}: R3eLU − {other['defence']} {cmp['diff']:+.3f} ± {cmp['se']:.3f} SE (p = {cmp['p']:.2g})")
+        wins, losses = len(win_p), len(loss_p)
         r3s = [_get(summary, ds, "r3elu", e) for e in epsilons]
         verdict = (C.UNINFORMATIVE if not informative else C.HOLDS if wins == informative else
                    C.FAILS if losses else C.PARTLY if wins else C.INCONCLUSIVE)
+        p8 = (max(win_p) if verdict == C.HOLDS else min(1.0, min(loss_p) * informative) if verdict == C.FAILS
+              else min(1.0, min(win_p) * informative) if verdict == C.PARTLY else None)
         claims.append(C.claim(f"8-{ds}", "001 §6 conclusion", "R3eLU outperforms existing solutions when privacy "
                               "preservation and model usability are considered together",
                               "001: best trade-off (no joint score given)",
                               f"{ds}: highest T-DCS — " + "; ".join(best.values())
                               + "; R3eLU T-DCS " + ", ".join(f"{r['t_dcs']:.3f}" for r in r3s) + "; " + "; ".join(notes),
                               verdict, "T-DCS over property, reconstruction and label attacks at equal per-release ε",
-                              rule="per ε, R3eLU's per-seed T-DCS vs the best other defence's, paired t-test (p < 0.05); "
-                                   "an ε where R3eLU's model is not usable (utility within 2 sd or a tenth of the "
-                                   "undefended gain of the constant prediction) is uninformative — DCS rewards a "
-                                   "useless model; holds if R3eLU is clearly best at every informative ε, does not hold "
-                                   "if clearly worse at one, partly if clearly best at some, else inconclusive"))
+                              rule="per ε, R3eLU's per-seed T-DCS vs the best other defence's whose model is usable, "
+                                   f"paired t-test (p < 0.05); an ε where R3eLU's model is not usable ({C.USABLE_RULE}) "
+                                   "is uninformative — DCS rewards a useless model; holds if R3eLU is clearly best at "
+                                   "every informative ε, does not hold if clearly worse at one, partly if clearly best "
+                                   "at some (p × the number of informative ε for 'one' / 'some'), else inconclusive",
+                              p=p8))
     return claims
 
 

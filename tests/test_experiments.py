@@ -16,7 +16,8 @@ import pytest
 
 EXPERIMENTS = ("exp1_merge_padding", "exp2_utility_epsilon", "exp3_property_reconstruction", "exp4_fsha",
                "exp5_denoising", "exp6_rr_vs_laplace", "exp7_cut_layer_labels", "exp8_privacy_utility_attacks")
-VERDICTS = {"holds", "partly holds", "does not hold", "new", "not measured", "uninformative", "inconclusive"}
+VERDICTS = {"holds", "partly holds", "does not hold", "new", "not measured", "uninformative", "inconclusive",
+            "not applicable"}
 
 
 @pytest.fixture
@@ -123,7 +124,6 @@ def test_paired_verdict_helper_uses_the_seed_spread():
     assert noisy["diff"] > 0 and not noisy["clear"]
     one = C.paired([0.9], [0.8])  # one seed cannot be judged
     assert not one["clear"] and one["p"] != one["p"]
-    assert C.margin_clear(0.1, 0.04) and not C.margin_clear(0.1, 0.06)
 
 
 def test_verify_reruns_seed_0_and_flags_drift(tmp_path, isolated_logging, capsys):
