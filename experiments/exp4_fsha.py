@@ -316,7 +316,7 @@ def make_claims(summary, runs) -> list[dict]:
                                         + (", broken" if brk[sg]["ok"] else "") + ")" for sg in live)
                               + f"; mean sample {C.fmt(by[f'noise σ={swept[0]:g}']['baseline_ssim_mean'])}; noise alone: "
                               f"{where}; " + "; ".join(f"σ={sg:g} " + guard_note(uses[sg]) for sg in live),
-                              v4cs if p4cs is None or p_alive is None else v4cs,
+                              v4cs,
                               rule=f"across the whole σ sweep, at every σ where FSHA is alive under noise alone ({RULE_ALIVE}) "
                                    f"and the masked model is usable ({C.USABLE_RULE}); uninformative if there is none; "
                                    f"holds if masking breaks FSHA at every such σ ({RULE_BROKEN}), does not hold if FSHA "
