@@ -338,7 +338,7 @@ def make_claims(summary, runs) -> list[dict]:
                               "; ".join(f"σ = {sg:g}: SSIM noise {C.fmt(by[f'noise σ={sg:g}']['ssim_mean'], by[f'noise σ={sg:g}']['ssim_sd'])}, "
                                         f"+ scale {C.fmt(by[f'noise σ={sg:g} + scale λ=0.2']['ssim_mean'], by[f'noise σ={sg:g} + scale λ=0.2']['ssim_sd'])} "
                                         f"(Δ {scale[sg]['diff']:+.3f}; beyond ±0.05: p = {scale[sg]['p_beyond']:.2g})"
-                                        for sg in live),
+                                        for sg in live) + f"; noise alone: {where}",
                               v4ds,
                               rule="across the whole σ sweep, at every σ where FSHA is alive under noise alone "
                                    f"({RULE_ALIVE}): paired equivalence test (TOST) of the SSIM change against ±0.05 — "
