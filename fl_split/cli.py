@@ -233,6 +233,9 @@ def _add_deploy_parser(sub) -> None:
                    help="format of the exported party files [default: npz]")
     g.add_argument("--deploy-timeout", type=float, default=1800.0, metavar="S",
                    help="give up (and tear down) after S seconds [default: 1800]")
+    from fl_split.kit import add_kit_parsers  # deploy kit, deploy node, deploy local --from-kits
+
+    add_kit_parsers(kinds, g)
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
@@ -377,6 +380,10 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
     import signal
     from dataclasses import replace
 
+    if ns.deploy_kind != "local":
+        from fl_split.kit import cmd_kit
+
+        return cmd_kit(ns)
     print("deploy local: checking the options …", flush=True)  # a deployment is never silent (issue 17)
     from fl_split.deploy import deploy_local
 
@@ -406,7 +413,8 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
               "and nodes are not authenticated; use this on loopback only", file=sys.stderr)
     print(f"deploy local: {cfg.guests + 1} parties on 127.0.0.1, work directory {ns.workdir}", flush=True)
     results = deploy_local(cfg, ns.workdir, tls=ns.tls, node_auth=ns.node_auth, private_seed=ns.seed_value,
-                           party_format=ns.party_format, timeout=ns.deploy_timeout, party_files=party_dir)
+                           party_format=ns.party_format, timeout=ns.deploy_timeout, party_files=party_dir,
+                           from_kits=ns.from_kits)
     if cfg.out:
         write_json_atomic(cfg.out, results)
     print_summary(results)

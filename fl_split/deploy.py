@@ -232,7 +232,9 @@ class LocalDeployment:
             table = read_own_table(self.cfg, party, str(path))
             check_column_owner(owner, table.where, party, table.slice.columns)
 
-    def prepare(self) -> None:
+    def prepare_data(self) -> None:
+        """The work directory (0700) and each party's data: its own table checked, the party files
+        exported, or the given ones checked."""
         from fl_split.party_files import export_parties
 
         if self.own_tables is not None:
@@ -250,6 +252,9 @@ class LocalDeployment:
             load_parties(self.cfg, self.given_parties)
             self._given_files = {p: next(self.given_parties / f"{p}.{f}" for f in ("npz", "csv", "parquet")
                                          if (self.given_parties / f"{p}.{f}").is_file()) for p in self.parties}
+
+    def prepare(self) -> None:
+        self.prepare_data()
         if self.tls:
             from fl_split.certs import write_deployment_certificates
 
@@ -478,8 +483,9 @@ def _one_line(text: str) -> str:
 def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True, node_auth: bool = True,
                  private_seed=None, party_format: str = "npz",
                  echo: Callable[[str], None] | None = None, timeout: float = 1800.0,
-                 party_files: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Run ``cfg`` as a loopback deployment (module docstring); returns the results dictionary
+                 party_files: str | os.PathLike | None = None, from_kits: bool = False) -> dict[str, Any]:
+    """Run ``cfg`` as a loopback deployment (module docstring); ``from_kits``: by executing the
+    organisations' kits (:class:`fl_split.kit.KitDeployment`, always TLS and node authentication); returns the results dictionary
     (``results["deployment"]`` adds the run ID, the workdir and the phases' seconds). Every
     process started is ended before this returns or raises, also on KeyboardInterrupt; SIGTERM
     is turned into KeyboardInterrupt while it runs. ``private_seed``: a
@@ -489,7 +495,13 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
         from fl_split.seeding import PrivateSeed
 
         private_seed = PrivateSeed.coerce(private_seed)
-    dep = LocalDeployment(cfg, workdir, tls=tls, node_auth=node_auth, private_seed=private_seed,
+    if from_kits:
+        from fl_split.kit import KitDeployment
+
+        kind: type[LocalDeployment] = KitDeployment
+    else:
+        kind = LocalDeployment
+    dep = kind(cfg, workdir, tls=tls, node_auth=node_auth, private_seed=private_seed,
                           party_format=party_format, echo=echo, timeout=timeout, party_files=party_files)
     previous = previous_int = None
     if threading.current_thread() is threading.main_thread():
@@ -506,10 +518,12 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
     try:
         t0 = time.monotonic()
         say(f"deploy: preparing {dep.workdir}: "
+            + ("writing a kit per organisation (WORKDIR/kits), each running its run.sh init (its own keys), "
+               "exchanging the public files, the host signing the guests' CSRs; " if from_kits else "")
             + (f"checking each party's own table (its SuperNode reads it; the ServerApp aligns the IDs between "
                f"the nodes, --align {cfg.align})" if dep.own_tables is not None
                else "checking the given party files" if party_files is not None else "exporting one data file per party")
-            + (", making certificates and keys" if tls else "") + " …")
+            + (", making certificates and keys" if tls and not from_kits else "") + " …")
         dep.prepare()
         say("deploy: starting the SuperLink …")
         dep.start_superlink()

@@ -1,0 +1,599 @@
+"""``fl-split deploy kit`` and ``fl-split deploy node``: a folder per organisation (issue 25, item 3).
+
+``fl-split deploy kit --out DIR --parties host,guest-1,… --superlink HOST:PORT --dataplane HOST:PORT
+[run options]`` writes ``DIR/coordinator``, ``DIR/host``, ``DIR/guest-<g>``; each holds
+
+* ``run.sh``: a POSIX sh script, ``sh run.sh STEP``, that runs ``fl-split deploy node STEP --kit .``;
+* ``kit.toml``: its node configuration (role, guest index, addresses, ``data-path`` — a placeholder
+  the organisation fills in —, checkpoint directory, private seed file);
+* ``README.txt``: its steps, what it generates on its own machine and what it sends to whom;
+* ``inbox/`` (what others send it), ``outbox/`` (what it sends), and after ``init`` an owner-only
+  ``keys/``; the coordinator also ``run-config.toml`` (the job, no party's secret or path).
+
+A kit holds **no key at all** when it is written: every key is made by ``init`` on the
+organisation's own machine, and only public halves travel (:data:`SENDS`). Two trust roots:
+
+* the **coordinator's CA** signs the SuperLink's TLS certificate (it serves it: natural holder);
+  SuperNodes and ``flwr`` trust its ``ca.crt``; SuperNodes authenticate with their own key pair
+  whose public key the coordinator registers (``flwr supernode register``) — no certificate;
+* the **host's data-plane CA** signs the host's data-plane certificate (named ``host``) and each
+  guest's client certificate from the guest's CSR (named ``guest-<g>``, mutual TLS). It is the
+  host's, not the coordinator's: the host is the party that checks guests on the data plane, and a
+  coordinator holding that CA could issue itself a guest's certificate and pose as that guest to
+  the host (docs/deploy.md, "Data-plane identities").
+
+Steps: (1) every organisation ``init``; public files are exchanged; (2) the host ``sign``s the
+guests' CSRs, the coordinator ``start``s the SuperLink and ``register``s the SuperNodes' public keys;
+(3) every party ``start``s its SuperNode with its own table; (4) the coordinator ``run``s the job.
+:class:`KitDeployment` (``fl-split deploy local --from-kits``) runs exactly these scripts on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from fl_split.config import RunConfig
+from fl_split.deploy import DeploymentError, LocalDeployment, free_port
+from fl_split.errors import ConfigError, FlSplitError
+from fl_split.secure_files import PRIVATE_UMASK, private_dir, write_private
+
+__all__ = ["SENDS", "KitDeployment", "deliver", "node_step", "party_names", "write_kits"]
+
+KIT_FILE = "kit.toml"
+COORDINATOR = "coordinator"
+CONNECTION = "fl-split-kit"
+STEPS = ("init", "sign", "register", "start", "run")
+
+
+def party_names(text: str, guests: int | None = None) -> list[str]:
+    """``--parties host,guest-1,…``: the host and guests 1..G, in any order; returns them ordered."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    g = len(names) - 1
+    want = ["host"] + [f"guest-{i}" for i in range(1, g + 1)]
+    if g < 1 or sorted(names) != sorted(want) or len(set(names)) != len(names):
+        raise ConfigError("parties", text, "host,guest-1,…,guest-G (G >= 1, each once)")
+    if guests is not None and guests != g:
+        raise ConfigError("parties", text, f"host and {guests} guests", reason=f"--guests is {guests}")
+    return want
+
+
+def _hostport(key: str, text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or "'" in host or '"' in host:
+        raise ConfigError(key, text, "HOST:PORT (e.g. link.example.org:9093)")
+    return host, int(port)
+
+
+# -- what travels: (sender, file in its outbox, receivers); the only files that leave a kit ------------
+def SENDS(parties: list[str]) -> list[tuple[str, str, list[str]]]:
+    guests = [p for p in parties if p != "host"]
+    rows = [(COORDINATOR, "ca.crt", list(parties))]
+    rows += [(p, f"auth-{p}.pub", [COORDINATOR]) for p in parties]
+    rows += [(g, f"{g}.csr", ["host"]) for g in guests]
+    rows += [("host", "dataplane-ca.crt", guests)]
+    rows += [("host", f"{g}.crt", [g]) for g in guests]  # after `sign`
+    return rows
+
+
+_WHAT = {"ca.crt": "the coordinator's CA certificate (to verify the SuperLink's TLS)",
+         "dataplane-ca.crt": "the host's data-plane CA certificate (to verify the host's data plane)",
+         ".pub": "its SuperNode public key (registered for SuperNode authentication)",
+         ".csr": "its data-plane certificate request (the host's CA signs it)",
+         ".crt": "the guest's signed data-plane client certificate"}
+
+
+def _what(name: str) -> str:
+    return _WHAT.get(name) or next(v for k, v in _WHAT.items() if name.endswith(k))
+
+
+def deliver(kits: Path, parties: list[str], only: str | None = None) -> list[str]:
+    """Copy each file of :data:`SENDS` that exists from its sender's ``outbox/`` to each receiver's
+    ``inbox/`` (what the organisations do by mail or a file share; ``only``: that file name only).
+    Nothing else ever moves between kits. Returns ``"sender/file -> receiver"`` lines."""
+    moved = []
+    for sender, name, receivers in SENDS(parties):
+        src = kits / sender / "outbox" / name
+        if (only and name != only) or not src.is_file():
+            continue
+        for r in receivers:
+            shutil.copyfile(src, kits / r / "inbox" / name)
+            moved.append(f"{sender}/{name} -> {r}")
+    return moved
+
+
+# -- writing the kits ------------------------------------------------------------------------------------
+_RUN_SH = """#!/bin/sh
+# fl_split kit of {party}: sh run.sh STEP (see README.txt). Runs `fl-split deploy node STEP --kit <this folder>`
+# with $PYTHON (default python3; set PYTHON=/path/to/venv/bin/python where fl_split is installed).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+umask 077
+exec "${{PYTHON:-python3}}" -m fl_split.cli deploy node "${{1:?usage: sh run.sh {steps}}}" --kit "$here"
+"""
+
+
+def _toml(values: dict[str, Any]) -> str:
+    from fl_split.flower.appconfig import toml_value
+
+    def render(v):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]" if isinstance(v, list) else toml_value(v)
+
+    return "".join(f"{k} = {render(v)}\n" for k, v in values.items())
+
+
+def read_kit(kit: Path) -> dict[str, Any]:
+    path = kit / KIT_FILE
+    if not path.is_file():
+        raise ConfigError("kit", str(kit), "a folder written by fl-split deploy kit", reason=f"no {KIT_FILE}")
+    return tomllib.loads(path.read_text(encoding="utf-8"))
+
+
+def update_kit(kit: Path, **values: Any) -> None:
+    """Set ``kit.toml`` keys (what an organisation does with an editor: its data path, its seed file)."""
+    conf = read_kit(kit)
+    conf.update({k.replace("_", "-"): v for k, v in values.items()})
+    (kit / KIT_FILE).write_text(_toml(conf), encoding="utf-8")
+
+
+def write_kits(cfg: RunConfig, out: str | os.PathLike, parties: list[str], superlink: str, dataplane: str,
+               *, bind: str = "0.0.0.0", clientappio_ports: dict[str, int] | None = None,
+               app: str | os.PathLike | None = None) -> dict[str, Path]:
+    """Write one kit per organisation into ``out`` (module docstring); returns ``{name: folder}``.
+    ``dataplane``: where guests reach the host's data plane; ``bind``: the SuperLink's listening
+    address; ``clientappio_ports``: each SuperNode's local port (distinct only on one machine)."""
+    from fl_split.data.own import NODE_TABLES, parse_data_spec
+    from fl_split.deploy import find_app_dir, run_config_toml
+
+    _hostport("superlink", superlink)
+    _hostport("dataplane", dataplane)
+    out = private_dir(Path(out).expanduser().resolve())
+    names = [COORDINATOR] + parties
+    existing = [n for n in names if (out / n).exists()]
+    if existing:
+        raise ConfigError("out", str(out), "a directory without kits", reason=f"{', '.join(existing)} exist(s)")
+    spec = parse_data_spec(cfg.data) if cfg.data and cfg.data.strip() != NODE_TABLES else None
+    node_tables = isinstance(spec, dict) or (cfg.data or "").strip() == NODE_TABLES
+    kits = {}
+    for name in names:
+        kit = private_dir(out / name)
+        for sub in ("inbox", "outbox"):
+            private_dir(kit / sub)
+        (kit / "run.sh").write_text(_RUN_SH.format(party=name, steps="|".join(_steps_of(name))), encoding="utf-8")
+        os.chmod(kit / "run.sh", 0o700)
+        if name == COORDINATOR:
+            conf = {"party": name, "parties": parties, "superlink": superlink, "superlink-bind": bind,
+                    "app": str(Path(app).resolve() if app else find_app_dir())}
+            job = replace(cfg, data=NODE_TABLES) if node_tables else cfg
+            # no checkpoint path of anyone's in the job; the coordinator's own is added to its copy
+            text = run_config_toml(replace(job, checkpoint_dir=""), kit / "results.json")
+            if cfg.checkpoint_dir:
+                text = text.replace('checkpoint-dir = ""', f'checkpoint-dir = "{kit / "checkpoints"}"')
+            write_private(kit / "run-config.toml", text.encode("utf-8"))
+        else:
+            conf = {"party": name, "role": "host" if name == "host" else "guest"}
+            if name != "host":
+                conf["guest-index"] = int(name.split("-")[1])
+            conf.update({"superlink": superlink, "dataplane": dataplane,
+                         "clientappio-port": (clientappio_ports or {}).get(name, 9094),
+                         "data-path": "", "checkpoint-dir": "checkpoints" if cfg.checkpoint_dir else "",
+                         "private-seed-file": ""})
+            if name == "host":
+                conf["guests"] = [p for p in parties if p != "host"]
+        (kit / KIT_FILE).write_text(_toml(conf), encoding="utf-8")
+        (kit / "README.txt").write_text(_readme(name, parties, superlink, dataplane, node_tables), encoding="utf-8")
+        kits[name] = kit
+    return kits
+
+
+def _steps_of(name: str) -> tuple[str, ...]:
+    return ("init", "start", "register", "run") if name == COORDINATOR else (
+        ("init", "sign", "start") if name == "host" else ("init", "start"))
+
+
+def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_tables: bool) -> str:
+    sends = [f"  outbox/{f:<20} -> {', '.join(r)}: {_what(f)}" for s, f, r in SENDS(parties) if s == name]
+    gets = [f"  inbox/{f:<21} <- {s}: {_what(f)}" for s, f, r in SENDS(parties) if name in r]
+    table = ("your own raw table (CSV/Parquet with the ID column" + (", and the label column" if name == "host" else "")
+             + "); the coordinator's job aligns the IDs between the nodes") if node_tables else (
+        f"your party file ({name}.npz|csv|parquet, fl-split export-parties)")
+    head = [f"fl_split kit of: {name}", "",
+            "Every key is made on THIS machine by `sh run.sh init` and stays in keys/ (0700, files 0600).",
+            "No private key ever leaves it; only the files listed under 'You send' travel.", ""]
+    if name == COORDINATOR:
+        steps = ["Steps:",
+                 "  1. sh run.sh init      makes keys/ca.key + ca.crt (the CA of the SuperLink's TLS) and",
+                 f"                        keys/superlink.key + superlink.crt for {superlink}; outbox/ca.crt",
+                 "     Send outbox/ca.crt to every party; wait for each party's auth-<party>.pub in inbox/.",
+                 "  2. sh run.sh start     starts the SuperLink (keep it running; one HTTPS port: Fleet + Control API)",
+                 "     sh run.sh register  registers every party's SuperNode public key (SuperNode authentication)",
+                 "  3. (the parties start their SuperNodes)",
+                 "  4. sh run.sh run       submits run-config.toml with flwr run, streams the log, and exits",
+                 "                        non-zero unless the SuperLink reports the run completed; results.json",
+                 "Keep secret: keys/ca.key, keys/superlink.key, state/superlink.db (messages of past runs)."]
+    else:
+        steps = ["Steps:",
+                 "  0. Edit kit.toml: data-path = " + table + ";",
+                 "     optionally private-seed-file = an owner-only seed file (fl-split seed --out keys/private-seed).",
+                 "  1. sh run.sh init      makes keys/auth-" + name + ".key (SuperNode authentication, OpenSSH P-384)"
+                 + (", keys/dataplane-ca.key + .crt (YOUR data-plane CA: you sign the guests' certificates) and "
+                    "keys/dataplane-host.key + .crt (named 'host')" if name == "host"
+                    else f" and keys/{name}.key with a certificate request outbox/{name}.csr") + ".",
+                 ]
+        if name == "host":
+            steps += ["  2. sh run.sh sign      once every guest's CSR is in inbox/: writes outbox/guest-<g>.crt",
+                      "     (checks each CSR's signature and that it names that guest); send each to its guest.",
+                      f"     Guests must reach your data plane at {dataplane} (you listen on its port)."]
+        else:
+            steps += ["  2. (the host signs your CSR; put the returned certificate in inbox/)"]
+        steps += ["  3. sh run.sh start     starts your SuperNode with your own table (keep it running)",
+                  "  4. (the coordinator runs the job)",
+                  "Keep secret: keys/, your table, your seed file, checkpoints/ (your secret and weights)."]
+    return "\n".join(head + steps + ["", "You send:"] + (sends or ["  nothing"]) + ["", "You receive:"]
+                     + (gets or ["  nothing"])) + "\n"
+
+
+# -- the steps (fl-split deploy node STEP --kit DIR) --------------------------------------------------------
+def _need(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise ConfigError("kit", str(path.parent.parent), what, reason=f"{path.name} is missing in {path.parent.name}/")
+    return path
+
+
+def _fresh(kit: Path, *names: str) -> Path:
+    keys = private_dir(kit / "keys")
+    done = [n for n in names if (keys / n).exists()]
+    if done:
+        raise ConfigError("kit", str(kit), "a kit not yet initialised", reason=f"keys/{done[0]} exists: init ran already")
+    return keys
+
+
+def _init(kit: Path, conf: dict[str, Any]) -> list[str]:
+    from fl_split.certs import make_ca, make_leaf, make_node_auth_key, pem_cert, pem_key
+
+    name = conf["party"]
+    if name == COORDINATOR:
+        keys = _fresh(kit, "ca.key", "superlink.key")
+        host, _ = _hostport("superlink", conf["superlink"])
+        ca_key, ca = make_ca("fl-split SuperLink CA (coordinator)")
+        key, cert = make_leaf(ca_key, ca, host, server=True, hosts=(host,))
+        write_private(keys / "ca.key", pem_key(ca_key))
+        write_private(keys / "superlink.key", pem_key(key))
+        for path in (keys / "ca.crt", kit / "outbox" / "ca.crt"):
+            path.write_bytes(pem_cert(ca))
+        (keys / "superlink.crt").write_bytes(pem_cert(cert))
+        private_dir(kit / "flwr-home")
+        (kit / "flwr-home" / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{conf["superlink"]}"\n'
+            f'root-certificates = "{keys / "ca.crt"}"\n', encoding="utf-8")
+        return ["keys/ca.key", "keys/superlink.key", "outbox/ca.crt"]
+    keys = _fresh(kit, f"auth-{name}.key")
+    private, public = make_node_auth_key(f"fl-split-{name}")
+    write_private(keys / f"auth-{name}.key", private)
+    (kit / "outbox" / f"auth-{name}.pub").write_bytes(public)
+    made = [f"keys/auth-{name}.key", f"outbox/auth-{name}.pub"]
+    if name == "host":
+        from fl_split.dataplane.tls import HOST_NAME
+
+        dp_host, _ = _hostport("dataplane", conf["dataplane"])
+        ca_key, ca = make_ca("fl-split data-plane CA (host)")
+        key, cert = make_leaf(ca_key, ca, HOST_NAME, server=True, hosts=(HOST_NAME, dp_host))
+        write_private(keys / "dataplane-ca.key", pem_key(ca_key))
+        write_private(keys / "dataplane-host.key", pem_key(key))
+        for path in (keys / "dataplane-ca.crt", kit / "outbox" / "dataplane-ca.crt"):
+            path.write_bytes(pem_cert(ca))
+        (keys / "dataplane-host.crt").write_bytes(pem_cert(cert))
+        return made + ["keys/dataplane-ca.key", "keys/dataplane-host.key", "outbox/dataplane-ca.crt"]
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])).sign(key, hashes.SHA256()))
+    write_private(keys / f"{name}.key", pem_key(key))
+    (kit / "outbox" / f"{name}.csr").write_bytes(csr.public_bytes(_pem()))
+    return made + [f"keys/{name}.key", f"outbox/{name}.csr"]
+
+
+def _pem():
+    from cryptography.hazmat.primitives import serialization
+
+    return serialization.Encoding.PEM
+
+
+def _sign(kit: Path, conf: dict[str, Any]) -> list[str]:
+    """The host's CA signs each guest's CSR into a client certificate naming that guest (what
+    :func:`fl_split.certs.make_leaf` issues with ``server=False``, for the guest's own public key)."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    if conf["party"] != "host":
+        raise ConfigError("kit", str(kit), "the host's kit (it holds the data-plane CA)", reason=f"this is {conf['party']}'s")
+    keys = kit / "keys"
+    ca_key = serialization.load_pem_private_key(_need(keys / "dataplane-ca.key", "run init first").read_bytes(), None)
+    ca = x509.load_pem_x509_certificate((keys / "dataplane-ca.crt").read_bytes())
+    made = []
+    for guest in conf["guests"]:
+        path = _need(kit / "inbox" / f"{guest}.csr", f"every guest's CSR in inbox/ ({guest} sends {guest}.csr)")
+        csr = x509.load_pem_x509_csr(path.read_bytes())
+        cns = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+        if not csr.is_signature_valid or cns != [guest]:
+            raise ConfigError("kit", str(path), f"a CSR signed by its key and naming {guest}", reason=f"it names {cns}")
+        now = dt.datetime.now(dt.timezone.utc)
+        cert = (x509.CertificateBuilder().subject_name(csr.subject).issuer_name(ca.subject)
+                .public_key(csr.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=365))
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.SubjectAlternativeName([x509.DNSName(guest)]), critical=False)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        (kit / "outbox" / f"{guest}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        made.append(f"outbox/{guest}.crt")
+    return made
+
+
+def _env(kit: Path) -> dict[str, str]:
+    bindir = str(Path(sys.executable).parent)
+    return dict(os.environ, FLWR_HOME=str(kit / "flwr-home"), FLWR_TELEMETRY_ENABLED="0",
+                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", PYTHONUNBUFFERED="1",
+                PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+
+
+def _path(kit: Path, value: str) -> Path:
+    return (kit / Path(value).expanduser()).resolve()
+
+
+def _start_args(kit: Path, conf: dict[str, Any]) -> list[str]:
+    from fl_split.deploy import _bin, _literal
+
+    name = conf["party"]
+    if name == COORDINATOR:
+        keys, (_, port) = kit / "keys", _hostport("superlink", conf["superlink"])
+        _need(keys / "superlink.key", "run init first")
+        private_dir(kit / "state")
+        return [_bin("flower-superlink"), "--host", conf.get("superlink-bind", "0.0.0.0"), "--port", str(port),
+                "--database", str(kit / "state" / "superlink.db"), "--disable-runtime-dependency-installation",
+                "--ssl-ca-certfile", str(keys / "ca.crt"), "--ssl-certfile", str(keys / "superlink.crt"),
+                "--ssl-keyfile", str(keys / "superlink.key"), "--enable-supernode-auth"]
+    if not conf.get("data-path"):
+        raise ConfigError("data-path", "", f"the path of {name}'s own table (edit {kit / KIT_FILE})")
+    data = _path(kit, conf["data-path"])
+    if not data.is_file():
+        raise ConfigError("data-path", conf["data-path"], f"an existing file (edit {kit / KIT_FILE})")
+    keys, inbox = kit / "keys", kit / "inbox"
+    ca = _need(inbox / "ca.crt", "the coordinator's ca.crt in inbox/")
+    items = [f"role='{conf['role']}'"] + ([f"guest-index={conf['guest-index']}"] if name != "host" else [])
+    items.append(f"data-path={_literal(data)}")
+    if name == "host":
+        items += [f"dataplane-address='{conf['dataplane']}'",
+                  f"dataplane-certfile={_literal(_need(keys / 'dataplane-host.crt', 'run init first'))}",
+                  f"dataplane-keyfile={_literal(keys / 'dataplane-host.key')}",
+                  f"dataplane-client-ca={_literal(keys / 'dataplane-ca.crt')}"]
+    else:
+        dp_ca = _need(inbox / "dataplane-ca.crt", "the host's dataplane-ca.crt in inbox/")
+        cert = _need(inbox / f"{name}.crt", "your certificate signed by the host in inbox/")
+        key = _need(keys / f"{name}.key", "run init first")
+        items += [f"dataplane-ca={_literal(dp_ca)}", f"dataplane-certfile={_literal(cert)}",
+                  f"dataplane-keyfile={_literal(key)}"]
+    if conf.get("checkpoint-dir"):
+        items.append(f"checkpoint-dir={_literal(private_dir(_path(kit, conf['checkpoint-dir'])))}")
+    if conf.get("private-seed-file"):  # the path only: the seed itself is never on a command line
+        items.append(f"private-seed-file={_literal(_path(kit, conf['private-seed-file']))}")
+    return [_bin("flower-supernode"), "--superlink", conf["superlink"], "--host", "127.0.0.1",
+            "--port", str(conf["clientappio-port"]), "--node-config", " ".join(items),
+            "--root-certificates", str(ca), "--auth-supernode-private-key", str(_need(keys / f"auth-{name}.key", "run init first"))]
+
+
+def _flwr(kit: Path, *args: str) -> subprocess.CompletedProcess:
+    from fl_split.deploy import _bin
+
+    return subprocess.run([_bin("flwr"), *args], env=_env(kit), cwd=kit, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+
+
+def _register(kit: Path, conf: dict[str, Any]) -> list[str]:
+    done = []
+    for party in conf["parties"]:
+        pub = _need(kit / "inbox" / f"auth-{party}.pub", f"every party's public key in inbox/ ({party} sends it)")
+        out = _flwr(kit, "supernode", "register", str(pub), CONNECTION, "--name", party, "--format", "json")
+        if out.returncode != 0 or '"success": true' not in out.stdout:
+            detail = (out.stdout + out.stderr).strip().splitlines()
+            raise KitError(f"flwr supernode register for {party} failed: {detail[-1] if detail else out.returncode}")
+        done.append(f"registered {party}")
+    return done
+
+
+class KitError(FlSplitError):
+    """A step of a kit failed (a ``flwr`` command, the run); one line."""
+
+
+def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
+    """``flwr run`` the job, stream its log, then the outcome as the SuperLink reports it (``flwr
+    run`` exits 0 even when the ServerApp fails)."""
+    from fl_split.deploy import _bin, _one_line
+
+    proc = subprocess.Popen([_bin("flwr"), "run", conf["app"], CONNECTION, "--stream", "--run-config",
+                             str(_need(kit / "run-config.toml", "the job"))], env=_env(kit), cwd=kit, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    run_id = None
+    for line in proc.stdout:  # type: ignore[union-attr]
+        print(line, end="", flush=True)
+        if line.startswith("Successfully started run "):
+            run_id = line.split()[-1]
+    proc.wait()
+    if run_id is None:
+        raise KitError(f"flwr run exited with code {proc.returncode} without starting a run")
+    deadline = time.monotonic() + timeout
+    while True:
+        out = _flwr(kit, "ls", CONNECTION, "--run-id", run_id, "--format", "json")
+        try:
+            run = json.loads(out.stdout)["runs"][0]
+            status, details = str(run.get("status", "")), str(run.get("status-details", ""))
+        except (ValueError, KeyError, IndexError):
+            status, details = "unknown", _one_line(out.stdout + out.stderr)
+        if status.startswith("finished") or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    if status != "finished:completed":
+        raise KitError(f"run {run_id} {status.replace('finished:', '')}: {_one_line(details) or 'no details'}")
+    return [f"run {run_id} completed; results in {kit / 'results.json'}"]
+
+
+def node_step(step: str, kit_dir: str | os.PathLike) -> list[str]:
+    """Run one step of a kit; ``start`` replaces this process with the SuperLink / SuperNode."""
+    kit = Path(kit_dir).expanduser().resolve()
+    conf = read_kit(kit)
+    if step not in _steps_of(conf["party"]):
+        raise ConfigError("step", step, f"one of {', '.join(_steps_of(conf['party']))} for {conf['party']}'s kit")
+    os.umask(PRIVATE_UMASK)
+    if step == "init":
+        return _init(kit, conf)
+    if step == "sign":
+        return _sign(kit, conf)
+    if step == "register":
+        return _register(kit, conf)
+    if step == "run":
+        return _run(kit, conf)
+    args = _start_args(kit, conf)
+    sys.stdout.flush()
+    os.chdir(kit)
+    os.execve(args[0], args, _env(kit))  # the organisation's long-running service
+    raise AssertionError("unreachable")
+
+
+# -- the loopback deployment from the kits (fl-split deploy local --from-kits) -----------------------------
+class KitDeployment(LocalDeployment):
+    """``deploy local --from-kits``: kits written into ``WORKDIR/kits``, then every organisation's
+    ``run.sh`` executed as that organisation would (:data:`SENDS` is all that moves between kits),
+    on 127.0.0.1 with free ports. Always TLS and SuperNode authentication. The SuperLink and the
+    SuperNodes are the kits' ``sh run.sh start`` processes, ended with everything they start."""
+
+    def __init__(self, cfg: RunConfig, workdir, **kw) -> None:
+        if not kw.get("tls", True) or not kw.get("node_auth", True):
+            raise ConfigError("from-kits", True, "with TLS and node authentication (no --insecure, --no-node-auth)",
+                              reason="a kit always makes keys and certificates")
+        kw.update(tls=True, node_auth=True)
+        super().__init__(cfg, workdir, **kw)
+        self.kits = self.workdir / "kits"
+        self.connection = CONNECTION
+        self.results_path = self.kits / COORDINATOR / "results.json"
+        self.env["PYTHON"] = sys.executable  # run.sh runs fl_split with this interpreter
+
+    def _step(self, who: str, step: str) -> None:
+        log = self.group.log_dir / f"kit-{who}-{step}.log"
+        private_dir(log.parent)
+        with open(log, "wb") as fh:
+            rc = subprocess.run(["/bin/sh", str(self.kits / who / "run.sh"), step], env=self.env, cwd=self.kits / who,
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=300,
+                                umask=PRIVATE_UMASK).returncode
+        if rc != 0:
+            tail = log.read_text(errors="replace").strip().splitlines()
+            raise DeploymentError(f"{who}: sh run.sh {step} exited with code {rc}: "
+                                    f"{tail[-1] if tail else 'no output'} (log: {log})")
+
+    def prepare(self) -> None:
+        self.prepare_data()
+        if self.kits.exists():  # a fresh set of kits (and keys) for every deployment
+            shutil.rmtree(self.kits)
+        self.link_port, self.dataplane_port = free_port(), free_port()
+        self.address = f"127.0.0.1:{self.link_port}"
+        kits = write_kits(self.cfg, self.kits, self.parties, self.address, f"127.0.0.1:{self.dataplane_port}",
+                          bind="127.0.0.1", clientappio_ports={p: free_port() for p in self.parties})
+        for who in [COORDINATOR] + self.parties:  # (1) each organisation makes its keys
+            self._step(who, "init")
+        for party in self.parties:  # (0) each organisation names its own table (and seed) in its kit.toml
+            values: dict[str, Any] = {"data_path": str(self.party_file(party))}
+            if self.private_seed is not None:
+                write_private(kits[party] / "keys" / "private-seed",
+                              self.private_seed.for_party(party).file_text().encode("ascii"))
+                values["private_seed_file"] = "keys/private-seed"
+            update_kit(kits[party], **values)
+        deliver(self.kits, self.parties)  # public keys, CSRs, CA certificates
+        self._step("host", "sign")  # (2) the host's data-plane CA signs the guests' CSRs
+        deliver(self.kits, self.parties)  # the signed certificates back to their guests
+        self.certs = self.kits / COORDINATOR / "keys"  # ca.crt: to check the SuperLink answers
+        self.flwr_home = self.kits / COORDINATOR / "flwr-home"
+        self.env["FLWR_HOME"] = str(self.flwr_home)
+        self._mark("prepared")
+
+    def start_superlink(self) -> None:
+        self.group.spawn("superlink", ["/bin/sh", str(self.kits / COORDINATOR / "run.sh"), "start"], self.env,
+                         cwd=self.kits / COORDINATOR)
+        self._wait_superlink()
+        self._mark("superlink")
+
+    def register_nodes(self) -> None:
+        self._step(COORDINATOR, "register")
+        self._mark("registered")
+
+    def start_supernodes(self) -> None:
+        for party in self.parties:
+            self.group.spawn(f"supernode-{party}", ["/bin/sh", str(self.kits / party / "run.sh"), "start"],
+                             self.env, cwd=self.kits / party)
+        self._mark("supernodes")
+
+    def run(self) -> dict[str, Any]:
+        self.results_path.unlink(missing_ok=True)
+        self._submit(["/bin/sh", str(self.kits / COORDINATOR / "run.sh"), "run"], umask=PRIVATE_UMASK)
+        if not self.results_path.exists():
+            raise DeploymentError(f"run {self.run_id} completed but wrote no results to {self.results_path}")
+        return json.loads(self.results_path.read_text(encoding="utf-8"))
+
+
+# -- the command line -------------------------------------------------------------------------------------
+def add_kit_parsers(kinds, local_group) -> None:
+    """``deploy kit``, ``deploy node`` and ``deploy local --from-kits`` (registered by fl_split.cli)."""
+    from fl_split.cli import _add_train_flags
+
+    local_group.add_argument("--from-kits", action="store_true", default=False,
+                             help="write a kit per organisation into WORKDIR/kits and run the deployment by "
+                                  "executing each kit's run.sh (always TLS and node authentication)")
+    kit = kinds.add_parser(
+        "kit", help="write a folder per organisation (coordinator, host, guests): script, config, README",
+        description="Write DIR/coordinator, DIR/host, DIR/guest-<g>: run.sh (sh run.sh init|sign|register|start|run), "
+                    "kit.toml and README.txt saying what each generates on its own machine and sends to whom. "
+                    "No key is written: each organisation makes its own with `sh run.sh init` (docs/deploy.md).")
+    _add_train_flags(kit)
+    g = kit.add_argument_group("kit")
+    g.add_argument("--parties", required=True, metavar="host,guest-1,…", help="the organisations' party names")
+    g.add_argument("--superlink", default="127.0.0.1:9093", metavar="HOST:PORT",
+                   help="where SuperNodes and flwr reach the coordinator's SuperLink (its certificate names HOST)")
+    g.add_argument("--dataplane", default="127.0.0.1:9300", metavar="HOST:PORT",
+                   help="where guests reach the host's data plane (the host listens on PORT)")
+    node = kinds.add_parser("node", help="one step of a kit (what its run.sh runs)")
+    node.add_argument("step", choices=STEPS)
+    node.add_argument("--kit", default=".", metavar="DIR", help="the kit folder [default: .]")
+
+
+def cmd_kit(ns) -> int:
+    if ns.deploy_kind == "node":
+        for line in node_step(ns.step, ns.kit):
+            print(f"{ns.step}: {line}", flush=True)
+        return 0
+    from fl_split.cli import config_from_args
+
+    if not getattr(ns, "out", None):
+        raise ConfigError("out", "", "the directory to write the kits into")
+    parties = party_names(ns.parties, getattr(ns, "guests", None))
+    ns.guests = len(parties) - 1
+    cfg = config_from_args(ns)
+    if cfg.monolithic:
+        raise ConfigError("monolithic", True, "false", reason="a deployment runs the split parties")
+    kits = write_kits(replace(cfg, engine="flower", out=""), cfg.out, parties, ns.superlink, ns.dataplane)
+    for name, path in kits.items():
+        print(f"{name}: {path} (README.txt)")
+    print("no key was written: each organisation runs `sh run.sh init` on its own machine")
+    return 0

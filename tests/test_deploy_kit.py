@@ -1,0 +1,202 @@
+"""``fl-split deploy kit`` / ``deploy node`` / ``deploy local --from-kits`` (issue 25, item 3): a
+folder per organisation, keys made by each organisation's own ``run.sh init``, only public files
+exchanged (:data:`fl_split.kit.SENDS`), and the loopback deployment run by executing the kits.
+
+A process belongs to a kit deployment when its ``FLWR_HOME`` lies under the work directory (each
+kit sets its own; everything they start inherits it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fl_split.config import RunConfig
+from fl_split.flower.processes import process_table
+from fl_split.kit import COORDINATOR, deliver, update_kit, write_kits
+
+FLSPLIT = [sys.executable, "-m", "fl_split.cli"]
+PARTIES = ["host", "guest-1", "guest-2"]
+SMALL = ["--dataset", "digits", "--guests", "2", "--epochs", "1", "--limit", "150", "--seed", "3",
+         "--defense", "gaussian", "--batch-size", "32"]
+ENV = dict(os.environ, PYTHON=sys.executable)
+
+
+def _step(kit: Path, step: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["/bin/sh", str(kit / "run.sh"), step], env=ENV, capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+
+
+def _private_keys(kit: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in (kit / "keys").iterdir() if p.suffix == ".key" or p.name == "private-seed"} \
+        if (kit / "keys").is_dir() else {}
+
+
+def _assert_no_foreign_secret(kits: dict[str, Path], secrets: dict[str, list[bytes]]) -> None:
+    """No file in ``name``'s kit holds a secret (private key, seed, table) of another organisation."""
+    for name, kit in kits.items():
+        foreign = [s for other, found in secrets.items() if other != name for s in found]
+        for path in kit.rglob("*"):
+            if path.is_file():
+                data = path.read_bytes()
+                assert not any(s in data for s in foreign), f"{path} holds another organisation's secret"
+
+
+def _initialised(tmp_path: Path) -> dict[str, Path]:
+    cfg = RunConfig(dataset="digits", guests=2, limit=150, seed=3, engine="flower")
+    kits = write_kits(cfg, tmp_path / "kits", PARTIES, "127.0.0.1:9093", "127.0.0.1:9300")
+    assert not any(p.name == "keys" for p in (tmp_path / "kits").rglob("*"))  # no key is in a fresh kit
+    for name, kit in kits.items():
+        out = _step(kit, "init")
+        assert out.returncode == 0, out.stderr
+    deliver(tmp_path / "kits", PARTIES)
+    return kits
+
+
+def test_kit_command_writes_a_folder_per_organisation_without_any_key(tmp_path):
+    out = subprocess.run([*FLSPLIT, "deploy", "kit", "--out", str(tmp_path / "kits"), "--parties", "guest-1,host",
+                          "--dataset", "digits", "--limit", "150", "--superlink", "link.example.org:9093",
+                          "--dataplane", "10.0.0.7:9300"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    kits = tmp_path / "kits"
+    assert sorted(p.name for p in kits.iterdir()) == ["coordinator", "guest-1", "host"]
+    for name in ("coordinator", "guest-1", "host"):
+        assert {"run.sh", "kit.toml", "README.txt"} <= {p.name for p in (kits / name).iterdir()}
+        assert stat.S_IMODE((kits / name).stat().st_mode) == 0o700
+    files = [p for p in kits.rglob("*") if p.is_file()]
+    assert not any(b"PRIVATE KEY" in p.read_bytes() for p in files)
+    job = (kits / "coordinator" / "run-config.toml").read_text()
+    assert "guests = 1" in job and "private-seed" not in job and "link.example.org" not in job
+    readme = (kits / "guest-1" / "README.txt").read_text()
+    assert "outbox/guest-1.csr" in readme and "-> host" in readme and "-> coordinator" in readme
+    assert 'data-path = ""' in (kits / "guest-1" / "kit.toml").read_text()  # the organisation fills it in
+
+
+@pytest.mark.parametrize("parties, allowed", [("host,guest-2", "host,guest-1"), ("guest-1", "host,guest-1"),
+                                              ("host,guest-1,guest-1", "each once")])
+def test_kit_command_refuses_bad_parties_in_one_line(tmp_path, parties, allowed):
+    out = subprocess.run([*FLSPLIT, "deploy", "kit", "--out", str(tmp_path / "k"), "--parties", parties],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "--parties" in out.stderr and allowed in out.stderr
+
+
+def test_each_organisation_makes_its_own_keys_and_only_public_files_travel(tmp_path):
+    """``init`` in every kit, the exchange, the host's ``sign``: every private key is an owner-only
+    file in its owner's ``keys/`` (0700) and in no other kit; each guest's certificate is the host
+    CA's signature on the guest's own key, naming that guest."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    kits = _initialised(tmp_path)
+    out = _step(kits["host"], "sign")
+    assert out.returncode == 0, out.stderr
+    deliver(tmp_path / "kits", PARTIES)
+    secrets = {}
+    for name, kit in kits.items():
+        keys = _private_keys(kit)
+        assert keys, name
+        assert stat.S_IMODE((kit / "keys").stat().st_mode) == 0o700
+        for path in keys:
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        secrets[name] = list(keys.values())
+    assert {p.name for p in _private_keys(kits["coordinator"])} == {"ca.key", "superlink.key"}
+    assert {p.name for p in _private_keys(kits["host"])} == {"auth-host.key", "dataplane-ca.key", "dataplane-host.key"}
+    assert {p.name for p in _private_keys(kits["guest-1"])} == {"auth-guest-1.key", "guest-1.key"}
+    _assert_no_foreign_secret(kits, secrets)
+    ca = x509.load_pem_x509_certificate((kits["guest-1"] / "inbox" / "dataplane-ca.crt").read_bytes())
+    for guest in ("guest-1", "guest-2"):
+        cert = x509.load_pem_x509_certificate((kits[guest] / "inbox" / f"{guest}.crt").read_bytes())
+        cert.verify_directly_issued_by(ca)
+        own = load_pem_private_key((kits[guest] / "keys" / f"{guest}.key").read_bytes(), None)
+        assert cert.public_key().public_numbers() == own.public_key().public_numbers()
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert san.get_values_for_type(x509.DNSName) == [guest]
+    # what the coordinator received: CA certificate out, the parties' public keys in, nothing else
+    assert sorted(p.name for p in (kits[COORDINATOR] / "inbox").iterdir()) == [
+        "auth-guest-1.pub", "auth-guest-2.pub", "auth-host.pub"]
+    again = _step(kits["guest-1"], "init")  # never overwrites a key
+    assert again.returncode == 2 and "init ran already" in again.stderr
+
+
+def test_host_refuses_a_csr_naming_another_guest(tmp_path):
+    kits = _initialised(tmp_path)
+    inbox = kits["host"] / "inbox"
+    (inbox / "guest-2.csr").write_bytes((inbox / "guest-1.csr").read_bytes())  # guest-1 asks to be guest-2
+    out = _step(kits["host"], "sign")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "guest-2.csr" in out.stderr and "naming guest-2" in out.stderr
+    assert not (kits["host"] / "outbox" / "guest-2.crt").exists()
+
+
+def test_start_names_a_missing_table_or_file_in_one_line(tmp_path):
+    kits = _initialised(tmp_path)
+    out = _step(kits["guest-1"], "start")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--data-path" in out.stderr, out.stderr
+    table = tmp_path / "guest-1.npz"
+    table.write_bytes(b"")
+    update_kit(kits["guest-1"], data_path=str(table))
+    out = _step(kits["guest-1"], "start")  # the host has not signed its CSR yet
+    assert out.returncode == 2 and "guest-1.crt is missing in inbox/" in out.stderr, out.stderr
+    out = _step(kits["host"], "run")
+    assert out.returncode == 2 and "--step" in out.stderr and "init, sign, start" in out.stderr
+
+
+def _kit_pids(workdir: Path) -> list[int]:
+    prefix = f"FLWR_HOME={workdir.resolve()}".encode()
+    found = []
+    for pid, (state, *_rest) in process_table().items():
+        if state == "Z" or pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(prefix) for v in env):
+            found.append(pid)
+    return found
+
+
+@pytest.mark.slow
+def test_loopback_deployment_from_the_kits(tmp_path):
+    """``deploy local --from-kits``: the kits' run.sh executed as the organisations would (TLS,
+    SuperNode authentication, the host's CA signing the guests' CSRs); the same final accuracy,
+    loss and ε as the local engine with the same seeds (as ``deploy local``,
+    tests/test_deploy.py); no kit holds another organisation's key, seed or table; nothing left."""
+    workdir, out_path = tmp_path / "dep", tmp_path / "results.json"
+    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--from-kits", *SMALL, "--private-seed", "5",
+                           "--insecure-private-seed", "--workdir", str(workdir), "--out", str(out_path)],
+                          capture_output=True, text=True, timeout=1200)
+    left = _kit_pids(workdir)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert left == [], f"processes left running: {left}"
+    results = json.loads(out_path.read_text())
+    assert results["deployment"]["tls"] and results["deployment"]["node_auth"]
+    kits = {p.name: p for p in (workdir / "kits").iterdir()}
+    assert sorted(kits) == ["coordinator", "guest-1", "guest-2", "host"]
+    assert not (workdir / "certs").exists()  # no central key maker: every key came from a kit's init
+    secrets = {name: list(_private_keys(kit).values()) for name, kit in kits.items()}
+    for party in PARTIES:  # its table is its own secret too (the host's holds the labels)
+        secrets[party].append((workdir / "parties" / f"{party}.npz").read_bytes())
+        assert (kits[party] / "keys" / "private-seed").is_file()
+    _assert_no_foreign_secret(kits, secrets)
+    assert "https://127.0.0.1" in (workdir / "logs" / "superlink.log").read_text()
+    from fl_split.cli import build_parser, config_from_args
+    from fl_split.engine import run_experiment
+    from fl_split.seeding import PrivateSeed
+
+    local = run_experiment(config_from_args(build_parser().parse_args(["train", *SMALL])),
+                           private_seed=PrivateSeed.insecure(5))
+    assert results["final"]["value"] == local["final"]["value"]
+    assert results["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)
+    for party, rep in local["privacy"].items():
+        assert results["privacy"][party]["epsilon"] == rep["epsilon"]
