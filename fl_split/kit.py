@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_split.config import RunConfig
-from fl_split.deploy import DeploymentError, LocalDeployment, free_port
+from fl_split.deploy import DeploymentError, LocalDeployment, checkpoint_dir_of, free_port
 from fl_split.errors import ConfigError, FlSplitError
 from fl_split.secure_files import PRIVATE_UMASK, private_dir, write_private
 
@@ -520,7 +520,15 @@ class KitDeployment(LocalDeployment):
                 write_private(kits[party] / "keys" / "private-seed",
                               self.private_seed.for_party(party).file_text().encode("ascii"))
                 values["private_seed_file"] = "keys/private-seed"
+            if self.cfg.checkpoint_dir:  # deploy local's layout: DIR/<party>, DIR/coordinator
+                values["checkpoint_dir"] = str(checkpoint_dir_of(self.cfg, party))
             update_kit(kits[party], **values)
+        if self.cfg.checkpoint_dir:
+            job = kits[COORDINATOR] / "run-config.toml"
+            text = job.read_text(encoding="utf-8").replace(
+                f'checkpoint-dir = "{kits[COORDINATOR] / "checkpoints"}"',
+                f'checkpoint-dir = "{checkpoint_dir_of(self.cfg, COORDINATOR)}"')
+            write_private(job, text.encode("utf-8"))
         deliver(self.kits, self.parties)  # public keys, CSRs, CA certificates
         self._step("host", "sign")  # (2) the host's data-plane CA signs the guests' CSRs
         deliver(self.kits, self.parties)  # the signed certificates back to their guests
