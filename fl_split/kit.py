@@ -293,7 +293,7 @@ def _init(kit: Path, conf: dict[str, Any]) -> list[str]:
         (keys / "dataplane-host.crt").write_bytes(pem_cert(cert))
         return made + ["keys/dataplane-ca.key", "keys/dataplane-host.key", "outbox/dataplane-ca.crt"]
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
@@ -301,14 +301,8 @@ def _init(kit: Path, conf: dict[str, Any]) -> list[str]:
     csr = (x509.CertificateSigningRequestBuilder()
            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])).sign(key, hashes.SHA256()))
     write_private(keys / f"{name}.key", pem_key(key))
-    (kit / "outbox" / f"{name}.csr").write_bytes(csr.public_bytes(_pem()))
+    (kit / "outbox" / f"{name}.csr").write_bytes(csr.public_bytes(serialization.Encoding.PEM))
     return made + [f"keys/{name}.key", f"outbox/{name}.csr"]
-
-
-def _pem():
-    from cryptography.hazmat.primitives import serialization
-
-    return serialization.Encoding.PEM
 
 
 def _sign(kit: Path, conf: dict[str, Any]) -> list[str]:

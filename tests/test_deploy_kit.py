@@ -200,3 +200,11 @@ def test_loopback_deployment_from_the_kits(tmp_path):
     assert results["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)
     for party, rep in local["privacy"].items():
         assert results["privacy"][party]["epsilon"] == rep["epsilon"]
+
+
+def test_from_kits_refuses_insecure_in_one_line(tmp_path):
+    out = subprocess.run([*FLSPLIT, "deploy", "local", "--from-kits", "--insecure", *SMALL,
+                          "--workdir", str(tmp_path / "dep")], capture_output=True, text=True, timeout=120)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("fl-split: error:")]
+    assert out.returncode == 2 and len(errors) == 1 and "--from-kits" in errors[0], out.stderr
+    assert not (tmp_path / "dep").exists()  # refused before anything was written
