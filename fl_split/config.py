@@ -28,7 +28,7 @@ AUTO = "auto"
 MERGE_OPS = ("concat", "sum", "avg", "max", "min", "mul")
 #: options that decide what a party's data file contains (``fl-split export-parties``); a run must
 #: use the same values as the export
-DATA_KEYS = ("dataset", "guests", "host_features", "columns", "padding", "test_fraction", "limit", "seed")
+DATA_KEYS = ("dataset", "guests", "host_features", "columns", "padding", "test_fraction", "limit", "seed", "task")
 DEFENSES = ("none", "laplace", "gaussian", "r3elu", "rr", "dpsgd")
 
 
@@ -134,6 +134,14 @@ class RunConfig:
                                 "are the shared list, sent to every party, and every guest must hold each of them; "
                                 "psi = private set intersection (ECDH-PSI): the run trains on the intersection "
                                 "and no party learns another's IDs outside it", choices=("public", "psi"))
+    task: str = _opt("auto", "what the host's top model learns: binary (2 classes; accuracy, AUC, F1, precision, "
+                             "recall, KS), multiclass (accuracy), regression (a numeric label, MSE loss; R2, MAE, RMSE); "
+                             "auto = the dataset's own task, 2 classes binary, more multiclass, and for --data a numeric "
+                             "label with non-integer values and more than 10 distinct values regression "
+                             "(fl_split/tasks.py)", choices=("auto", "binary", "multiclass", "regression"))
+    class_weight: str = _opt("none", "binary/multiclass: weigh each class's loss by n / (K n_k) from the host's training "
+                                     "labels (balanced, for imbalanced classes); none = unweighted",
+                             choices=("none", "balanced"))
     data_name: str = _opt("own", "with --data: the data's name in the results; with --seed it keys the "
                                  "train/test split draw", check=lambda v: isinstance(v, str) and v.strip() != "",
                           allowed="a non-empty name")
