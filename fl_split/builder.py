@@ -292,6 +292,10 @@ def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = N
     bottom = build_bottom(arch, name, plan.input_shapes[name], plan.cut, plan.guest_cut_activation, secret)
     if cfg.one_shot:
         bottom.load_state_dict(pretrained_bottom(cfg, name, secret))
+    if cfg.init_from:  # continue from this guest's own saved part (fl_split/serving.py)
+        from fl_split.serving import init_state
+
+        bottom.load_state_dict(init_state(cfg.init_from, name, plan)["bottom"])
     dev = resolve_device(device or cfg.device)
     update = _update_policy(cfg, "guest", name, [bottom.to(dev)], frozen=cfg.one_shot)
     width = int(np.prod(plan.cut_shapes[name]))
@@ -349,6 +353,13 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, priv
     if cfg.host_features:
         bottom = build_bottom(arch, "host", plan.input_shapes["host"], plan.cut, "native", secret)
     top = build_top(arch, plan.merged_shape, plan.cut, plan.num_outputs, secret)
+    if cfg.init_from:  # continue from the host's own saved part (fl_split/serving.py)
+        from fl_split.serving import init_state
+
+        saved = init_state(cfg.init_from, "host", plan)
+        top.load_state_dict(saved["top"])
+        if bottom is not None:
+            bottom.load_state_dict(saved["bottom"])
     dev = resolve_device(device or cfg.device)
     modules = [m.to(dev) for m in (bottom, top) if m is not None]
     update = _update_policy(cfg, "host", "host", modules)

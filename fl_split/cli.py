@@ -34,6 +34,7 @@ def _add_train_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = 
         "flower": p.add_argument_group("Flower engine"),
         "privacy": p.add_argument_group("privacy (spec §3 mechanisms, §5 accounting; docs/references.md)"),
         "robustness": p.add_argument_group("checkpoints and failures (docs/robustness.md)"),
+        "serving": p.add_argument_group("saving and serving the model (docs/serving.md)"),
     }
     for f in option_fields():
         if only is not None and f.name not in only:

@@ -234,6 +234,14 @@ class RunConfig:
                                          "zero-filled from that round (results: guest_failures)",
                                  choices=("stop", "pad"), group="robustness")
 
+    # --- serving (docs/serving.md) -----------------------------------------------------------
+    save_model: str = _opt("", "after training, each party saves its own part into DIR/<party>/ (bottom, its "
+                               "preprocessing, public mechanism parameters; the host: top, merge, task), owner-only, "
+                               "for `fl-split predict` (local engine); empty = not saved", group="serving")
+    init_from: str = _opt("", "start from a saved model (--save-model DIR of an earlier run with the same "
+                              "architecture and shapes): each party loads its own part; empty = fresh initialisation",
+                          group="serving")
+
     # --- privacy (spec §3, §5) ------------------------------------------------------------
     defense: str = _opt("none", "mechanism on the cut-layer crossings", choices=DEFENSES, group="privacy")
     protect: str = _opt("guest", "whose data the defense protects: guest = forward releases, "
@@ -340,6 +348,12 @@ class RunConfig:
                               + "|".join(d for d in DEFENSES if d != "none") + " or --dp-sgd",
                               reason="with --defense none and no --dp-sgd nothing is charged to any party, so the "
                                      "budget would never bind")
+        for key, value in (("save-model", self.save_model), ("init-from", self.init_from)):
+            if value and (self.engine == "flower" or self.monolithic):
+                raise ConfigError(key, value, "empty with " + ("--engine flower" if self.engine == "flower"
+                                                               else "--monolithic"),
+                                  reason="saved parts are written and read by the local engine's parties for now "
+                                         "(docs/serving.md)")
         if self.on_guest_failure == "pad" and self.merge == "mul":
             raise ConfigError("on-guest-failure", "pad", "stop with --merge mul",
                               reason="a zero-filled embedding makes a product merge zero for every sample")

@@ -488,6 +488,13 @@ class LocalEngine:
             results = coordinate(self.cfg, self.plan, self.transport, self.name, checkpoints=ckpt)
             if ckpt is not None:
                 results["checkpoint"].update(replayed=replayed, pending_replays=self.local.pending_replays())
+            if self.cfg.save_model and results.get("stopped_reason", "completed") == "completed":
+                from fl_split.serving import save_part
+
+                # each party writes its own folder from its own object (fl_split/serving.py)
+                for party in (self.host, *self.guests.values()):
+                    save_part(party, self.plan, self.cfg.save_model)
+                results["saved_model"] = {"dir": self.cfg.save_model, "parties": ["host", *self.guests]}
             return results
         finally:
             self.local.close()
