@@ -201,6 +201,19 @@ def build_parser() -> argparse.ArgumentParser:
                          "after a successful run]")
     fr.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                     help="give up (and tear down) after S seconds [default: 1800]")
+    pr = sub.add_parser("predict", help="score new rows with a saved split model (each party its own part and table)",
+                        description="Each party loads only its own folder of --model (written by train --save-model) "
+                                    "and reads only its own new table; each guest releases its cut-layer outputs "
+                                    "through its saved mechanism with fresh noise, charged to DIR/<guest>/inference-"
+                                    "ledger.npz; the host writes the predictions, owner-only (docs/serving.md).")
+    pr.add_argument("--model", required=True, metavar="DIR", help="the saved model (DIR/host, DIR/guest-1, …)")
+    pr.add_argument("--data", action="append", required=True, metavar="PARTY=PATH",
+                    help="each party's new table (repeat: --data host=a.csv --data guest-1=b.csv)")
+    pr.add_argument("--id-column", default="id", help="every table's ID column [default: id]")
+    pr.add_argument("--label-column", default="label",
+                    help="the host's label column; when its table has it, the task's metrics are printed")
+    pr.add_argument("--align", default="public", choices=("public", "psi"), help="how the new IDs are aligned")
+    pr.add_argument("--out", dest="pred_out", required=True, metavar="PRED.csv", help="the predictions (host only)")
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser
@@ -444,6 +457,26 @@ def cmd_certs(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(ns: argparse.Namespace) -> int:
+    from fl_split.predict import predict
+
+    tables: dict[str, str] = {}
+    for item in ns.data:
+        for chunk in filter(None, (c.strip() for c in item.split(";"))):
+            party, sep, path = chunk.partition("=")
+            if not sep or not path:
+                raise ConfigError("data", item, "PARTY=PATH, e.g. host=a.csv")
+            tables[party.strip()] = path.strip()
+    s = predict(ns.model, tables, ns.id_column, ns.pred_out, ns.align, ns.label_column)
+    print(f"scored {s['records']} records ({s['task']}); predictions (host only): {s['out']}")
+    for g, r in s["privacy"].items():
+        print(f"{g}: {r['mechanism']}, epsilon {r['epsilon']:.4g} over all its inference releases (ledger "
+              f"{r['ledger']})" if r["covered"] else f"{g}: {r['note']}")
+    for m, v in (s.get("metrics") or {}).items():
+        print(f"{m}: {v:.4f}")
+    return 0
+
+
 def cmd_seed(ns: argparse.Namespace) -> int:
     from fl_split.seeding import PrivateSeed
     from fl_split.secure_files import write_private
@@ -522,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_certs(ns)
         if ns.command == "seed":
             return cmd_seed(ns)
+        if ns.command == "predict":
+            return cmd_predict(ns)
         if ns.command == "flwr-run":
             return cmd_flwr_run(ns)
         if ns.command == "datasets":
