@@ -349,11 +349,10 @@ class RunConfig:
                               reason="with --defense none and no --dp-sgd nothing is charged to any party, so the "
                                      "budget would never bind")
         for key, value in (("save-model", self.save_model), ("init-from", self.init_from)):
-            if value and (self.engine == "flower" or self.monolithic):
-                raise ConfigError(key, value, "empty with " + ("--engine flower" if self.engine == "flower"
-                                                               else "--monolithic"),
-                                  reason="saved parts are written and read by the local engine's parties for now "
-                                         "(docs/serving.md)")
+            if value and (self.monolithic or (key == "init-from" and self.engine == "flower")):
+                raise ConfigError(key, value, "empty with " + ("--monolithic" if self.monolithic else "--engine flower"),
+                                  reason="a monolithic run has no parties to save" if self.monolithic else
+                                  "under Flower each node would read its own part: not built yet (docs/serving.md)")
         if self.on_guest_failure == "pad" and self.merge == "mul":
             raise ConfigError("on-guest-failure", "pad", "stop with --merge mul",
                               reason="a zero-filled embedding makes a product merge zero for every sample")

@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from fl_split.builder import (make_monolithic, make_parties, monolithic_batch, objective, optimizer_settings,
                               train_monolithic_epoch)
-from fl_split.config import RunConfig
+from fl_split.config import RunConfig, guest_names
 from fl_split.errors import BudgetExceeded, ConfigError, PartyError, ProtocolError, ReleaseOutOfRange
 from fl_split.parties import GuestParty, HostParty, resolve_device
 from fl_split.protocol import wire_bytes
@@ -488,13 +488,12 @@ class LocalEngine:
             results = coordinate(self.cfg, self.plan, self.transport, self.name, checkpoints=ckpt)
             if ckpt is not None:
                 results["checkpoint"].update(replayed=replayed, pending_replays=self.local.pending_replays())
-            if self.cfg.save_model and results.get("stopped_reason", "completed") == "completed":
+            if self.cfg.save_model:
                 from fl_split.serving import save_part
 
                 # each party writes its own folder from its own object (fl_split/serving.py)
                 for party in (self.host, *self.guests.values()):
                     save_part(party, self.plan, self.cfg.save_model)
-                results["saved_model"] = {"dir": self.cfg.save_model, "parties": ["host", *self.guests]}
             return results
         finally:
             self.local.close()
@@ -583,6 +582,8 @@ def run_experiment(cfg: RunConfig, private_seed: int | None = None, say=None) ->
                 results = LocalEngine(cfg, private_seed).run()
         finally:
             apply_threads(old)
+    if cfg.save_model and not cfg.monolithic:  # each party saved its own part (local engine, Flower nodes)
+        results["saved_model"] = {"dir": cfg.save_model, "parties": ["host", *guest_names(cfg.guests)]}
     if cfg.data:  # own data, prepared in this process: how the shared ID list was agreed (sizes, PSI traffic;
         # never an ID). A deployment's coordinator never reads data and does not come here.
         from fl_split.builder import prepare_data

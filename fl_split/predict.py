@@ -106,7 +106,7 @@ class GuestScorer(_Scorer):
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files if k != "__skeleton__"}
                 ledger = Ledger.from_state(unflatten(arrays, json.loads(str(z["__skeleton__"]))))
-        calls = (ledger.releases if ledger is not None else 0)
+        calls = len(ledger) if ledger is not None else 0  # earlier predict calls (one ledger entry each)
         cost = mech.cost()
         if ledger is not None and cost is not None:
             ledger.charge([LedgerEntry(0, ("predict", 0, int(calls)), "forward", cost, np.asarray(shared, np.int64),
@@ -171,6 +171,25 @@ class HostScorer(_Scorer):
             parts += [post(released[g], gen) for g in self.manifest["guest_shapes"]]
             return {"out": self.top(self.merge(parts))}
 
+    def class_index(self, y: np.ndarray) -> np.ndarray:
+        """Label values as class indices (the saved label mapping; an unseen value is refused)."""
+        classes = self.task_info.get("classes")
+        if not classes:
+            try:
+                return np.asarray(y).astype(np.int64)
+            except (TypeError, ValueError):
+                raise DataError(f"host: column {self.label_column!r} holds {y[0]!r}; the model's classes are "
+                                f"0..{self.task_info['num_classes'] - 1}") from None
+        index = {str(c): k for k, c in enumerate(classes)}
+        out = np.empty(len(y), np.int64)
+        for i, v in enumerate(y):
+            key = str(int(v)) if isinstance(v, (float, np.floating)) and float(v).is_integer() else str(v)
+            if key not in index:
+                raise DataError(f"host: column {self.label_column!r} holds {v!r}, not one of the model's classes "
+                                f"{classes}")
+            out[i] = index[key]
+        return out
+
     def labels(self, shared: np.ndarray) -> np.ndarray | None:
         from fl_split.data.base import positions_of
 
@@ -218,8 +237,10 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
         prob = torch.softmax(out_t.float(), dim=1).double().numpy()  # as the host scored the test split
         for k in range(prob.shape[1]):
             frame[f"p_{k}"] = prob[:, k]
-        frame["predicted"] = out_t.argmax(dim=1).numpy()
-        scores = prob[:, 1] if task == "binary" else frame["predicted"].astype(np.float64)
+        predicted = out_t.argmax(dim=1).numpy()
+        classes = host.task_info.get("classes")
+        frame["predicted"] = np.asarray(classes, dtype=object)[predicted] if classes else predicted
+        scores = prob[:, 1] if task == "binary" else predicted.astype(np.float64)
     create_private(out)
     pd.DataFrame(frame).to_csv(out, index=False)
     summary: dict[str, Any] = {"records": int(len(shared)), "task": task, "out": out, "privacy": privacy}
@@ -229,6 +250,6 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
         if task == "regression":
             y = (np.asarray(y, np.float64) - scale[0]) / scale[1]
         else:
-            y = np.asarray(y).astype(np.int64)
+            y = host.class_index(y)
         summary["metrics"] = task_metrics("multiclass" if task == "next-item" else task, scores, y, scale)
     return summary

@@ -103,6 +103,7 @@ def save_part(party, plan, directory: str | Path) -> Path:
         files["model.pt"] = _torch_bytes(state)
         scale = party.data.target_scale
         files["task.json"] = json.dumps({"task": plan.task, "num_classes": int(party.data.num_classes),
+                                         "classes": party.data.classes,
                                          "target_scale": None if scale is None else [float(scale[0]), float(scale[1])]},
                                         indent=1).encode()
     manifest["files"] = {name: _sha(data) for name, data in sorted(files.items())}

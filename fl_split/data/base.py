@@ -322,6 +322,8 @@ class PartyData:
     preprocessing: dict = field(default_factory=dict)
     #: host, regression: ``(mean, sd)`` of the training labels; ``y_*`` are standardised with it (never leaves the host)
     target_scale: tuple[float, float] | None = None
+    #: host, classes of an own table: the label value of class ``k`` (``None``: the classes are 0…K-1)
+    classes: list | None = None
 
     @property
     def has_features(self) -> bool:
@@ -477,7 +479,7 @@ def apply_padding(parties: dict[str, PartyData]) -> dict[str, PartyData]:
             y_train=d.y_train, y_test=d.y_test,
             feature_names=[f"<pad>"] * offset + d.feature_names + ["<pad>"] * (full - offset - w),
             num_classes=d.num_classes, task=d.task, metric=d.metric, padded=True,
-            preprocessing=d.preprocessing, target_scale=d.target_scale,
+            preprocessing=d.preprocessing, target_scale=d.target_scale, classes=d.classes,
         )
         offset += w
     return out

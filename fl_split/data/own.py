@@ -27,6 +27,7 @@ model's size depends on it).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -320,8 +321,17 @@ def align_own(cfg: "RunConfig", table: OwnTable, shared: np.ndarray) -> "PartyDa
         remap[kept] = np.arange(len(kept))
         # -1 only on rows outside the shared list, which are never used
         sl = dataclasses.replace(sl, labels=remap[labels], num_classes=int(len(kept)))
+        train_ids, test_ids = split_of(cfg, shared)
+        # the label mapping (class k = this value of the label column) stays with the host
+        return dataclasses.replace(prepare_party(sl, train_ids, test_ids),
+                                   classes=[_plain(classes[k]) for k in kept])
     train_ids, test_ids = split_of(cfg, shared)
     return prepare_party(sl, train_ids, test_ids)
+
+
+def _plain(v: Any) -> Any:
+    """A class value as JSON writes it (int or str)."""
+    return int(v) if isinstance(v, (int, np.integer)) else str(v)
 
 
 # -- the pipeline ----------------------------------------------------------------------------------
@@ -352,6 +362,8 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
         train_ids, test_ids = split_ids(ds, cfg.test_fraction, cfg.seed, cfg.limit)
         slices = partition(ds, cfg.guests, cfg.host_features, cfg.columns, seed=cfg.seed)
         parties = {p: prepare_party(sl, train_ids, test_ids) for p, sl in slices.items()}
+        if task == "classification":
+            parties["host"] = dataclasses.replace(parties["host"], classes=[_plain(c) for c in classes])
         return dict(name=cfg.data_name, task=task, metric="accuracy", num_classes=len(classes),
                     parties=parties, train_ids=train_ids, test_ids=test_ids,
                     alignment={"align": "public", "tables": 1, "shared_ids": len(ids)})
