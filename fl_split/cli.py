@@ -308,8 +308,9 @@ def print_summary(results: dict[str, Any]) -> None:
             f"wire: {wire['bytes_to_host'] / 1e6:.2f} MB to host, {wire['bytes_to_guests'] / 1e6:.2f} MB to guests")
     console.print(line)
     others = {m: v for m, v in (final.get("metrics") or {}).items() if m != final["metric"] and v is not None}
-    if others:
-        console.print(f"task {final.get('task')}: " + "   ".join(f"{m} {v:.4f}" for m, v in others.items()))
+    chosen = f"task {final.get('task')}" + (" (chosen by --task auto, fl_split/tasks.py)"
+                                            if results["config"].get("task") == "auto" else "")
+    console.print(chosen + (": " + "   ".join(f"{m} {v:.4f}" for m, v in others.items()) if others else ""))
     for f in results.get("guest_failures") or []:
         console.print(f"{f['guest']} failed in round {f['round']} ({f['reason']}); "
                       + ("its embedding is zero-filled from that round" if f["action"] == "pad" else "run stopped"))
@@ -329,17 +330,11 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from fl_split.engine import run_experiment
 
     _show_party_warnings()
-    from fl_split.builder import plan_run, prepare_data
-    from fl_split.tasks import kind_of
-
-    prepared = prepare_data(cfg)
-    print(f"fl-split: task {kind_of(prepared.task, prepared.num_classes)}"
-          + (" (--task auto, fl_split/tasks.py)" if cfg.task == "auto" else "")
-          + f"; headline metric {prepared.metric}", file=sys.stderr)
     if not cfg.monolithic:
+        from fl_split.builder import plan_run
         from fl_split.privacy.diagnostics import hopeless_releases
 
-        for line in hopeless_releases(plan_run(cfg, prepared)):
+        for line in hopeless_releases(plan_run(cfg)):
             print(f"fl-split: warning: {line}", file=sys.stderr)
     run_dir = getattr(ns, "run_dir", None)
     tb_dir = getattr(ns, "tensorboard", None)
