@@ -547,6 +547,10 @@ def export_parties(cfg: RunConfig, out_dir: str | os.PathLike, fmt: str = "npz")
         raise ConfigError("one-shot", True, "false", reason="party files hold private data only; one-shot "
                           "pretraining needs the public records and runs in simulation")
     prepared = prepare_data(cfg)
+    if prepared.task == "regression":
+        raise ConfigError("task", "regression", "a classification or next-item dataset for party files",
+                          reason="party files hold class labels; a regression target and the host's scaling of it "
+                                 "are not carried yet (docs/serving.md, Limits)")
     facts = public_facts(cfg, prepared)
     out = private_dir(Path(out_dir).expanduser())  # 0700, files 0600: the host's file holds the labels
     if fmt == "npz":
