@@ -464,6 +464,7 @@ def cmd_predict(ns: argparse.Namespace) -> int:
             tables[party.strip()] = path.strip()
     s = predict(ns.model, tables, ns.id_column, ns.pred_out, ns.align, ns.label_column)
     print(f"scored {s['records']} records ({s['task']}); predictions (host only): {s['out']}")
+    print("host: releases nothing when it predicts (no gradients); the predictions and metrics stay with it")
     for g, r in s["privacy"].items():
         print(f"{g}: {r['mechanism']}, epsilon {r['epsilon']:.4g} over all its inference releases (ledger "
               f"{r['ledger']})" if r["covered"] else f"{g}: {r['note']}")

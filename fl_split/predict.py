@@ -34,13 +34,6 @@ def _config(manifest: dict):
     return RunConfig.from_mapping(manifest["config"])
 
 
-def _plan(manifest: dict, cfg):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(cfg=cfg, arch=manifest["arch"], cut=manifest["cut"], num_outputs=manifest["num_outputs"],
-                           metric=None)
-
-
 def _table(path: str, party: str, id_column: str):
     from fl_split.data.own import _ids, read_table
 

@@ -135,7 +135,7 @@ def test_each_part_holds_only_its_own_and_no_secret(tmp_path):
     assert b"secret" not in everything.lower() and b"private_seed" not in everything
 
 
-def test_tampered_and_mismatched_parts_are_refused(tmp_path):
+def test_tampered_and_mismatched_parts_are_refused(tmp_path, capsys):
     paths = _tables(tmp_path)
     cfg, _ = _train(tmp_path, paths)
     model = tmp_path / "model"
@@ -151,6 +151,13 @@ def test_tampered_and_mismatched_parts_are_refused(tmp_path):
     original = (model / "guest-1" / "model.pt").read_bytes()
     (model / "guest-1" / "model.pt").write_bytes(bytes(blob))
     refused("guest-1: model.pt does not match the SHA-256")
+    from fl_split.cli import main
+
+    code = main(["predict", "--model", str(model), *[a for p, v in new.items() for a in ("--data", f"{p}={v}")],
+                 "--id-column", "ID", "--out", str(tmp_path / "p.csv")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "model.pt does not match the SHA-256" in err[0]
+    assert not (tmp_path / "p.csv").exists()  # refused before anything is released or written
     (model / "guest-1" / "model.pt").write_bytes(original)
     refused("the parts given are", {p: v for p, v in new.items() if p != "guest-2"})
     # a guest part of another model (another cut-layer width) does not fit the host's top
