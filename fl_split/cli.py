@@ -343,6 +343,12 @@ def cmd_train(ns: argparse.Namespace) -> int:
         from fl_split.tracking import check_tensorboard
 
         check_tensorboard(tb_dir)
+    target = None  # the run directory, chosen before the run when the parties save their parts into it
+    if (run_dir or (run_dir is None and not cfg.out)) and not cfg.save_model and not cfg.monolithic:
+        from fl_split.rundir import default_run_dir
+
+        target = Path(run_dir) if run_dir else default_run_dir({"config": cfg.to_dict()})
+        cfg = cfg.replace(save_model=str(target / "model"))  # the default: each party's part beside the results
     if cfg.engine == "flower" and not cfg.monolithic:
         # Ctrl-C / SIGTERM: end Ray's processes and exit 130 at once (fl_split.flower.processes)
         from fl_split.flower.processes import exit_on_signals
@@ -357,7 +363,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if run_dir or (run_dir is None and not cfg.out):
         from fl_split.rundir import default_run_dir, write_run_dir
 
-        kept = write_run_dir(results, run_dir or default_run_dir(results))
+        kept = write_run_dir(results, target or run_dir or default_run_dir(results))
     if tb_dir is not None:
         from fl_split.tracking import log_tensorboard
 
@@ -366,7 +372,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if cfg.out:
         print(f"results written to {cfg.out}")
     if kept is not None:
-        print(f"run directory: {kept} (results.json, epochs.csv, curves.png)")
+        print(f"run directory: {kept} (results.json, epochs.csv, curves.png"
+              + (", model/: each party's saved part" if target is not None else "") + ")")
+    elif results.get("saved_model"):
+        print(f"each party's saved part: {results['saved_model']['dir']}/<party> (fl-split predict --model)")
     if tb_dir is not None:
         print(f"TensorBoard scalars written to {tb_dir} (tensorboard --logdir {tb_dir})")
     return 0

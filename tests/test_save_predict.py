@@ -225,3 +225,19 @@ def test_flower_nodes_save_their_own_parts_like_the_local_engine(tmp_path):
         for part in a:
             for k in a[part]:
                 assert torch.equal(a[part][k], b[part][k]), (p, part, k)
+
+
+def test_train_saves_the_model_into_its_run_directory_by_default(tmp_path, monkeypatch, capsys):
+    from fl_split.cli import main
+
+    monkeypatch.setenv("FL_SPLIT_RUNS", str(tmp_path / "runs"))
+    assert main(["train", "--dataset", "breast-cancer", "--epochs", "1", "--limit", "200", "--no-progress"]) == 0
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert sorted(os.listdir(folder)) == ["curves.png", "epochs.csv", "model", "results.json"]
+    assert sorted(os.listdir(folder / "model")) == ["guest-1", "host"]
+    assert json.loads((folder / "results.json").read_text())["saved_model"]["dir"] == str(folder / "model")
+    assert "model/: each party's saved part" in capsys.readouterr().out
+    # --out without --run-dir: no run directory, and no model unless --save-model names one
+    assert main(["train", "--dataset", "breast-cancer", "--epochs", "1", "--limit", "200", "--no-progress",
+                 "--out", str(tmp_path / "r.json")]) == 0
+    assert "saved_model" not in json.loads((tmp_path / "r.json").read_text())
