@@ -139,3 +139,11 @@ def test_own_table_with_a_numeric_target_is_regression(tmp_path):
     _prepare.cache_clear()  # the same paths, new contents
     assert prepare_data(cfg.replace(task="regression")).task == "regression"
     assert prepare_data(cfg.replace(task="auto")).task != "regression"
+
+
+def test_attacks_refuse_a_regression_run(capsys):
+    from fl_split.cli import main
+
+    code = main(["attack", "--attack", "label-direction", "--dataset", "diabetes", "--epochs", "1", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "task is regression" in err[0]
