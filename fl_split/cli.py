@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the host's label column; when its table has it, the task's metrics are printed")
     pr.add_argument("--align", default="public", choices=("public", "psi"), help="how the new IDs are aligned")
     pr.add_argument("--out", dest="pred_out", required=True, metavar="PRED.csv", help="the predictions (host only)")
+    pr.add_argument("--budget", dest="pred_budget", type=float, default=None, metavar="E",
+                    help="refuse a guest's release that would take its inference ledger over epsilon E "
+                         "[default: no budget]")
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser
@@ -471,7 +474,7 @@ def cmd_predict(ns: argparse.Namespace) -> int:
             if not sep or not path:
                 raise ConfigError("data", item, "PARTY=PATH, e.g. host=a.csv")
             tables[party.strip()] = path.strip()
-    s = predict(ns.model, tables, ns.id_column, ns.pred_out, ns.align, ns.label_column)
+    s = predict(ns.model, tables, ns.id_column, ns.pred_out, ns.align, ns.label_column, ns.pred_budget)
     print(f"scored {s['records']} records ({s['task']}); predictions (host only): {s['out']}")
     print("host: releases nothing when it predicts (no gradients); the predictions and metrics stay with it")
     for g, r in s["privacy"].items():

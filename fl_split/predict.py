@@ -82,8 +82,10 @@ class GuestScorer(_Scorer):
             raise ConfigError("schedule", self.cfg.schedule, "constant for a model that predicts",
                               reason="a geometric schedule has no mechanism for releases after training")
 
-    def release(self, shared: np.ndarray) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The released cut-layer output of the ``shared`` rows (charged first; fresh noise)."""
+    def release(self, shared: np.ndarray, budget: float | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The released cut-layer output of the ``shared`` rows (charged first; fresh noise). ``budget``:
+        a release that would take the inference ledger over ε = ``budget`` is refused before anything
+        is computed (:class:`~fl_split.errors.BudgetExceeded`; the ledger file is unchanged)."""
         from fl_split.builder import make_ledger
         from fl_split.privacy import factory
         from fl_split.privacy.ledger import Ledger, LedgerEntry
@@ -99,6 +101,8 @@ class GuestScorer(_Scorer):
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files if k != "__skeleton__"}
                 ledger = Ledger.from_state(unflatten(arrays, json.loads(str(z["__skeleton__"]))))
+        if ledger is not None:
+            ledger.budget = None if budget is None else float(budget)
         calls = len(ledger) if ledger is not None else 0  # earlier predict calls (one ledger entry each)
         cost = mech.cost()
         if ledger is not None and cost is not None:
@@ -193,9 +197,13 @@ class HostScorer(_Scorer):
 
 
 def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, align: str = "public",
-            label_column: str = "label") -> dict[str, Any]:
+            label_column: str = "label", budget: float | None = None) -> dict[str, Any]:
     """Score the new rows of ``tables`` (party → path) with the saved model in ``model_dir``; write
-    ``out`` (owner-only CSV, host only) and return the summary (metrics, each party's epsilon)."""
+    ``out`` (owner-only CSV, host only) and return the summary (metrics, each party's epsilon).
+    ``budget``: each guest's inference-ledger ε budget; a guest that would exceed it refuses, and
+    nothing reaches the host (a guest charged before that refusal stays charged: conservative)."""
+    if budget is not None and not (isinstance(budget, (int, float)) and budget > 0 and np.isfinite(budget)):
+        raise ConfigError("budget", budget, "a number > 0")
     import pandas as pd
 
     from fl_split.secure_files import create_private
@@ -218,7 +226,7 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
         raise ConfigError("align", align, "public or psi")
     released, privacy = {}, {}
     for g, s in guests.items():  # each guest releases its new rows' cut-layer outputs
-        released[g], privacy[g] = s.release(shared)
+        released[g], privacy[g] = s.release(shared, budget)
     out_t = host.predict(shared, released)["out"]
     task = host.task_info["task"]
     frame = {id_column: shared}

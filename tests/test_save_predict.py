@@ -187,6 +187,11 @@ def test_predict_charges_each_new_record_once(tmp_path):
     skeleton = json.loads(str(state.pop("__skeleton__")))
     ledger = Ledger.from_state(unflatten(state, skeleton))
     assert len(ledger) == 2 and ledger.releases == 2 * 40 and ledger.releases_per_record() == 2
+    from fl_split.errors import BudgetExceeded
+
+    with pytest.raises(BudgetExceeded):  # a third call would spend 6 > 5: refused, nothing written
+        predict(str(tmp_path / "model"), new, "ID", str(tmp_path / "p3.csv"), label_column="Y", budget=5.0)
+    assert not (tmp_path / "p3.csv").exists()
     # pure epsilon = 2 per release of one record's whole cut-layer tensor: basic composition over the 2 calls
     # is 4 exactly; the reported accountant (pld) agrees up to its discretisation
     assert ledger.epsilon("basic") == pytest.approx(4.0, rel=1e-12)
