@@ -567,6 +567,10 @@ def run_experiment(cfg: RunConfig, private_seed: int | None = None, say=None) ->
     Flower engine's one line about ``--num-cpus auto``. In this process the parties train with
     ``--threads`` torch threads (``auto``: 1, see :func:`fl_split.devices.party_threads`);
     the previous setting is restored afterwards. A Flower ClientApp sets its own."""
+    if cfg.save_model:  # the parties write there, Flower's ClientApps from their own working directories
+        import os
+
+        cfg = cfg.replace(save_model=os.path.abspath(os.path.expanduser(cfg.save_model)))
     if cfg.engine == "flower" and not cfg.monolithic:
         from fl_split.flower import FlowerEngine
 
