@@ -854,7 +854,8 @@ class HostParty(_Party):
     and trains later epochs on that cache; nothing flows back to the guests.
 
     Only per-epoch aggregates leave the host besides its releases: :meth:`evaluate` returns the
-    epoch's training loss, test metric and test loss (``report_metrics="epoch"``) or nothing
+    epoch's training loss, test metric and test loss and the task's other test metrics
+    (:mod:`fl_split.tasks`; ``report_metrics="epoch"``) or nothing
     (``"none"``); either way the host appends them to its own ``metrics_file`` if it has one.
     """
 
