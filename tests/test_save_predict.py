@@ -246,3 +246,22 @@ def test_train_saves_the_model_into_its_run_directory_by_default(tmp_path, monke
     assert main(["train", "--dataset", "breast-cancer", "--epochs", "1", "--limit", "200", "--no-progress",
                  "--out", str(tmp_path / "r.json")]) == 0
     assert "saved_model" not in json.loads((tmp_path / "r.json").read_text())
+
+
+def test_predict_with_psi_scores_the_intersection(tmp_path):
+    paths = _tables(tmp_path, guests=1)
+    cfg, res = _train(tmp_path, paths)
+    prepared = prepare_data(cfg)
+    test_ids, train_ids = prepared.test_ids, prepared.train_ids
+    new = _rows(tmp_path, paths, test_ids)
+    # the host holds 5 IDs the guest does not, the guest 7 the host does not
+    host = pd.concat([pd.read_csv(new["host"]), pd.read_csv(paths["host"]).query("ID in @train_ids[:5]")])
+    guest = pd.concat([pd.read_csv(new["guest-1"]), pd.read_csv(paths["guest-1"]).query("ID in @train_ids[5:12]")])
+    host.to_csv(new["host"], index=False)
+    guest.to_csv(new["guest-1"], index=False)
+    tables = {p: str(v) for p, v in new.items()}
+    with pytest.raises(DataError, match="guest-1: 5 shared IDs are missing"):  # public: every host ID needed
+        predict(str(tmp_path / "model"), tables, "ID", str(tmp_path / "p.csv"), label_column="Y")
+    s = predict(str(tmp_path / "model"), tables, "ID", str(tmp_path / "p.csv"), align="psi", label_column="Y")
+    assert s["records"] == len(test_ids) and s["metrics"] == res["final"]["metrics"]
+    assert sorted(pd.read_csv(tmp_path / "p.csv").ID) == sorted(test_ids)
