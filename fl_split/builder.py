@@ -42,6 +42,8 @@ from fl_split.privacy import factory as privacy_factory
 from fl_split.privacy.validate import check_opacus_compatible, check_record_independent
 from fl_split.schedule import BatchSchedule
 from fl_split.seeding import PartySecret, numpy_rng
+from fl_split.tasks import HEADLINE, Objective, balanced_weights, kind_of
+from fl_split.tasks import resolve as resolve_task
 
 
 @dataclass
@@ -63,12 +65,12 @@ class PreparedData:
 def _data_key(cfg: RunConfig) -> tuple:
     return (cfg.dataset, cfg.data_root, cfg.guests, cfg.host_features, cfg.columns, cfg.padding,
             cfg.test_fraction, cfg.limit, cfg.seed, cfg.public_fraction if cfg.one_shot else 0.0,
-            (cfg.data, cfg.id_column, cfg.label_column, cfg.align, cfg.data_name) if cfg.data else ())
+            (cfg.data, cfg.id_column, cfg.label_column, cfg.align, cfg.data_name) if cfg.data else (), cfg.task)
 
 
 @functools.lru_cache(maxsize=4)
 def _prepare(key: tuple) -> PreparedData:
-    dataset, root, guests, host_features, columns, padding, test_fraction, limit, seed, public_fraction, own = key
+    dataset, root, guests, host_features, columns, padding, test_fraction, limit, seed, public_fraction, own, task_ = key
     alignment: dict = {}
     if own:  # --data: the user's tables (fl_split.data.own), aligned by ID as --align says
         from fl_split.data.own import load_own
@@ -76,7 +78,7 @@ def _prepare(key: tuple) -> PreparedData:
         data, id_column, label_column, align, data_name = own
         loaded = load_own(RunConfig(data=data, id_column=id_column, label_column=label_column, align=align,
                                     data_name=data_name, guests=guests, host_features=host_features, columns=columns,
-                                    test_fraction=test_fraction, limit=limit, seed=seed))
+                                    test_fraction=test_fraction, limit=limit, seed=seed, task=task_))
         dataset, task, metric, num_classes = loaded["name"], loaded["task"], loaded["metric"], loaded["num_classes"]
         parties, train_ids, test_ids = loaded["parties"], loaded["train_ids"], loaded["test_ids"]
         alignment = loaded["alignment"]
@@ -86,6 +88,10 @@ def _prepare(key: tuple) -> PreparedData:
         train_ids, test_ids = split_ids(ds, test_fraction, seed, limit)
         slices = partition(ds, guests, host_features, columns, seed=seed)
         parties = {name: prepare_party(sl, train_ids, test_ids) for name, sl in slices.items()}
+    # the run's task (fl_split/tasks.py): public, like the number of classes; its headline metric follows
+    task = resolve_task(task_, task, num_classes, dataset)
+    metric = HEADLINE[task]
+    parties = {p: dataclasses.replace(d, task=task, metric=metric) for p, d in parties.items()}
     if padding:
         parties = apply_padding(parties)
     public: dict[str, PartyData] = {}
@@ -132,6 +138,8 @@ class RunPlan:
     num_outputs: int
     metric: str
     guest_cut_activation: str
+    #: binary, multiclass, regression or next-item (fl_split/tasks.py; public, like the number of outputs)
+    task: str = "multiclass"
 
     @property
     def guests(self) -> list[str]:
@@ -187,7 +195,20 @@ def plan_run(cfg: RunConfig, prepared: PreparedData | None = None) -> RunPlan:
     schedule = BatchSchedule(len(prepared.train_ids), len(prepared.test_ids), cfg.batch_size, cfg.seed)
     return RunPlan(cfg=cfg, arch=arch.name, cut=cut, schedule=schedule, input_shapes=input_shapes,
                    cut_shapes=cut_shapes, merged_shape=merged_shape(cfg.merge, cut_shapes),
-                   num_outputs=prepared.num_classes, metric=prepared.metric, guest_cut_activation=act)
+                   num_outputs=prepared.num_classes, metric=prepared.metric, guest_cut_activation=act,
+                   task=kind_of(getattr(prepared, "task", "classification"), prepared.num_classes))
+
+
+def objective(cfg: RunConfig, plan: RunPlan, host_data: PartyData) -> Objective:
+    """The host's loss for the plan's task; ``--class-weight balanced`` weighs classes by the host's own
+    training labels (the weights never leave the host)."""
+    weights = None
+    if cfg.class_weight == "balanced":
+        if plan.task not in ("binary", "multiclass"):
+            raise ConfigError("class-weight", cfg.class_weight, "none for a " + plan.task + " task",
+                              reason="class weights weigh classes")
+        weights = balanced_weights(host_data.y_train, plan.num_outputs)
+    return Objective(plan.task, weights)
 
 
 def make_ledger(cfg: RunConfig, party: str):
@@ -271,6 +292,10 @@ def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = N
     bottom = build_bottom(arch, name, plan.input_shapes[name], plan.cut, plan.guest_cut_activation, secret)
     if cfg.one_shot:
         bottom.load_state_dict(pretrained_bottom(cfg, name, secret))
+    if cfg.init_from:  # continue from this guest's own saved part (fl_split/serving.py)
+        from fl_split.serving import init_state
+
+        bottom.load_state_dict(init_state(cfg.init_from, name, plan)["bottom"])
     dev = resolve_device(device or cfg.device)
     update = _update_policy(cfg, "guest", name, [bottom.to(dev)], frozen=cfg.one_shot)
     width = int(np.prod(plan.cut_shapes[name]))
@@ -328,6 +353,13 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, priv
     if cfg.host_features:
         bottom = build_bottom(arch, "host", plan.input_shapes["host"], plan.cut, "native", secret)
     top = build_top(arch, plan.merged_shape, plan.cut, plan.num_outputs, secret)
+    if cfg.init_from:  # continue from the host's own saved part (fl_split/serving.py)
+        from fl_split.serving import init_state
+
+        saved = init_state(cfg.init_from, "host", plan)
+        top.load_state_dict(saved["top"])
+        if bottom is not None:
+            bottom.load_state_dict(saved["bottom"])
     dev = resolve_device(device or cfg.device)
     modules = [m.to(dev) for m in (bottom, top) if m is not None]
     update = _update_policy(cfg, "host", "host", modules)
@@ -341,7 +373,7 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, priv
                      ledger=make_ledger(cfg, "host"), sample_rate=plan.sample_rate,
                      act_postprocess=privacy_factory.postprocess(cfg, "forward"), one_shot=cfg.one_shot,
                      importance=importance, importance_parts=parts, report_metrics=cfg.report_metrics,
-                     metrics_file=cfg.host_metrics, device=dev,
+                     metrics_file=cfg.host_metrics, device=dev, objective=objective(cfg, plan, data),
                      guest_mechanisms={g: _mechanisms(plan, lambda i, w=w: privacy_factory.forward_mechanism(cfg, w, i))
                                        for g, w in widths.items()})
 
@@ -443,9 +475,10 @@ def train_monolithic_epoch(model: MonolithicModel, optimizer, data: PreparedData
     loss and the number of records (``on_batch()`` after each batch: a progress bar)."""
     model.train()
     loss_sum, n = 0.0, 0
+    loss_of = objective(plan.cfg, plan, data.parties["host"])  # the split host's loss, the same object
     for key in plan.schedule.train_keys(epoch):
         xs, y = monolithic_batch(data, plan, key, device)
-        loss = torch.nn.functional.cross_entropy(model(xs), y)
+        loss = loss_of(model(xs), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -34,6 +34,7 @@ def _add_train_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = 
         "flower": p.add_argument_group("Flower engine"),
         "privacy": p.add_argument_group("privacy (spec §3 mechanisms, §5 accounting; docs/references.md)"),
         "robustness": p.add_argument_group("checkpoints and failures (docs/robustness.md)"),
+        "serving": p.add_argument_group("saving and serving the model (docs/serving.md)"),
     }
     for f in option_fields():
         if only is not None and f.name not in only:
@@ -200,6 +201,22 @@ def build_parser() -> argparse.ArgumentParser:
                          "after a successful run]")
     fr.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                     help="give up (and tear down) after S seconds [default: 1800]")
+    pr = sub.add_parser("predict", help="score new rows with a saved split model (each party its own part and table)",
+                        description="Each party loads only its own folder of --model (written by train --save-model) "
+                                    "and reads only its own new table; each guest releases its cut-layer outputs "
+                                    "through its saved mechanism with fresh noise, charged to DIR/<guest>/inference-"
+                                    "ledger.npz; the host writes the predictions, owner-only (docs/serving.md).")
+    pr.add_argument("--model", required=True, metavar="DIR", help="the saved model (DIR/host, DIR/guest-1, …)")
+    pr.add_argument("--data", action="append", required=True, metavar="PARTY=PATH",
+                    help="each party's new table (repeat: --data host=a.csv --data guest-1=b.csv)")
+    pr.add_argument("--id-column", default="id", help="every table's ID column [default: id]")
+    pr.add_argument("--label-column", default="label",
+                    help="the host's label column; when its table has it, the task's metrics are printed")
+    pr.add_argument("--align", default="public", choices=("public", "psi"), help="how the new IDs are aligned")
+    pr.add_argument("--out", dest="pred_out", required=True, metavar="PRED.csv", help="the predictions (host only)")
+    pr.add_argument("--budget", dest="pred_budget", type=float, default=None, metavar="E",
+                    help="refuse a guest's release that would take its inference ledger over epsilon E "
+                         "[default: no budget]")
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser
@@ -296,6 +313,10 @@ def print_summary(results: dict[str, Any]) -> None:
     line = (f"final test {final['metric']}: {value}   training time: {results['time_s']:.1f} s   "
             f"wire: {wire['bytes_to_host'] / 1e6:.2f} MB to host, {wire['bytes_to_guests'] / 1e6:.2f} MB to guests")
     console.print(line)
+    others = {m: v for m, v in (final.get("metrics") or {}).items() if m != final["metric"] and v is not None}
+    chosen = f"task {final.get('task')}" + (" (chosen by --task auto, fl_split/tasks.py)"
+                                            if results["config"].get("task") == "auto" else "")
+    console.print(chosen + (": " + "   ".join(f"{m} {v:.4f}" for m, v in others.items()) if others else ""))
     for f in results.get("guest_failures") or []:
         console.print(f"{f['guest']} failed in round {f['round']} ({f['reason']}); "
                       + ("its embedding is zero-filled from that round" if f["action"] == "pad" else "run stopped"))
@@ -328,6 +349,12 @@ def cmd_train(ns: argparse.Namespace) -> int:
         from fl_split.tracking import check_tensorboard
 
         check_tensorboard(tb_dir)
+    target = None  # the run directory, chosen before the run when the parties save their parts into it
+    if (run_dir or (run_dir is None and not cfg.out)) and not cfg.save_model and not cfg.monolithic:
+        from fl_split.rundir import default_run_dir
+
+        target = Path(run_dir) if run_dir else default_run_dir({"config": cfg.to_dict()})
+        cfg = cfg.replace(save_model=str(target / "model"))  # the default: each party's part beside the results
     if cfg.engine == "flower" and not cfg.monolithic:
         # Ctrl-C / SIGTERM: end Ray's processes and exit 130 at once (fl_split.flower.processes)
         from fl_split.flower.processes import exit_on_signals
@@ -342,7 +369,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if run_dir or (run_dir is None and not cfg.out):
         from fl_split.rundir import default_run_dir, write_run_dir
 
-        kept = write_run_dir(results, run_dir or default_run_dir(results))
+        kept = write_run_dir(results, target or run_dir or default_run_dir(results))
     if tb_dir is not None:
         from fl_split.tracking import log_tensorboard
 
@@ -351,7 +378,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if cfg.out:
         print(f"results written to {cfg.out}")
     if kept is not None:
-        print(f"run directory: {kept} (results.json, epochs.csv, curves.png)")
+        print(f"run directory: {kept} (results.json, epochs.csv, curves.png"
+              + (", model/: each party's saved part" if target is not None else "") + ")")
+    elif results.get("saved_model"):
+        print(f"each party's saved part: {results['saved_model']['dir']}/<party> (fl-split predict --model)")
     if tb_dir is not None:
         print(f"TensorBoard scalars written to {tb_dir} (tensorboard --logdir {tb_dir})")
     return 0
@@ -442,6 +472,27 @@ def cmd_certs(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(ns: argparse.Namespace) -> int:
+    from fl_split.predict import predict
+
+    tables: dict[str, str] = {}
+    for item in ns.data:
+        for chunk in filter(None, (c.strip() for c in item.split(";"))):
+            party, sep, path = chunk.partition("=")
+            if not sep or not path:
+                raise ConfigError("data", item, "PARTY=PATH, e.g. host=a.csv")
+            tables[party.strip()] = path.strip()
+    s = predict(ns.model, tables, ns.id_column, ns.pred_out, ns.align, ns.label_column, ns.pred_budget)
+    print(f"scored {s['records']} records ({s['task']}); predictions (host only): {s['out']}")
+    print("host: releases nothing when it predicts (no gradients); the predictions and metrics stay with it")
+    for g, r in s["privacy"].items():
+        print(f"{g}: {r['mechanism']}, epsilon {r['epsilon']:.4g} over all its inference releases (ledger "
+              f"{r['ledger']})" if r["covered"] else f"{g}: {r['note']}")
+    for m, v in (s.get("metrics") or {}).items():
+        print(f"{m}: {v:.4f}")
+    return 0
+
+
 def cmd_seed(ns: argparse.Namespace) -> int:
     from fl_split.seeding import PrivateSeed
     from fl_split.secure_files import write_private
@@ -520,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_certs(ns)
         if ns.command == "seed":
             return cmd_seed(ns)
+        if ns.command == "predict":
+            return cmd_predict(ns)
         if ns.command == "flwr-run":
             return cmd_flwr_run(ns)
         if ns.command == "datasets":

@@ -28,7 +28,7 @@ AUTO = "auto"
 MERGE_OPS = ("concat", "sum", "avg", "max", "min", "mul")
 #: options that decide what a party's data file contains (``fl-split export-parties``); a run must
 #: use the same values as the export
-DATA_KEYS = ("dataset", "guests", "host_features", "columns", "padding", "test_fraction", "limit", "seed")
+DATA_KEYS = ("dataset", "guests", "host_features", "columns", "padding", "test_fraction", "limit", "seed", "task")
 DEFENSES = ("none", "laplace", "gaussian", "r3elu", "rr", "dpsgd")
 
 
@@ -134,6 +134,14 @@ class RunConfig:
                                 "are the shared list, sent to every party, and every guest must hold each of them; "
                                 "psi = private set intersection (ECDH-PSI): the run trains on the intersection "
                                 "and no party learns another's IDs outside it", choices=("public", "psi"))
+    task: str = _opt("auto", "what the host's top model learns: binary (2 classes; accuracy, AUC, F1, precision, "
+                             "recall, KS), multiclass (accuracy), regression (a numeric label, MSE loss; R2, MAE, RMSE); "
+                             "auto = the dataset's own task, 2 classes binary, more multiclass, and for --data a numeric "
+                             "label with non-integer values and more than 10 distinct values regression "
+                             "(fl_split/tasks.py)", choices=("auto", "binary", "multiclass", "regression"))
+    class_weight: str = _opt("none", "binary/multiclass: weigh each class's loss by n / (K n_k) from the host's training "
+                                     "labels (balanced, for imbalanced classes); none = unweighted",
+                             choices=("none", "balanced"))
     data_name: str = _opt("own", "with --data: the data's name in the results; with --seed it keys the "
                                  "train/test split draw", check=lambda v: isinstance(v, str) and v.strip() != "",
                           allowed="a non-empty name")
@@ -225,6 +233,14 @@ class RunConfig:
                                          "later from the last checkpoint); pad = go on with its embedding "
                                          "zero-filled from that round (results: guest_failures)",
                                  choices=("stop", "pad"), group="robustness")
+
+    # --- serving (docs/serving.md) -----------------------------------------------------------
+    save_model: str = _opt("", "after training, each party saves its own part into DIR/<party>/ (bottom, its "
+                               "preprocessing, public mechanism parameters; the host: top, merge, task), owner-only, "
+                               "for `fl-split predict` (local engine); empty = not saved", group="serving")
+    init_from: str = _opt("", "start from a saved model (--save-model DIR of an earlier run with the same "
+                              "architecture and shapes): each party loads its own part; empty = fresh initialisation",
+                          group="serving")
 
     # --- privacy (spec §3, §5) ------------------------------------------------------------
     defense: str = _opt("none", "mechanism on the cut-layer crossings", choices=DEFENSES, group="privacy")
@@ -332,6 +348,11 @@ class RunConfig:
                               + "|".join(d for d in DEFENSES if d != "none") + " or --dp-sgd",
                               reason="with --defense none and no --dp-sgd nothing is charged to any party, so the "
                                      "budget would never bind")
+        for key, value in (("save-model", self.save_model), ("init-from", self.init_from)):
+            if value and (self.monolithic or (key == "init-from" and self.engine == "flower")):
+                raise ConfigError(key, value, "empty with " + ("--monolithic" if self.monolithic else "--engine flower"),
+                                  reason="a monolithic run has no parties to save" if self.monolithic else
+                                  "under Flower each node would read its own part: not built yet (docs/serving.md)")
         if self.on_guest_failure == "pad" and self.merge == "mul":
             raise ConfigError("on-guest-failure", "pad", "stop with --merge mul",
                               reason="a zero-filled embedding makes a product merge zero for every sample")

@@ -44,16 +44,16 @@ import time
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from fl_split.builder import (make_monolithic, make_parties, monolithic_batch, optimizer_settings,
+from fl_split.builder import (make_monolithic, make_parties, monolithic_batch, objective, optimizer_settings,
                               train_monolithic_epoch)
-from fl_split.config import RunConfig
+from fl_split.config import RunConfig, guest_names
 from fl_split.errors import BudgetExceeded, ConfigError, PartyError, ProtocolError, ReleaseOutOfRange
-from fl_split.parties import GuestParty, HostParty, batch_metric, resolve_device
+from fl_split.parties import GuestParty, HostParty, resolve_device
 from fl_split.protocol import wire_bytes
 from fl_split.schedule import BatchKey, EvalRound, TrainRound, plan_rounds
+from fl_split.tasks import METRICS, Scorer, epoch_metrics
 
 
 class Transport(Protocol):
@@ -294,6 +294,9 @@ def _epoch_record(epoch: int, metrics: dict, seconds: float) -> dict[str, Any]:
     for k in AGGREGATES:
         v = metrics.get(k)
         row[k] = None if v is None else float(v)
+    for k, v in metrics.items():  # the task's other metrics (binary: test_auc …; regression: test_mae …)
+        if k.startswith("test_") and k not in row and isinstance(v, (int, float)) and not isinstance(v, bool):
+            row[k] = float(v)
     row["epoch_time_s"] = seconds
     return row
 
@@ -305,11 +308,14 @@ def make_results(cfg: RunConfig, plan, history: list[dict], wire: dict, elapsed:
     config.update(model=plan.arch, cut_layer=plan.cut)
     last = history[-1] if history else {}
     kept = cfg.report_metrics == "none" and engine != "monolithic"
-    final = {"metric": plan.metric, "value": last.get("test_metric"), "train_loss": last.get("train_loss")}
+    final = {"metric": plan.metric, "value": last.get("test_metric"), "train_loss": last.get("train_loss"),
+             "task": plan.task,
+             "metrics": {m: last.get(f"test_{m}", last.get("test_metric") if m == plan.metric else None)
+                         for m in METRICS[plan.task]}}
     if not history:  # strict JSON: no NaN; null with the reason (fl_split.results)
         final["value_reason"] = final["train_loss_reason"] = "no epoch was evaluated"
     if kept:
-        final.update(value=None, train_loss=None, kept_by_host=cfg.host_metrics)
+        final.update(value=None, train_loss=None, metrics={}, kept_by_host=cfg.host_metrics)
     return {
         "config": config,
         "plan": {
@@ -482,6 +488,12 @@ class LocalEngine:
             results = coordinate(self.cfg, self.plan, self.transport, self.name, checkpoints=ckpt)
             if ckpt is not None:
                 results["checkpoint"].update(replayed=replayed, pending_replays=self.local.pending_replays())
+            if self.cfg.save_model:
+                from fl_split.serving import save_part
+
+                # each party writes its own folder from its own object (fl_split/serving.py)
+                for party in (self.host, *self.guests.values()):
+                    save_part(party, self.plan, self.cfg.save_model)
             return results
         finally:
             self.local.close()
@@ -521,7 +533,7 @@ class MonolithicEngine:
                 stats = self.evaluate(epoch)
                 now = time.perf_counter()
                 metrics = {"epoch": epoch, "train_loss": loss_sum / n if n else float("nan"),
-                           "test_metric": stats["hits"] / stats["n"] if stats["n"] else float("nan"),
+                           **epoch_metrics(self.plan.task, stats["metrics"]),
                            "test_loss": stats["loss_sum"] / stats["n"] if stats["n"] else float("nan")}
                 history.append(_epoch_record(epoch, metrics, now - t_epoch))
                 t_epoch = now
@@ -533,15 +545,18 @@ class MonolithicEngine:
 
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict:
+        """The test split's loss and the task's metrics (as the split host computes them)."""
         self.model.eval()
-        hits, n, loss_sum = 0, 0, 0.0
+        host = self.data.parties["host"]
+        scorer, loss_of = Scorer(self.plan.task, host.target_scale), objective(self.cfg, self.plan, host)
+        n, loss_sum = 0, 0.0
         for key in self.plan.schedule.test_keys(epoch):
             xs, y = self._batch(key)
-            logits = self.model(xs)
-            hits += batch_metric(logits, y, self.plan.metric)
-            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            out = self.model(xs)
+            scorer.add(out, y)
+            loss_sum += float(loss_of(out, y, reduction="sum"))
             n += len(y)
-        return {"hits": hits, "n": n, "loss_sum": loss_sum}
+        return {"metrics": scorer.metrics(), "n": n, "loss_sum": loss_sum}
 
 
 def run_experiment(cfg: RunConfig, private_seed: int | None = None, say=None) -> dict[str, Any]:
@@ -552,6 +567,10 @@ def run_experiment(cfg: RunConfig, private_seed: int | None = None, say=None) ->
     Flower engine's one line about ``--num-cpus auto``. In this process the parties train with
     ``--threads`` torch threads (``auto``: 1, see :func:`fl_split.devices.party_threads`);
     the previous setting is restored afterwards. A Flower ClientApp sets its own."""
+    if cfg.save_model:  # the parties write there, Flower's ClientApps from their own working directories
+        import os
+
+        cfg = cfg.replace(save_model=os.path.abspath(os.path.expanduser(cfg.save_model)))
     if cfg.engine == "flower" and not cfg.monolithic:
         from fl_split.flower import FlowerEngine
 
@@ -567,6 +586,8 @@ def run_experiment(cfg: RunConfig, private_seed: int | None = None, say=None) ->
                 results = LocalEngine(cfg, private_seed).run()
         finally:
             apply_threads(old)
+    if cfg.save_model and not cfg.monolithic:  # each party saved its own part (local engine, Flower nodes)
+        results["saved_model"] = {"dir": cfg.save_model, "parties": ["host", *guest_names(cfg.guests)]}
     if cfg.data:  # own data, prepared in this process: how the shared ID list was agreed (sizes, PSI traffic;
         # never an ID). A deployment's coordinator never reads data and does not come here.
         from fl_split.builder import prepare_data

@@ -79,7 +79,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fl_split.checkpoint import value_digest
@@ -101,6 +100,7 @@ from fl_split.state import flatten, unflatten
 if TYPE_CHECKING:
     from fl_split.privacy.ledger import Charge, Ledger, LedgerEntry
     from fl_split.privacy.r3elu import AllocationRelease, ImportanceTracker
+    from fl_split.tasks import Objective
 
 HIT_AT = 10
 log = logging.getLogger("fl_split.party")
@@ -854,7 +854,8 @@ class HostParty(_Party):
     and trains later epochs on that cache; nothing flows back to the guests.
 
     Only per-epoch aggregates leave the host besides its releases: :meth:`evaluate` returns the
-    epoch's training loss, test metric and test loss (``report_metrics="epoch"``) or nothing
+    epoch's training loss, test metric and test loss and the task's other test metrics
+    (:mod:`fl_split.tasks`; ``report_metrics="epoch"``) or nothing
     (``"none"``); either way the host appends them to its own ``metrics_file`` if it has one.
     """
 
@@ -868,8 +869,14 @@ class HostParty(_Party):
                  importance: Importance | None = None, importance_parts: dict[str, Callable] | None = None,
                  report_metrics: str = "epoch", metrics_file: str = "",
                  device: torch.device | str = "cpu",
-                 guest_mechanisms: dict[str, MechanismSchedule] | None = None) -> None:
+                 guest_mechanisms: dict[str, MechanismSchedule] | None = None,
+                 objective: "Objective | None" = None) -> None:
         super().__init__("host", data, schedule, secret, ledger, sample_rate, device)
+        from fl_split.tasks import Objective, kind_of
+
+        #: the task's loss (fl_split/tasks.py): cross-entropy (optionally class-weighted) or MSE
+        self.task = kind_of(data.task, data.num_classes)
+        self.objective = objective or Objective(self.task)
         #: what the host checks of each guest's releases: the public range of the guest's forward
         #: mechanism (``guest_mechanisms``, from the public configuration), else its running scale
         self.trust = PeerTrust("host", "activations", dict(guest_mechanisms or {}))
@@ -1037,7 +1044,7 @@ class HostParty(_Party):
                 for g, mech in mechs.items():
                     self.importance.give(mech, u, self.importance_parts.get(g))
             logits, leaves = self._forward(key, {g: msgs[g][i] for g in active}, train=True)
-            loss = F.cross_entropy(logits, y)
+            loss = self.objective(logits, y)
             loss_value = loss.item()
             if not math.isfinite(loss_value):
                 raise ProtocolError(f"host: the loss of {key} is not finite with the activations from {active} "
@@ -1084,19 +1091,22 @@ class HostParty(_Party):
         if self.bottom is not None:
             set_mode(self.bottom, False)
         set_mode(self.top, False)
-        hits, n, loss_sum = 0, 0, 0.0
+        from fl_split.tasks import Scorer, epoch_metrics
+
+        scorer = Scorer(self.task, self.data.target_scale)
+        n, loss_sum = 0, 0.0
         for i, key in enumerate(keys):
             y = self.labels(key)
             logits, _ = self._forward(key, {g: msgs[g][i] for g in active}, train=False)
-            hits += batch_metric(logits, y, self.metric)
-            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            scorer.add(logits, y)
+            loss_sum += float(self.objective(logits, y, reduction="sum"))
             n += len(y)
         epoch = keys[0].epoch if keys else len(self.history) + 1
         self.diagnostics.check(epoch, next(iter(self.backward_mechanisms.values()))().name
                                if self.backward_mechanisms else "none")
         tl, tn = self._train_loss
         metrics = {"epoch": int(epoch), "train_loss": tl / tn if tn else math.nan,
-                   "test_metric": hits / n if n else math.nan, "test_loss": loss_sum / n if n else math.nan}
+                   **epoch_metrics(self.task, scorer.metrics()), "test_loss": loss_sum / n if n else math.nan}
         self._train_loss = [0.0, 0]
         self.history.append(metrics)
         if self.metrics_file:

@@ -122,7 +122,7 @@ def ids_digest(train_ids, test_ids) -> str:
 def check_facts(cfg: RunConfig, facts: PublicFacts, source: str) -> None:
     """Raise :class:`ConfigError` if ``cfg`` asks for other data than ``facts`` describe."""
     for k in DATA_KEYS:
-        have, want = facts.data_config.get(k), getattr(cfg, k)
+        have, want = facts.data_config.get(k, "auto" if k == "task" else None), getattr(cfg, k)
         if have != want:
             raise ConfigError(key_of(k), want, repr(have),
                               reason=f"{source} was exported with {key_of(k)}={have!r}; re-export the "
@@ -143,7 +143,7 @@ def plan_from_facts(cfg: RunConfig, facts: PublicFacts):
     stand_in = SimpleNamespace(
         parties={p: SimpleNamespace(input_shape=tuple(s)) for p, s in facts.input_shapes.items()},
         train_ids=range(facts.n_train), test_ids=range(facts.n_test),
-        num_classes=facts.num_classes or 0, metric=facts.metric)
+        num_classes=facts.num_classes or 0, metric=facts.metric, task=facts.task)
     return plan_run(cfg, stand_in)
 
 
@@ -547,6 +547,10 @@ def export_parties(cfg: RunConfig, out_dir: str | os.PathLike, fmt: str = "npz")
         raise ConfigError("one-shot", True, "false", reason="party files hold private data only; one-shot "
                           "pretraining needs the public records and runs in simulation")
     prepared = prepare_data(cfg)
+    if prepared.task == "regression":
+        raise ConfigError("task", "regression", "a classification or next-item dataset for party files",
+                          reason="party files hold class labels; a regression target and the host's scaling of it "
+                                 "are not carried yet (docs/serving.md, Limits)")
     facts = public_facts(cfg, prepared)
     out = private_dir(Path(out_dir).expanduser())  # 0700, files 0600: the host's file holds the labels
     if fmt == "npz":

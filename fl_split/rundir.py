@@ -60,12 +60,23 @@ def epochs_csv(results: dict[str, Any]) -> str:
     per_epoch = epsilons_per_epoch(results)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([c if c != "test_metric" else f"test_{metric}" for c in COLUMNS] + [f"epsilon_{p}" for p in per_epoch])
+    extra = task_columns(results)
+    cols = [*COLUMNS[:-1], *extra, COLUMNS[-1]]
+    w.writerow([c if c != "test_metric" else f"test_{metric}" for c in cols] + [f"epsilon_{p}" for p in per_epoch])
     for row in results["history"]:
-        cells = ["" if row.get(c) is None or row.get(c) != row.get(c) else row[c] for c in COLUMNS]
+        cells = ["" if row.get(c) is None or row.get(c) != row.get(c) else row[c] for c in cols]
         eps = [per_epoch[p].get(str(row.get("epoch"))) for p in per_epoch]
         w.writerow(cells + ["" if e is None else e for e in eps])
     return buf.getvalue()
+
+
+def task_columns(results: dict[str, Any]) -> list[str]:
+    """The task's other per-epoch metrics (``test_auc`` … for binary, ``test_mae``, ``test_rmse`` for
+    regression; fl_split/tasks.py), in the order the host reports them."""
+    out: list[str] = []
+    for row in results["history"]:
+        out += [k for k in row if k.startswith("test_") and k not in COLUMNS and k not in out]
+    return out
 
 
 def epsilons_per_epoch(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:

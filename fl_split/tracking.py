@@ -38,12 +38,12 @@ def log_tensorboard(results: dict[str, Any], directory: str, name: str | None = 
     """Write the run's scalars into ``directory/<name>``; returns that folder."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from fl_split.rundir import epsilons_per_epoch, final_epsilons, run_name
+    from fl_split.rundir import epsilons_per_epoch, final_epsilons, run_name, task_columns
 
     folder = Path(directory).expanduser() / (name or run_name(results))
     metric = results["final"]["metric"]
     tags = {"test_metric": f"test/{metric}", "test_loss": "test/loss", "train_loss": "train/loss",
-            "epoch_time_s": "time/epoch_s"}
+            "epoch_time_s": "time/epoch_s", **{k: "test/" + k[5:] for k in task_columns(results)}}
     writer = SummaryWriter(log_dir=str(folder))
     try:
         last = 0

@@ -52,6 +52,20 @@ def test_other_elementwise_merges_equal_monolithic(merge):
     np.testing.assert_allclose(_losses(LocalEngine(cfg, PS).run()), _losses(MonolithicEngine(cfg, private_seed=PS).run()), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dataset,extra", [("diabetes", {}), ("credit", {"class_weight": "balanced"})],
+                         ids=["regression-diabetes", "binary-credit-balanced"])
+def test_tasks_equal_monolithic(dataset, extra):
+    """Regression (MSE on the host's standardised target) and class-weighted binary runs: the split
+    host's objective is the monolithic model's, so losses and every task metric agree."""
+    cfg = RunConfig(dataset=dataset, guests=2, epochs=2, batch_size=32, progress=False, seed=3, **extra)
+    split, mono = LocalEngine(cfg, PS).run(), MonolithicEngine(cfg, private_seed=PS).run()
+    np.testing.assert_allclose(_losses(split), _losses(mono), rtol=1e-6, atol=0)
+    assert split["final"]["task"] == mono["final"]["task"] == ("regression" if dataset == "diabetes" else "binary")
+    for m, v in split["final"]["metrics"].items():
+        assert v == pytest.approx(mono["final"]["metrics"][m], abs=1e-9), m
+    assert _losses(split)[-1] < _losses(split)[0]
+
+
 def test_batchnorm_model_and_table_dataset_equal_monolithic():
     cfg = RunConfig(dataset="breast-cancer", model="mnist-mlp-bn", guests=2, epochs=3, batch_size=16,
                     progress=False, merge="avg", padding=True)

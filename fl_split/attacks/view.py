@@ -379,6 +379,10 @@ class Session:
         self.prepared: PreparedData = prepared
         self.public_parties = dict(prepared.public) if public else {}
         self.plan = plan_run(cfg, dataclasses.replace(prepared, public={}))
+        if self.plan.task == "regression":
+            raise ConfigError("dataset", cfg.data_name if cfg.data else cfg.dataset, "a classification dataset for an "
+                              "attack", reason="the attacks (label, membership, reconstruction scoring) are built for "
+                                               "class labels, and this run's task is regression")
         self.referee = Referee(cfg, prepared.parties)
         self._host = None
         self._guests: dict[str, Any] | None = None

@@ -31,7 +31,7 @@ from fl_split.seeding import numpy_rng
 if TYPE_CHECKING:  # pandas is imported where tables are encoded: a party built from its prepared slice never needs it
     import pandas as pd
 
-TASKS = ("classification", "next-item")
+TASKS = ("classification", "next-item", "regression")
 
 
 @dataclass
@@ -67,7 +67,8 @@ class VerticalDataset:
         if (self.table is None) == (self.images is None):
             raise DataError(f"{self.name}: exactly one of table / images must be given")
         self.ids = np.asarray(self.ids, dtype=np.int64)
-        self.labels = np.asarray(self.labels, dtype=np.int64)
+        # a regression target is a number per row (fl_split/tasks.py); classes are int64
+        self.labels = np.asarray(self.labels, dtype=np.float64 if self.task == "regression" else np.int64)
         n = len(self.ids)
         if len(np.unique(self.ids)) != n:
             raise DataError(f"{self.name}: sample IDs are not unique")
@@ -317,6 +318,12 @@ class PartyData:
     task: str = "classification"
     metric: str = "accuracy"
     padded: bool = False
+    #: what this party fitted on its own training rows to encode its columns (:func:`party_preprocessing`)
+    preprocessing: dict = field(default_factory=dict)
+    #: host, regression: ``(mean, sd)`` of the training labels; ``y_*`` are standardised with it (never leaves the host)
+    target_scale: tuple[float, float] | None = None
+    #: host, classes of an own table: the label value of class ``k`` (``None``: the classes are 0…K-1)
+    classes: list | None = None
 
     @property
     def has_features(self) -> bool:
@@ -332,37 +339,83 @@ class PartyData:
         return int(self.x_train.shape[-1]) if self.x_train is not None else 0
 
 
-def _encode_table(table: pd.DataFrame, categorical: Sequence[str], train_pos: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Standardise numeric columns and one-hot categorical ones with train-row statistics.
+def _fit_table(table: pd.DataFrame, categorical: Sequence[str], train_pos: np.ndarray) -> dict:
+    """The statistics :func:`_encode_table` uses, from ``train_pos``'s rows only: per column, in
+    order, ``{"name", "kind": "numeric", "mean", "sd"}`` or ``{"name", "kind": "categorical",
+    "categories"}`` (sorted, those seen in the training rows)."""
+    import pandas as pd
+
+    cols: list[dict] = []
+    for col in table.columns:
+        values = table[col]
+        if col in categorical:
+            cats = sorted(values.iloc[train_pos].dropna().astype(str).unique())
+            cols.append({"name": str(col), "kind": "categorical", "categories": [str(c) for c in cats]})
+        else:
+            tr = pd.to_numeric(values.iloc[train_pos], errors="coerce").to_numpy(dtype=np.float64)
+            mean = float(np.nanmean(tr)) if np.isfinite(tr).any() else 0.0
+            std = float(np.nanstd(tr)) if np.isfinite(tr).any() else 1.0
+            cols.append({"name": str(col), "kind": "numeric", "mean": mean, "sd": std if std > 1e-12 else 1.0})
+    return {"kind": "table", "columns": cols}
+
+
+def _encode_table(table: pd.DataFrame, categorical: Sequence[str], train_pos: np.ndarray | None,
+                  stats: dict | None = None) -> tuple[np.ndarray, list[str], dict]:
+    """Standardise numeric columns and one-hot categorical ones with train-row statistics; returns
+    the encoded rows, the feature names and the statistics (:func:`_fit_table`; fitted on
+    ``train_pos`` unless ``stats`` are given: new rows at prediction time).
 
     Categories are those seen in this party's training rows (sorted); a category seen only
     in test rows encodes as all zeros. Missing numeric values become the train mean (0 after
     standardisation).
     """
+    import pandas as pd
+
+    stats = stats if stats is not None else _fit_table(table, categorical, train_pos)
     blocks: list[np.ndarray] = []
     names: list[str] = []
-    for col in table.columns:
+    for spec in stats["columns"]:
+        col = spec["name"]
+        if col not in table.columns:
+            raise DataError(f"column {col!r} is missing; the saved encoding needs columns "
+                            f"{[c['name'] for c in stats['columns']]}")
         values = table[col]
-        if col in categorical:
-            cats = sorted(values.iloc[train_pos].dropna().astype(str).unique())
+        if spec["kind"] == "categorical":
+            cats = spec["categories"]
             codes = values.astype(str).to_numpy()
             onehot = np.stack([(codes == c) for c in cats], axis=1).astype(np.float32) if cats else np.zeros((len(values), 0), np.float32)
             blocks.append(onehot)
             names.extend(f"{col}={c}" for c in cats)
         else:
-            import pandas as pd
-
             arr = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
-            tr = arr[train_pos]
-            mean = np.nanmean(tr) if np.isfinite(tr).any() else 0.0
-            std = np.nanstd(tr) if np.isfinite(tr).any() else 1.0
-            std = std if std > 1e-12 else 1.0
-            z = (arr - mean) / std
+            z = (arr - spec["mean"]) / spec["sd"]
             z[~np.isfinite(z)] = 0.0
             blocks.append(z.astype(np.float32)[:, None])
             names.append(str(col))
     x = np.concatenate(blocks, axis=1) if blocks else np.zeros((len(table), 0), np.float32)
-    return x, names
+    return x, names, stats
+
+
+def party_preprocessing(data: "PartyData") -> dict:
+    """What ``data``'s party fitted on its own training rows to encode its columns (JSON-able; saved
+    with its model part, :mod:`fl_split.serving`). The one place that says what a party's
+    preprocessing is: a table's per-column statistics, or ``{"kind": "image"}`` (pixels are used as
+    they are), ``{"kind": "none"}`` for a host without features; ``padded`` records 001's padding."""
+    return {**(data.preprocessing or {"kind": "none"}), "padded": bool(data.padded)}
+
+
+def apply_preprocessing(pre: dict, table: "pd.DataFrame | None" = None, images: np.ndarray | None = None) -> np.ndarray:
+    """The inverse direction of :func:`party_preprocessing`: encode new rows with saved statistics."""
+    kind = pre.get("kind")
+    if kind == "table":
+        if table is None:
+            raise DataError("the saved preprocessing encodes a table, and no table was given")
+        return _encode_table(table, (), None, pre)[0]
+    if kind == "image":
+        if images is None:
+            raise DataError("the saved preprocessing is of images, and no images were given")
+        return np.ascontiguousarray(images, dtype=np.float32)
+    raise DataError(f"this party's saved part encodes no features (preprocessing {kind!r})")
 
 
 def prepare_party(sl: PartySlice, train_ids: np.ndarray, test_ids: np.ndarray) -> PartyData:
@@ -371,21 +424,31 @@ def prepare_party(sl: PartySlice, train_ids: np.ndarray, test_ids: np.ndarray) -
     test_pos = positions_of(sl.ids, test_ids, who=sl.party)
     x_all: np.ndarray | None
     names: list[str] = list(sl.columns)
+    pre: dict = {"kind": "none"}
     if sl.images is not None:
         x_all = sl.images
+        pre = {"kind": "image", "columns": names}
     elif sl.table is not None:
-        x_all, names = _encode_table(sl.table, sl.categorical, train_pos)
+        x_all, names, pre = _encode_table(sl.table, sl.categorical, train_pos)
     else:
         x_all = None
     pd_ = PartyData(
         party=sl.party, train_ids=np.asarray(train_ids, np.int64), test_ids=np.asarray(test_ids, np.int64),
         x_train=None if x_all is None else torch.from_numpy(np.ascontiguousarray(x_all[train_pos], dtype=np.float32)),
         x_test=None if x_all is None else torch.from_numpy(np.ascontiguousarray(x_all[test_pos], dtype=np.float32)),
-        feature_names=names, num_classes=sl.num_classes, task=sl.task, metric=sl.metric,
+        feature_names=names, num_classes=sl.num_classes, task=sl.task, metric=sl.metric, preprocessing=pre,
     )
     if sl.labels is not None:
-        pd_.y_train = torch.from_numpy(sl.labels[train_pos].astype(np.int64))
-        pd_.y_test = torch.from_numpy(sl.labels[test_pos].astype(np.int64))
+        if sl.task == "regression":  # the host standardises its target with its own training rows
+            y = np.asarray(sl.labels, np.float64)
+            mean, sd = float(y[train_pos].mean()), float(y[train_pos].std())
+            sd = sd if sd > 1e-12 else 1.0
+            pd_.target_scale = (mean, sd)
+            pd_.y_train = torch.from_numpy(((y[train_pos] - mean) / sd).astype(np.float32))
+            pd_.y_test = torch.from_numpy(((y[test_pos] - mean) / sd).astype(np.float32))
+        else:
+            pd_.y_train = torch.from_numpy(sl.labels[train_pos].astype(np.int64))
+            pd_.y_test = torch.from_numpy(sl.labels[test_pos].astype(np.int64))
     return pd_
 
 
@@ -416,6 +479,7 @@ def apply_padding(parties: dict[str, PartyData]) -> dict[str, PartyData]:
             y_train=d.y_train, y_test=d.y_test,
             feature_names=[f"<pad>"] * offset + d.feature_names + ["<pad>"] * (full - offset - w),
             num_classes=d.num_classes, task=d.task, metric=d.metric, padded=True,
+            preprocessing=d.preprocessing, target_scale=d.target_scale, classes=d.classes,
         )
         offset += w
     return out

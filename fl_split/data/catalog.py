@@ -36,6 +36,8 @@ CATALOG: tuple[DatasetEntry, ...] = (
                  True, "mlp", "fl_split.data.sklearn_sets:load_digits"),
     DatasetEntry("breast-cancer", "Wisconsin breast cancer, 569 × 30 numeric features, binary (1 = benign).",
                  True, "mlp", "fl_split.data.sklearn_sets:load_breast_cancer"),
+    DatasetEntry("diabetes", "Diabetes, 442 patients × 10 baseline variables, regression (disease progression "
+                             "after one year).", True, "mlp", "fl_split.data.sklearn_sets:load_diabetes"),
     DatasetEntry("credit", "Credit scoring (modeldata/credit_data): 4,039 complete rows × 13 columns, binary "
                            "(1 = bad loan).", True, "mlp", "fl_split.data.credit:load_credit"),
     DatasetEntry("movielens-small", "MovieLens small (dslabs/movielens, 100,004 ratings, 671 users): next item among "

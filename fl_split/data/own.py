@@ -27,6 +27,7 @@ model's size depends on it).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -193,6 +194,27 @@ def _labels(raw: "pd.Series", where: str, col: str) -> tuple[np.ndarray, list[An
     return idx.astype(np.int64), classes.tolist()
 
 
+def _is_target(raw: "pd.Series", cfg: "RunConfig", where: str) -> bool:
+    """Whether the host's label column is a regression target (``--task``; auto: fl_split/tasks.py's rule)."""
+    from fl_split.tasks import looks_numeric_target
+
+    if cfg.task == "regression":
+        return True
+    return cfg.task == "auto" and looks_numeric_target(raw)
+
+
+def _targets(raw: "pd.Series", where: str, col: str) -> np.ndarray:
+    """A numeric regression target (``--task regression``): every value a finite number."""
+    import pandas as pd
+
+    num = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(num)
+    if bad.any():
+        raise DataError(f"{where}: row {_rows(bad)}, column {col!r}: {raw.iloc[int(np.flatnonzero(bad)[0])]!r} is "
+                        f"not a number (--task regression needs a numeric label)")
+    return num
+
+
 def _table_parts(frame: "pd.DataFrame", cfg: "RunConfig", where: str, with_labels: bool):
     ids = _ids(frame, cfg.id_column, where)
     cols = [str(c) for c in frame.columns if c not in (cfg.id_column, cfg.label_column)]
@@ -284,7 +306,10 @@ def align_own(cfg: "RunConfig", table: OwnTable, shared: np.ndarray) -> "PartyDa
     from fl_split.data.base import positions_of, prepare_party
 
     sl = table.slice
-    if table.party == "host":
+    if table.party == "host" and _is_target(table.raw_labels, cfg, table.where):
+        sl = dataclasses.replace(sl, labels=_targets(table.raw_labels, table.where, cfg.label_column), num_classes=1,
+                                 task="regression", metric="r2")
+    elif table.party == "host":
         labels, classes = _labels(table.raw_labels, table.where, cfg.label_column)
         # classes: those of the shared rows (the host's rows outside the shared list take no part)
         rows = positions_of(sl.ids, shared, who="host")
@@ -296,8 +321,17 @@ def align_own(cfg: "RunConfig", table: OwnTable, shared: np.ndarray) -> "PartyDa
         remap[kept] = np.arange(len(kept))
         # -1 only on rows outside the shared list, which are never used
         sl = dataclasses.replace(sl, labels=remap[labels], num_classes=int(len(kept)))
+        train_ids, test_ids = split_of(cfg, shared)
+        # the label mapping (class k = this value of the label column) stays with the host
+        return dataclasses.replace(prepare_party(sl, train_ids, test_ids),
+                                   classes=[_plain(classes[k]) for k in kept])
     train_ids, test_ids = split_of(cfg, shared)
     return prepare_party(sl, train_ids, test_ids)
+
+
+def _plain(v: Any) -> Any:
+    """A class value as JSON writes it (int or str)."""
+    return int(v) if isinstance(v, (int, np.integer)) else str(v)
 
 
 # -- the pipeline ----------------------------------------------------------------------------------
@@ -316,15 +350,21 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
     if isinstance(spec, str):  # one table: every column belongs to one party (--columns or contiguous blocks)
         where = f"--data {Path(spec).name}"
         ids, feats, raw_labels = _table_parts(read_table(spec, "--data"), cfg, where, with_labels=True)
-        labels, classes = _labels(raw_labels, where, cfg.label_column)
-        if len(classes) < 2:
-            raise DataError(f"{where}: column {cfg.label_column!r} holds one class ({classes[0]!r}); nothing to learn")
-        ds = VerticalDataset(name=cfg.data_name, task="classification", ids=ids, labels=labels,
+        if _is_target(raw_labels, cfg, where):
+            task, labels, classes = "regression", _targets(raw_labels, where, cfg.label_column), [None]
+        else:
+            task, (labels, classes) = "classification", _labels(raw_labels, where, cfg.label_column)
+            if len(classes) < 2:
+                raise DataError(f"{where}: column {cfg.label_column!r} holds one class ({classes[0]!r}); nothing to "
+                                f"learn")
+        ds = VerticalDataset(name=cfg.data_name, task=task, ids=ids, labels=labels,
                              num_classes=len(classes), table=feats, description=f"own table {spec}")
         train_ids, test_ids = split_ids(ds, cfg.test_fraction, cfg.seed, cfg.limit)
         slices = partition(ds, cfg.guests, cfg.host_features, cfg.columns, seed=cfg.seed)
         parties = {p: prepare_party(sl, train_ids, test_ids) for p, sl in slices.items()}
-        return dict(name=cfg.data_name, task="classification", metric="accuracy", num_classes=len(classes),
+        if task == "classification":
+            parties["host"] = dataclasses.replace(parties["host"], classes=[_plain(c) for c in classes])
+        return dict(name=cfg.data_name, task=task, metric="accuracy", num_classes=len(classes),
                     parties=parties, train_ids=train_ids, test_ids=test_ids,
                     alignment={"align": "public", "tables": 1, "shared_ids": len(ids)})
 
@@ -356,5 +396,5 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
 
     host = align_own(cfg, tables["host"], shared)
     parties = {"host": host, **{g: align_own(cfg, tables[g], shared) for g in cfg.parties[1:]}}
-    return dict(name=cfg.data_name, task="classification", metric="accuracy", num_classes=int(host.num_classes),
+    return dict(name=cfg.data_name, task=host.task, metric="accuracy", num_classes=int(host.num_classes),
                 parties=parties, train_ids=host.train_ids, test_ids=host.test_ids, alignment=alignment)

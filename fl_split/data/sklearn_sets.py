@@ -1,4 +1,5 @@
-"""Offline datasets shipped with scikit-learn: ``digits`` (images) and ``breast-cancer`` (table)."""
+"""Offline datasets shipped with scikit-learn: ``digits`` (images), ``breast-cancer`` (table) and
+``diabetes`` (table, regression)."""
 
 from __future__ import annotations
 
@@ -47,4 +48,25 @@ def load_breast_cancer(root: Path | None = None, download: bool = False) -> Vert
         num_classes=2, table=table, metric="accuracy",
         properties={"large-radius": ("mean radius", large)},
         description="scikit-learn breast cancer (569 x 30, binary), column groups",
+    )
+
+
+def load_diabetes(root: Path | None = None, download: bool = False) -> VerticalDataset:
+    """Diabetes (Efron et al. 2004), 442 patients × 10 baseline variables, regression: a quantitative
+    measure of disease progression one year later (25–346).
+
+    The raw (unscaled) features (``scaled=False``: age, sex, bmi, bp and six blood serum measurements
+    s1–s6); each party standardises its own columns with its training rows. Sex is coded 1/2 and
+    used as a number. The default partition is contiguous blocks in scikit-learn's column order
+    (host: age, sex, bmi, bp …). Property: ``high-bmi`` — bmi above its median.
+    """
+    from sklearn.datasets import load_diabetes as _load
+
+    bunch = _load(scaled=False)
+    table = pd.DataFrame(bunch.data, columns=list(bunch.feature_names))
+    high = (table["bmi"] > table["bmi"].median()).to_numpy().astype(np.int64)
+    return VerticalDataset(
+        name="diabetes", task="regression", ids=np.arange(len(table)), labels=bunch.target.astype(np.float64),
+        num_classes=1, table=table, metric="r2", properties={"high-bmi": ("bmi", high)},
+        description="scikit-learn diabetes (442 x 10, regression: disease progression), column groups",
     )

@@ -323,7 +323,16 @@ def _aligned(cfg: RunConfig, party: str, path: str, mtime: float, shared: bytes,
     if party in widths and tuple(data.input_shape) != widths[party]:
         raise ProtocolError(f"{party}: the coordinator lists input shape {widths[party]} for this party, its data "
                             f"has {tuple(data.input_shape)}")
-    facts = PublicFacts(dataset=cfg.data_name, task="classification", metric="accuracy", n_train=len(data.train_ids),
+    task, metric = "classification", "accuracy"
+    if party == "host":  # the labels' owner resolves the run's task (fl_split/tasks.py), as prepare_data does
+        import dataclasses
+
+        from fl_split.tasks import HEADLINE, resolve
+
+        task = resolve(cfg.task, data.task, data.num_classes, cfg.data_name)
+        metric = HEADLINE[task]
+        data = dataclasses.replace(data, task=task, metric=metric)
+    facts = PublicFacts(dataset=cfg.data_name, task=task, metric=metric, n_train=len(data.train_ids),
                         n_test=len(data.test_ids), input_shapes=widths, data_config=data_config(cfg),
                         num_classes=int(data.num_classes) if party == "host" else None)
     return data, facts

@@ -70,8 +70,9 @@ def job_config(run_config: dict[str, Any], cwd: Path) -> tuple[RunConfig, dict[s
     from fl_split.flower.appconfig import app_config
 
     values = dict(run_config)
-    if values.get("out"):
-        values["out"] = str((cwd / Path(str(values["out"])).expanduser()).resolve())
+    for key in ("out", "save-model"):  # paths the ServerApp / ClientApps write, as the caller meant them
+        if values.get(key):
+            values[key] = str((cwd / Path(str(values[key])).expanduser()).resolve())
     from fl_split.errors import ConfigError
     from fl_split.flower.strategy import PRIVATE_KEYS
 

@@ -228,6 +228,17 @@ def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None,
     the driver prepared once) when that holds it, else prepares the data itself."""
     from fl_split.builder import make_guest, make_host
 
+    data, facts, plan = _node_inputs(cfg, role, state, handoff)
+    _set_threads(cfg, role)
+    if role.role == "host":
+        party = make_host(plan, data, private_seed=private_seed, secret=secret)
+    else:
+        party = make_guest(plan, data, role.party, private_seed=private_seed, secret=secret)
+    return party, facts
+
+
+def _node_inputs(cfg: RunConfig, role: NodeRole, state=None, handoff=None):
+    """``(PartyData, PublicFacts, RunPlan)`` of this node (cached where the data are read)."""
     if role.role == "guest" and role.guest_index > cfg.guests:
         raise FederationError(f"{role.party}: guest-index {role.guest_index} is out of range; the run has "
                               f"--guests {cfg.guests}")
@@ -258,12 +269,26 @@ def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None,
             raise FederationError(f"node-config says this node is {role.party}, but {path!r} holds "
                                   f"{data.party}'s data")
         plan = _deployment_plan(cfg, path, mtime)
-    _set_threads(cfg, role)
-    if role.role == "host":
-        party = make_host(plan, data, private_seed=private_seed, secret=secret)
-    else:
-        party = make_guest(plan, data, role.party, private_seed=private_seed, secret=secret)
-    return party, facts
+    return data, facts, plan
+
+
+def _save_model(context: Context, role: NodeRole, party, config_json: str, handoff=None) -> None:
+    """``--save-model``: this node's party writes its own part, on its own machine (a simulation: the
+    run's directory; a deployment: the SuperNode's ``--node-config "model-dir='…'"``); the coordinator
+    never holds a model (fl_split/serving.py)."""
+    from fl_split.serving import save_part
+
+    cfg = RunConfig.from_mapping(R.loads(config_json))
+    if not cfg.save_model:
+        return
+    directory = cfg.save_model
+    if role.mode != "simulation":
+        directory = str(dict(context.node_config).get("model-dir", "") or "").strip()
+        if not directory:
+            raise FederationError(f"{role.party} node-config: no model-dir; the run saves the model (--save-model), "
+                                  f"and a party keeps its part on its own machine: --node-config \"... "
+                                  f"model-dir='/path/private/to/{role.party}'\"")
+    save_part(party, _node_inputs(cfg, role, context.state, handoff)[2], directory)
 
 
 # -- state ---------------------------------------------------------------------------------------
@@ -352,9 +377,10 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
             metrics = party.evaluate(keys, acts, round_)
             _save(context, party, config_json)
             return _reply(message, metrics=R.dumps(metrics))
-        if mtype == R.MSG_REPORT:
+        if mtype == R.MSG_REPORT:  # the run's end: the party reports (and saves its own part)
             from fl_split.devices import report_with_device
 
+            _save_model(context, role, party, config_json, handoff)
             return _reply(message, report=R.dumps(report_with_device(party)))
         raise ProtocolError(f"{role.party}: unknown message type {mtype!r}")
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the coordinator

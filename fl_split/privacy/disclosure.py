@@ -19,7 +19,8 @@ WEIGHTS_ASSUMPTION = (
     "with DP-SGD ('update' entries of the same ledger)")
 AGGREGATES_ASSUMPTION = (
     "aggregate metrics released to the coordinator, not covered by DP: the per-epoch training loss, test "
-    "metric and test loss (one number each per epoch, over the whole split); --report-metrics none keeps "
+    "metric and test loss, and the task's other test metrics (binary: AUC, F1, precision, recall, KS; "
+    "regression: MAE, RMSE) (one number each per epoch, over the whole split); --report-metrics none keeps "
     "them at the host")
 
 
