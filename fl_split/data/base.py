@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -187,6 +187,10 @@ class PartySlice:
     num_classes: int = 0
     task: str = "classification"
     metric: str = "accuracy"
+    #: how the party encodes its raw ``table`` (an unfitted :class:`~fl_split.data.encoding.ColumnEncoder`,
+    #: e.g. own data's raw-column defaults and ``--encode``); ``None``: the built-in datasets' encoding
+    #: of ``categorical``
+    encoder: Any = None
 
 
 def parse_columns_spec(spec: str, parties: Sequence[str], all_columns: Sequence[str],
@@ -303,6 +307,9 @@ class PartyData:
 
     ``x_*`` is ``None`` for a host without features; ``y_*`` is set for the host only.
     ``offset``/``full_width`` place this party's columns in the full vector (used by padding).
+    ``encoder``: the :class:`~fl_split.data.encoding.ColumnEncoder` fitted on this party's training
+    rows that produced ``x_*`` from its table (``None`` for images and a host without features); the
+    party's own state, kept by party files and checkpoints, never sent.
     """
 
     party: str
@@ -317,6 +324,7 @@ class PartyData:
     task: str = "classification"
     metric: str = "accuracy"
     padded: bool = False
+    encoder: Any = None
 
     @property
     def has_features(self) -> bool:
@@ -333,36 +341,22 @@ class PartyData:
 
 
 def _encode_table(table: pd.DataFrame, categorical: Sequence[str], train_pos: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Standardise numeric columns and one-hot categorical ones with train-row statistics.
+    """The built-in datasets' encoding (:class:`~fl_split.data.encoding.ColumnEncoder`, ``policy="builtin"``):
+    numeric columns standardised and ``categorical`` ones one-hot, with train-row statistics.
 
     Categories are those seen in this party's training rows (sorted); a category seen only
     in test rows encodes as all zeros. Missing numeric values become the train mean (0 after
     standardisation).
     """
-    blocks: list[np.ndarray] = []
-    names: list[str] = []
-    for col in table.columns:
-        values = table[col]
-        if col in categorical:
-            cats = sorted(values.iloc[train_pos].dropna().astype(str).unique())
-            codes = values.astype(str).to_numpy()
-            onehot = np.stack([(codes == c) for c in cats], axis=1).astype(np.float32) if cats else np.zeros((len(values), 0), np.float32)
-            blocks.append(onehot)
-            names.extend(f"{col}={c}" for c in cats)
-        else:
-            import pandas as pd
+    enc = _fit_encoder(None, table, categorical, train_pos)
+    return enc.transform(table), enc.output_names
 
-            arr = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
-            tr = arr[train_pos]
-            mean = np.nanmean(tr) if np.isfinite(tr).any() else 0.0
-            std = np.nanstd(tr) if np.isfinite(tr).any() else 1.0
-            std = std if std > 1e-12 else 1.0
-            z = (arr - mean) / std
-            z[~np.isfinite(z)] = 0.0
-            blocks.append(z.astype(np.float32)[:, None])
-            names.append(str(col))
-    x = np.concatenate(blocks, axis=1) if blocks else np.zeros((len(table), 0), np.float32)
-    return x, names
+
+def _fit_encoder(template: Any, table: pd.DataFrame, categorical: Sequence[str], train_pos: np.ndarray):
+    from fl_split.data.encoding import ColumnEncoder
+
+    enc = template.unfitted() if template is not None else ColumnEncoder(categorical=categorical, policy="builtin")
+    return enc.fit(table.iloc[train_pos])
 
 
 def prepare_party(sl: PartySlice, train_ids: np.ndarray, test_ids: np.ndarray) -> PartyData:
@@ -371,17 +365,19 @@ def prepare_party(sl: PartySlice, train_ids: np.ndarray, test_ids: np.ndarray) -
     test_pos = positions_of(sl.ids, test_ids, who=sl.party)
     x_all: np.ndarray | None
     names: list[str] = list(sl.columns)
+    encoder = None
     if sl.images is not None:
         x_all = sl.images
-    elif sl.table is not None:
-        x_all, names = _encode_table(sl.table, sl.categorical, train_pos)
+    elif sl.table is not None:  # every statistic from this party's training rows (train_pos) only
+        encoder = _fit_encoder(sl.encoder, sl.table, sl.categorical, train_pos)
+        x_all, names = encoder.transform(sl.table), encoder.output_names
     else:
         x_all = None
     pd_ = PartyData(
         party=sl.party, train_ids=np.asarray(train_ids, np.int64), test_ids=np.asarray(test_ids, np.int64),
         x_train=None if x_all is None else torch.from_numpy(np.ascontiguousarray(x_all[train_pos], dtype=np.float32)),
         x_test=None if x_all is None else torch.from_numpy(np.ascontiguousarray(x_all[test_pos], dtype=np.float32)),
-        feature_names=names, num_classes=sl.num_classes, task=sl.task, metric=sl.metric,
+        feature_names=names, num_classes=sl.num_classes, task=sl.task, metric=sl.metric, encoder=encoder,
     )
     if sl.labels is not None:
         pd_.y_train = torch.from_numpy(sl.labels[train_pos].astype(np.int64))
@@ -415,7 +411,7 @@ def apply_padding(parties: dict[str, PartyData]) -> dict[str, PartyData]:
             party=d.party, train_ids=d.train_ids, test_ids=d.test_ids, x_train=pad(d.x_train), x_test=pad(d.x_test),
             y_train=d.y_train, y_test=d.y_test,
             feature_names=[f"<pad>"] * offset + d.feature_names + ["<pad>"] * (full - offset - w),
-            num_classes=d.num_classes, task=d.task, metric=d.metric, padded=True,
+            num_classes=d.num_classes, task=d.task, metric=d.metric, padded=True, encoder=d.encoder,
         )
         offset += w
     return out
