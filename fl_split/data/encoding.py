@@ -101,8 +101,8 @@ def parse_encode(spec: str) -> dict[str, str]:
 
 def _empty(series: "pd.Series") -> np.ndarray:
     """Empty cells: NaN/None, or text of only whitespace."""
-    empty = series.isna().to_numpy()
-    if series.dtype == object:
+    empty = np.array(series.isna().to_numpy(), dtype=bool)  # a copy: pandas may hand out read-only arrays
+    if series.dtype.kind not in "biufcmM":  # object or text dtype
         empty |= np.array([isinstance(v, str) and not v.strip() for v in series.to_numpy()], dtype=bool)
     return empty
 
@@ -152,17 +152,21 @@ def stray_text(name: str, series: "pd.Series", num: np.ndarray, bad: np.ndarray,
         return ""
     r = int(np.flatnonzero(bad)[0])
     return (f"row {_rows(series, bad)}, column {name!r}: {str(series.iloc[r])[:40]!r} is not a number, but most of "
-            f"the column's cells are; fix or empty the cell, or declare the column's kind (--encode "
+            f"the column's cells are{_more(bad)}; fix or empty the cell, or declare the column's kind (--encode "
             f"'{name}=categorical': one 0/1 column per value, or '{name}=drop')")
 
 
 def _rows(series: "pd.Series", mask: np.ndarray) -> str:
-    """The rows of ``mask`` as the file counts them (from 1 after the header): a party's table keeps its
-    row positions as the index, so a training-row subset still names the file's rows."""
-    pos = np.flatnonzero(mask)[:5]
+    """The first row of ``mask`` as the file counts it (from 1 after the header; a party's table keeps
+    its row positions as the index, so a training-row subset still names the file's row)."""
+    pos = int(np.flatnonzero(mask)[0])
     index = series.index
-    rows = index[pos] + 1 if index.dtype.kind in "iu" else pos + 1
-    return ", ".join(str(int(r)) for r in rows) + (" …" if int(mask.sum()) > 5 else "")
+    return str(int(index[pos]) + 1 if index.dtype.kind in "iu" else pos + 1)
+
+
+def _more(mask: np.ndarray) -> str:
+    k = int(mask.sum()) - 1
+    return f" ({k} more such cell{'s' if k > 1 else ''})" if k > 0 else ""
 
 
 class ColumnEncoder:
@@ -224,7 +228,7 @@ class ColumnEncoder:
                 if bad.any():
                     r = int(np.flatnonzero(bad)[0])
                     raise DataError(self._say(f"row {_rows(series, bad)}, column {name!r}: {str(series.iloc[r])[:40]!r} "
-                                              f"is not a number, but --encode declares the column numeric"))
+                                              f"is not a number, but --encode declares the column numeric{_more(bad)}"))
                 columns.append(self._fit_numeric(name, series, num, empty))
             else:
                 columns.append(self._fit_categorical(name, _text(series, empty), empty, explicit))
@@ -248,7 +252,7 @@ class ColumnEncoder:
     def _fit_numeric(self, name: str, series: "pd.Series", num: np.ndarray, empty: np.ndarray) -> dict[str, Any]:
         inf = np.isinf(num)
         if inf.any():
-            raise DataError(self._say(f"row {_rows(series, inf)}, column {name!r}: not a finite number"))
+            raise DataError(self._say(f"row {_rows(series, inf)}, column {name!r}: not a finite number{_more(inf)}"))
         present = num[~empty]
         mean = float(np.mean(present)) if present.size else 0.0
         std = float(np.std(present)) if present.size else 1.0
@@ -315,10 +319,10 @@ class ColumnEncoder:
                     raise DataError(self._say(
                         f"row {_rows(series, bad)}, column {c['name']!r}: {str(series.iloc[r])[:40]!r} is not a number (the "
                         f"column's training rows are numeric; declare it categorical with --encode "
-                        f"'{c['name']}=categorical')"))
+                        f"'{c['name']}=categorical'){_more(bad)}"))
                 if np.isinf(num).any():
                     raise DataError(self._say(f"row {_rows(series, np.isinf(num))}, column {c['name']!r}: not a finite "
-                                              f"number"))
+                                              f"number{_more(np.isinf(num))}"))
                 num = np.where(empty, c["fill"], num)
                 blocks.append(((num - c["mean"]) / c["std"]).astype(np.float32)[:, None])
             else:

@@ -7,19 +7,23 @@ The tables go through the same pipeline as a built-in dataset (:mod:`fl_split.da
 (``--align public``: the host's IDs, sent to every party — the built-in datasets' assumption — or
 ``--align psi``: the private intersection of :mod:`fl_split.psi`); the list is split into train and
 test with ``--seed`` (:func:`~fl_split.data.base.split_shared`, keyed by ``--data-name``); each party
-aligns its rows to it and standardises its own numeric columns with its own training rows
-(:func:`~fl_split.data.base.prepare_party`). So a table exported from a built-in dataset and run
+aligns its rows to it and encodes its own raw columns with statistics of its own training rows
+(:func:`~fl_split.data.base.prepare_party`, :class:`~fl_split.data.encoding.ColumnEncoder`: numbers
+standardised, text categories one-hot, empty cells imputed plus a missing indicator; ``--encode``
+overrides per column). So a table exported from a built-in dataset and run
 under that dataset's name (``--data-name breast-cancer``) trains to the same numbers as the
 dataset itself (``tests/test_own_data.py``).
 
 **Checks before anything is built** (one line each, naming the party, the file, the row and the
 column; :class:`~fl_split.errors.DataError`, exit 2): a missing or unreadable file, a missing ID
-column, an empty or non-integer ID (row), duplicate IDs (the IDs and their rows), an empty or
-non-numeric feature cell (row and column; **categorical columns are refused**: one-hot encode them
-first, one 0/1 column per category — a party's categories are its private data, and an encoding
-fitted on one party's rows is the party's own decision), a label column in a guest's table, a host
-table without labels or with one class, a feature column claimed by two parties (column names are
-public metadata), a host without feature columns unless ``--no-host-features``. Labels are
+column, an empty or non-integer ID (row), duplicate IDs (the IDs and their rows), a feature cell that is
+not finite, a text cell in a column that is otherwise numbers (most likely a typo: row and column; or one
+``--encode`` declares numeric), an ``--encode`` entry naming no party's column, a label column in a
+guest's table, a host table without labels or with one class, a feature column claimed by two parties (column names are
+public metadata), a host without feature columns unless ``--no-host-features``. Text categories and empty
+cells are not refused: each party encodes them itself, fitted on its own training rows after the split —
+a party's categories and statistics are its private data and never leave it; its input width (one column
+per training category and missing indicator) is public metadata like its column names. Labels are
 classification labels: integers or strings, mapped to classes ``0 … K-1`` in sorted order of the
 values the host holds for the shared IDs (the mapping and ``K`` stay with the host: only the top
 model's size depends on it).
@@ -160,7 +164,8 @@ def _features(frame: "pd.DataFrame", cols: list[str], where: str, kinds: dict[st
     (:class:`~fl_split.data.encoding.ColumnEncoder`, in :func:`align_own`)."""
     import pandas as pd
 
-    from fl_split.data.encoding import _empty, _numbers, _rows, stray_text
+    from fl_split.data.encoding import _empty, _more, _numbers, stray_text
+    from fl_split.data.encoding import _rows as _row
 
     kinds = kinds or {}
     out = {}
@@ -174,11 +179,11 @@ def _features(frame: "pd.DataFrame", cols: list[str], where: str, kinds: dict[st
                 raise DataError(f"{where}: {stray}")
             if kinds.get(str(c)) == "numeric" and bad.any():
                 r = int(np.flatnonzero(bad)[0])
-                raise DataError(f"{where}: row {_rows(raw, bad)}, column {c!r}: {str(raw.iloc[r])[:40]!r} is not a "
-                                f"number, but --encode declares the column numeric (categorical: --encode "
-                                f"'{c}=categorical')")
+                raise DataError(f"{where}: row {_row(raw, bad)}, column {c!r}: {str(raw.iloc[r])[:40]!r} is not a "
+                                f"number, but --encode declares the column numeric{_more(bad)}")
             if np.isinf(num).any():
-                raise DataError(f"{where}: row {_rows(raw, np.isinf(num))}, column {c!r}: not a finite number")
+                raise DataError(f"{where}: row {_row(raw, np.isinf(num))}, column {c!r}: not a finite number"
+                                f"{_more(np.isinf(num))}")
         out[c] = raw
     return pd.DataFrame(out, columns=cols)
 
