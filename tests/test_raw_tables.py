@@ -282,3 +282,33 @@ def test_encode_overrides_apply_at_the_party_owning_the_column(tmp_path, capsys)
     code = main(["train", *flags, "--align", "psi", "--encode", "job=numeric", *OPTS, "--out", str(bad)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "guest-1 (guest-1.csv): row" in err and "column 'job'" in err and "declares the column numeric" in err
+
+
+def test_a_resumed_run_refuses_another_encoding(tmp_path):
+    """The fitted encoder is part of a party's checkpointed state: resuming after the party's table
+    changed (here one training cell, so its statistics differ) is refused before anything trains; the
+    unchanged table resumes."""
+    from fl_split import builder
+    from fl_split.checkpoint import CheckpointError
+    from fl_split.engine import LocalEngine
+    from fl_split.seeding import PrivateSeed
+    from tests.test_checkpoint import Crash, CrashAfterGuests
+
+    frames = raw_world(n=200)
+    flags = write_raw(tmp_path, frames)
+    spec = ";".join(flags[i + 1] for i in range(0, 6, 2))
+    cfg = RunConfig(data=spec, id_column="ID", label_column="Y", align="psi", guests=2, seed=SEED, epochs=2,
+                    batch_size=16, progress=False, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=2)
+    ps = PrivateSeed.legacy(11)
+    with pytest.raises(Crash):
+        LocalEngine(cfg, ps, transport=lambda t: CrashAfterGuests(t, 5)).run()
+    g1 = frames["guest-1"].copy()
+    g1["age"] = g1["age"].where(g1["age"].isna(), g1["age"] + 1.0)  # every age one year more: another mean
+    g1.to_csv(tmp_path / "guest-1.csv", index=False)
+    builder._prepare.cache_clear()
+    with pytest.raises(CheckpointError, match=r"guest-1 encodes its columns differently from the checkpointed run"):
+        LocalEngine(cfg.replace(resume=True), ps).run()
+    frames["guest-1"].to_csv(tmp_path / "guest-1.csv", index=False)
+    builder._prepare.cache_clear()
+    res = LocalEngine(cfg.replace(resume=True), ps).run()
+    assert res["checkpoint"]["resumed_from_round"] >= 1
