@@ -312,3 +312,33 @@ def test_a_resumed_run_refuses_another_encoding(tmp_path):
     builder._prepare.cache_clear()
     res = LocalEngine(cfg.replace(resume=True), ps).run()
     assert res["checkpoint"]["resumed_from_round"] >= 1
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_deployment_nodes_encode_their_raw_tables_like_one_process(tmp_path):
+    """A Flower deployment (``data = "node-tables"``, each node reading only its own raw table): every
+    node encodes its columns as ``fl-split train --data`` does (the same numbers), and no message
+    carries a category, an encoded column's name or another party's width before ``shapes``."""
+    from fl_split.engine import run_experiment
+    from fl_split.flower.strategy import VerticalSplitStrategy
+    from fl_split.seeding import PrivateSeed
+    from tests.test_deploy_align import RecordingGrid, _nodes
+    from tests.test_flower import _strip
+
+    frames = raw_world(n=300)
+    flags = write_raw(tmp_path, frames)
+    paths = {flags[i + 1].split("=", 1)[0]: flags[i + 1].split("=", 1)[1] for i in range(0, 6, 2)}
+    run = dict(guests=2, seed=SEED, epochs=1, batch_size=32, id_column="ID", label_column="Y", progress=False,
+               align="psi", encode="age=numeric")
+    seed = PrivateSeed.generate()
+    grid = RecordingGrid(_nodes(tmp_path, paths, seed), fresh_process=True)
+    dep = VerticalSplitStrategy(RunConfig(data="node-tables", engine="flower", data_plane="flower", **run)).run(grid)
+    local = run_experiment(RunConfig(data=";".join(f"{p}={v}" for p, v in paths.items()), **run), private_seed=seed)
+    assert dep["plan"]["input_shapes"] == local["plan"]["input_shapes"]
+    assert local["plan"]["input_shapes"]["guest-1"] == [4 + 1 + 1 + 1]
+    a, b = _strip(dep), _strip(local)
+    assert a["history"] == b["history"] and a["final"] == b["final"]
+    wire = b"".join(grid.wire)
+    assert b"guest-1.csv" in wire  # the scan finds what is there (the file's name is public)
+    for private in (b"farmer", b"pilot", b"nurse", b"job=", b"region=", b":missing"):
+        assert private not in wire
