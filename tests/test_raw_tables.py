@@ -54,6 +54,16 @@ def test_defaults_standardise_one_hot_impute_and_flag_missing():
     np.testing.assert_array_equal(x[:, 6:], [[0, 1], [1, 0], [0, 1], [0, 1], [1, 0], [0, 1]])
 
 
+def test_booleans_are_categories_with_or_without_empty_cells():
+    import io
+
+    f = pd.read_csv(io.StringIO("a,b\ntrue,1\nfalse,2\n,3\nTrue,4\n"))
+    enc = ColumnEncoder().fit(f)
+    assert enc.output_names == ["a=False", "a=True", "a:missing", "b"]
+    np.testing.assert_array_equal(enc.transform(f)[:, :3], [[0, 1, 0], [1, 0, 0], [0, 1, 1], [0, 1, 0]])
+    assert ColumnEncoder().fit(f.dropna()).output_names[:2] == ["a=False", "a=True"]
+
+
 def test_test_rows_never_change_a_statistic():
     """Every statistic comes from the rows ``fit`` sees: changing, emptying or inventing values in the
     other rows changes neither the fitted state nor the training rows' encoding."""

@@ -132,6 +132,14 @@ def _text(series: "pd.Series", empty: np.ndarray) -> np.ndarray:
     return out
 
 
+def _boolean(series: "pd.Series", empty: np.ndarray) -> bool:
+    """A boolean column (``True``/``False`` cells; with empty cells pandas keeps them as objects)."""
+    if series.dtype.kind == "b":
+        return True
+    values = series.to_numpy()[~empty]
+    return series.dtype == object and len(values) > 0 and all(isinstance(v, (bool, np.bool_)) for v in values)
+
+
 def _numbers(series: "pd.Series", empty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(values, bad)``: float64 values (NaN where empty) and the non-empty cells that are no number."""
     import pandas as pd
@@ -220,7 +228,7 @@ class ColumnEncoder:
                 stray = stray_text(name, series, num, bad, empty)
                 if stray:
                     raise DataError(self._say(stray))
-                kind = "categorical" if (bad.any() or series.dtype.kind == "b") else "numeric"
+                kind = "categorical" if (bad.any() or _boolean(series, empty)) else "numeric"
                 explicit = False
             else:
                 explicit = True
