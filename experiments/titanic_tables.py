@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         base = baseline(paths, seed)
         rows.append({"seed": seed, "fl_split_accuracy": res["final"]["value"], "logreg_accuracy": base["accuracy"],
                      "n_train": base["n_train"], "n_test": base["n_test"], "input_shapes": res["plan"]["input_shapes"],
-                     "seconds": round(seconds, 1), "command": shlex.join(cmd[:-5])})
+                     "seconds": round(seconds, 1),
+                     "command": shlex.join(cmd[:-6]).replace(str(ns.dir), "DIR")})  # what a user types
         print(f"seed {seed}: fl_split {res['final']['value']:.3f}, centralised logistic regression "
               f"{base['accuracy']:.3f} ({base['n_train']} train / {base['n_test']} test; widths {base['widths']})")
     fl = [r["fl_split_accuracy"] for r in rows]
