@@ -103,8 +103,18 @@ def _empty(series: "pd.Series") -> np.ndarray:
     """Empty cells: NaN/None, or text of only whitespace."""
     empty = np.array(series.isna().to_numpy(), dtype=bool)  # a copy: pandas may hand out read-only arrays
     if series.dtype.kind not in "biufcmM":  # object or text dtype
-        empty |= np.array([isinstance(v, str) and not v.strip() for v in series.to_numpy()], dtype=bool)
+        if _all_text(series):
+            empty |= series.fillna("x").astype(str).str.strip().eq("").to_numpy(dtype=bool)
+        else:
+            empty |= np.array([isinstance(v, str) and not v.strip() for v in series.to_numpy()], dtype=bool)
     return empty
+
+
+def _all_text(series: "pd.Series") -> bool:
+    """Every non-empty cell is a string (pandas' C-level type inference)."""
+    import pandas as pd
+
+    return pd.api.types.infer_dtype(series, skipna=True) in ("string", "empty")
 
 
 def _text(series: "pd.Series", empty: np.ndarray) -> np.ndarray:
@@ -119,6 +129,8 @@ def _text(series: "pd.Series", empty: np.ndarray) -> np.ndarray:
         v = np.where(empty, 0.0, values.astype(np.float64))
         integral = np.isfinite(v) & (v == np.round(v)) & (np.abs(v) < 2 ** 53)
         out[:] = [str(int(x)) if i else repr(float(x)) for x, i in zip(v, integral)]
+    elif _all_text(series):
+        out[:] = series.fillna("").astype(str).str.strip().to_numpy(dtype=object)
     else:
         def one(v: Any) -> str:
             if isinstance(v, (bool, np.bool_)):
@@ -146,8 +158,13 @@ def _numbers(series: "pd.Series", empty: np.ndarray) -> tuple[np.ndarray, np.nda
 
     if series.dtype.kind == "b":
         num = series.to_numpy().astype(np.float64)
-    else:
-        num = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    elif series.dtype.kind in "iuf":
+        num = series.to_numpy(dtype=np.float64, na_value=np.nan)
+    else:  # text: parse each distinct value once (a category column has few)
+        codes, uniques = pd.factorize(series, use_na_sentinel=True)
+        parsed = pd.to_numeric(pd.Series(uniques, dtype=object), errors="coerce").to_numpy(dtype=np.float64,
+                                                                                          na_value=np.nan)
+        num = np.append(parsed, np.nan)[np.where(codes < 0, len(parsed), codes)]
     bad = np.isnan(num) & ~empty
     num = np.where(empty, np.nan, num)
     return num, bad
@@ -404,6 +421,13 @@ class ColumnEncoder:
 
 
 def _onehot(text: np.ndarray, categories: Sequence[str]) -> np.ndarray:
-    if not categories:
-        return np.zeros((len(text), 0), np.float32)
-    return np.stack([(text == c) for c in categories], axis=1).astype(np.float32)
+    """One 0/1 column per category (a hash lookup per cell: ``k`` categories cost no ``k`` passes);
+    a cell that is no category (unseen, empty) is all zeros."""
+    import pandas as pd
+
+    out = np.zeros((len(text), len(categories)), np.float32)
+    if categories:
+        codes = pd.Index(list(categories), dtype=object).get_indexer(np.asarray(text, dtype=object))
+        hit = np.flatnonzero(codes >= 0)
+        out[hit, codes[hit]] = 1.0
+    return out
