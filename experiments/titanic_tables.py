@@ -90,7 +90,8 @@ def command(paths: dict[str, Path], seed: int, out: Path | None = None) -> list[
     cmd = ["fl-split", "train"]
     for party, path in paths.items():
         cmd += ["--data", f"{party}={path}"]
-    cmd += ["--id-column", "PassengerId", "--label-column", "Survived", "--guests", "3", *TRAIN_OPTS, "--seed", str(seed)]
+    cmd += ["--id-column", "PassengerId", "--label-column", "Survived", "--guests", "3", *TRAIN_OPTS,
+            "--seed", str(seed)]
     if out is None:
         return cmd
     # recorded runs are reproducible: each seed's private seed (the parties' initialisation) is fixed too

@@ -143,7 +143,8 @@ class RunConfig:
                            "one: text columns one-hot, numbers standardised, empty cells imputed plus a missing "
                            "indicator, all fitted on the party's own training rows (docs/datasets.md)",
                        check=lambda v: isinstance(v, str) and "\n" not in v,
-                       allowed="'COLUMN=KIND;…' (KIND numeric, categorical or drop; '@FILE' entries read from a file)")
+                       allowed="'COLUMN=KIND;…' (KIND numeric, categorical or drop; '@FILE' entries read from a "
+                               "file)")
 
     # --- model ----------------------------------------------------------------------------
     model: str = _opt(AUTO, "architecture name (see `fl-split models`), or your own as 'package.module:function' "

@@ -252,8 +252,9 @@ class ColumnEncoder:
             if kind == "numeric":
                 if bad.any():
                     r = int(np.flatnonzero(bad)[0])
-                    raise DataError(self._say(f"row {_rows(series, bad)}, column {name!r}: {str(series.iloc[r])[:40]!r} "
-                                              f"is not a number, but --encode declares the column numeric{_more(bad)}"))
+                    value = str(series.iloc[r])[:40]
+                    raise DataError(self._say(f"row {_rows(series, bad)}, column {name!r}: {value!r} is not a number, "
+                                              f"but --encode declares the column numeric{_more(bad)}"))
                 columns.append(self._fit_numeric(name, series, num, empty))
             else:
                 columns.append(self._fit_categorical(name, _text(series, empty), empty, explicit))
@@ -341,8 +342,9 @@ class ColumnEncoder:
                 num, bad = _numbers(series, empty)
                 if bad.any():
                     r = int(np.flatnonzero(bad)[0])
+                    value = str(series.iloc[r])[:40]
                     raise DataError(self._say(
-                        f"row {_rows(series, bad)}, column {c['name']!r}: {str(series.iloc[r])[:40]!r} is not a number (the "
+                        f"row {_rows(series, bad)}, column {c['name']!r}: {value!r} is not a number (the "
                         f"column's training rows are numeric; declare it categorical with --encode "
                         f"'{c['name']}=categorical'){_more(bad)}"))
                 if np.isinf(num).any():

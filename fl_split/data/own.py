@@ -16,14 +16,16 @@ dataset itself (``tests/test_own_data.py``).
 
 **Checks before anything is built** (one line each, naming the party, the file, the row and the
 column; :class:`~fl_split.errors.DataError`, exit 2): a missing or unreadable file, a missing ID
-column, an empty or non-integer ID (row), duplicate IDs (the IDs and their rows), a feature cell that is
-not finite, a text cell in a column that is otherwise numbers (most likely a typo: row and column; or one
-``--encode`` declares numeric), an ``--encode`` entry naming no party's column, a label column in a
-guest's table, a host table without labels or with one class, a feature column claimed by two parties (column names are
-public metadata), a host without feature columns unless ``--no-host-features``. Text categories and empty
-cells are not refused: each party encodes them itself, fitted on its own training rows after the split —
-a party's categories and statistics are its private data and never leave it; its input width (one column
-per training category and missing indicator) is public metadata like its column names. Labels are
+column, an empty or non-integer ID (row), duplicate IDs (the IDs and their rows), a feature cell
+that is not finite, a text cell in a column whose other cells are numbers (most likely a typo) or
+that ``--encode`` declares numeric, an ``--encode`` entry naming no party's column, a label column
+in a guest's table, a host table without labels or with one class, a feature column claimed by two
+parties (column names are public metadata), a host without feature columns unless
+``--no-host-features``. Text categories and empty cells are not refused: each party encodes them
+itself, fitted on its own training rows after the split (a text column with more than 100 training
+categories is refused there, :mod:`fl_split.data.encoding`) — a party's categories and statistics
+are its private data and never leave it; its input width (one column per training category, number
+and missing indicator) is public metadata like its column names. Labels are
 classification labels: integers or strings, mapped to classes ``0 … K-1`` in sorted order of the
 values the host holds for the shared IDs (the mapping and ``K`` stay with the host: only the top
 model's size depends on it).
@@ -157,7 +159,8 @@ def _ids(frame: "pd.DataFrame", col: str, where: str) -> np.ndarray:
     return ids
 
 
-def _features(frame: "pd.DataFrame", cols: list[str], where: str, kinds: dict[str, str] | None = None) -> "pd.DataFrame":
+def _features(frame: "pd.DataFrame", cols: list[str], where: str,
+              kinds: dict[str, str] | None = None) -> "pd.DataFrame":
     """The party's feature columns as it holds them (raw: numbers, text, empty cells), checked where a
     check needs no statistic: a column ``--encode`` declares numeric holds numbers (or empty cells), no
     number is infinite. Each party encodes them itself, fitted on its own training rows
@@ -258,7 +261,6 @@ def read_own_table(cfg: "RunConfig", party: str, path: str) -> OwnTable:
     """Read and check ``party``'s table at ``path`` — every check that needs this table alone (module
     docstring): the ID column, duplicate IDs, cells, the label column (host only), host features."""
     from fl_split.data.base import PartySlice
-
     from fl_split.data.encoding import ColumnEncoder
 
     where = f"{party} ({Path(path).name})"
