@@ -65,7 +65,15 @@ class PreparedData:
 def _data_key(cfg: RunConfig) -> tuple:
     return (cfg.dataset, cfg.data_root, cfg.guests, cfg.host_features, cfg.columns, cfg.padding,
             cfg.test_fraction, cfg.limit, cfg.seed, cfg.public_fraction if cfg.one_shot else 0.0,
-            (cfg.data, cfg.id_column, cfg.label_column, cfg.align, cfg.data_name) if cfg.data else (), cfg.task)
+            (cfg.data, cfg.id_column, cfg.label_column, cfg.align, cfg.data_name, cfg.encode,
+             _encode_items(cfg.encode)) if cfg.data else (), cfg.task)
+
+
+def _encode_items(spec: str) -> tuple:
+    """``--encode`` parsed (an ``@FILE``'s entries as they are now: a changed file is another key)."""
+    from fl_split.data.encoding import parse_encode
+
+    return tuple(sorted(parse_encode(spec).items())) if spec else ()
 
 
 @functools.lru_cache(maxsize=4)
@@ -75,10 +83,10 @@ def _prepare(key: tuple) -> PreparedData:
     if own:  # --data: the user's tables (fl_split.data.own), aligned by ID as --align says
         from fl_split.data.own import load_own
 
-        data, id_column, label_column, align, data_name = own
+        data, id_column, label_column, align, data_name, encode, _ = own
         loaded = load_own(RunConfig(data=data, id_column=id_column, label_column=label_column, align=align,
-                                    data_name=data_name, guests=guests, host_features=host_features, columns=columns,
-                                    test_fraction=test_fraction, limit=limit, seed=seed, task=task_))
+                                    data_name=data_name, encode=encode, guests=guests, host_features=host_features,
+                                    columns=columns, test_fraction=test_fraction, limit=limit, seed=seed, task=task_))
         dataset, task, metric, num_classes = loaded["name"], loaded["task"], loaded["metric"], loaded["num_classes"]
         parties, train_ids, test_ids = loaded["parties"], loaded["train_ids"], loaded["test_ids"]
         alignment = loaded["alignment"]

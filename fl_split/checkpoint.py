@@ -419,12 +419,19 @@ def save_party(party, directory: str | os.PathLike, round_: int, *, run: str, co
 
     arrays, skeleton = flatten(party.export_state())
     header = {"format": FORMAT, "kind": "party", "party": party.name, "round": int(round_), "run": run,
-              "config": dict(config), "skeleton": skeleton}
+              "config": dict(config), "skeleton": skeleton, "encoder": _encoder_state(party)}
     path = write_checkpoint(party_checkpoint_path(directory, party.name, round_), header, arrays)
     for old in party_checkpoints(directory, party.name)[:-KEEP]:
         party_checkpoint_path(directory, party.name, old).unlink(missing_ok=True)
     fsync_dir(directory)
     return path
+
+
+def _encoder_state(party) -> dict[str, Any] | None:
+    """The party's fitted column encoder (:class:`~fl_split.data.encoding.ColumnEncoder`) as JSON: part of
+    its state, so a resumed run is refused when the table or ``--encode`` would encode it otherwise."""
+    enc = getattr(getattr(party, "data", None), "encoder", None)
+    return enc.to_dict() if enc is not None else None
 
 
 def restore_party(party, directory: str | os.PathLike, round_: int, *, run: str, config: Mapping[str, Any],
@@ -451,6 +458,11 @@ def restore_party(party, directory: str | os.PathLike, round_: int, *, run: str,
     if header.get("run") != run:
         raise CheckpointError(f"{path}: belongs to another run ({header.get('run')!r}, expected {run!r})")
     check_same_config(header.get("config", {}), config, str(path))
+    saved_encoder, encoder = header.get("encoder"), _encoder_state(party)
+    if saved_encoder is not None and saved_encoder != encoder:
+        raise CheckpointError(f"{path}: {party.name} encodes its columns differently from the checkpointed run (its "
+                              f"table or --encode changed since): a resumed run must apply the very encoding it "
+                              f"trained with")
     try:
         state = unflatten(arrays, header["skeleton"])
     except (KeyError, TypeError, ValueError) as exc:

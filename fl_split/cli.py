@@ -47,8 +47,9 @@ def _add_train_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = 
             # a "--no-x" flag sets the option to false: its help says what the flag does
             g.add_argument(flag, dest=f.name, action=action, default=argparse.SUPPRESS,
                            help=meta["flag_help"] if action == "store_false" else meta["help"])
-        elif f.name == "data":  # --data host=PATH --data guest-1=PATH …: joined with ';' (config_from_args)
-            g.add_argument(flag, dest=f.name, metavar="PARTY=PATH", action="append", default=argparse.SUPPRESS,
+        elif f.name in ("data", "encode"):  # --data host=PATH --data guest-1=PATH …: joined with ';' (config_from_args)
+            g.add_argument(flag, dest=f.name, metavar="PARTY=PATH" if f.name == "data" else "COLUMN=KIND",
+                           action="append", default=argparse.SUPPRESS,
                            help=f"{meta['help']} [{allowed_text(f)}; default: none]")
         else:
             g.add_argument(flag, dest=f.name, metavar=key_of(f.name).upper().replace("-", "_"),
@@ -148,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "of that party (node-config data-path). A guest's file holds no labels.")
     from fl_split.config import DATA_KEYS
 
-    OWN_DATA_KEYS = ("data", "id_column", "label_column", "align", "data_name")
+    OWN_DATA_KEYS = ("data", "id_column", "label_column", "align", "data_name", "encode")
 
     _add_train_flags(export, only=(*DATA_KEYS, "data_root", *OWN_DATA_KEYS))
     export.add_argument("--out", dest="out_dir", metavar="DIR", required=True,

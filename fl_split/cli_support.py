@@ -27,7 +27,7 @@ def config_from_args(ns: argparse.Namespace) -> RunConfig:
     values: dict[str, Any] = {}
     for name, raw in vars(ns).items():
         if name in fields:
-            if isinstance(raw, list):  # an appending flag (--data)
+            if isinstance(raw, list):  # an appending flag (--data, --encode)
                 raw = ";".join(raw)
             values[name] = raw if isinstance(raw, bool) else coerce(fields[name], raw)
     return RunConfig(**values)

@@ -145,6 +145,14 @@ class RunConfig:
     data_name: str = _opt("own", "with --data: the data's name in the results; with --seed it keys the "
                                  "train/test split draw", check=lambda v: isinstance(v, str) and v.strip() != "",
                           allowed="a non-empty name")
+    encode: str = _opt("", "with --data: per-column encoding overrides, 'COLUMN=KIND;…' with KIND numeric, "
+                           "categorical or drop (e.g. 'Age=numeric;Pclass=categorical;Name=drop'), or '@FILE' "
+                           "holding such entries; each party applies the entries naming its own columns. Without "
+                           "one: text columns one-hot, numbers standardised, empty cells imputed plus a missing "
+                           "indicator, all fitted on the party's own training rows (docs/datasets.md)",
+                       check=lambda v: isinstance(v, str) and "\n" not in v,
+                       allowed="'COLUMN=KIND;…' (KIND numeric, categorical or drop; '@FILE' entries read from a "
+                               "file)")
 
     # --- model ----------------------------------------------------------------------------
     model: str = _opt(AUTO, "architecture name (see `fl-split models`), or your own as 'package.module:function' "
@@ -343,6 +351,18 @@ class RunConfig:
             from fl_split.data.own import check_data_option
 
             check_data_option(self)
+        if self.encode:
+            if not self.data:
+                raise ConfigError("encode", self.encode, "empty without --data",
+                                  reason="--encode overrides how each party encodes the raw columns of its own table "
+                                         "(--data); the built-in datasets have their own encoding")
+            from fl_split.data.encoding import parse_encode
+
+            for col in parse_encode(self.encode):  # the syntax and the kinds; the owners: where tables are read
+                if col in (self.id_column, self.label_column):
+                    raise ConfigError("encode", self.encode, "entries naming feature columns",
+                                      reason=f"{col!r} is the {'ID' if col == self.id_column else 'label'} column, "
+                                             f"not a feature")
         if self.budget != AUTO and self.defense == "none" and self.dp_sgd == "none":
             raise ConfigError("budget", self.budget, "auto without a defense, or --budget with --defense "
                               + "|".join(d for d in DEFENSES if d != "none") + " or --dp-sgd",

@@ -225,12 +225,15 @@ class LocalDeployment:
         """``--data`` with one table per party: every table checked as ``fl-split train --data`` checks
         it (one-line errors), before anything is written or started. Only the checks each node makes
         on its own table and the column names (public); no alignment here — the nodes align."""
-        from fl_split.data.own import check_column_owner, read_own_table
+        from fl_split.data.own import check_column_owner, check_encode, read_own_table
 
         owner: dict[str, str] = {}
+        columns: dict[str, list[str]] = {}
         for party, path in (self.own_tables or {}).items():
             table = read_own_table(self.cfg, party, str(path))
             check_column_owner(owner, table.where, party, table.slice.columns)
+            columns[party] = table.slice.columns
+        check_encode(self.cfg, columns)  # every --encode entry names some party's column
 
     def prepare_data(self) -> None:
         """The work directory (0700) and each party's data: its own table checked, the party files

@@ -154,7 +154,25 @@ def _meta(data: "PartyData", facts: PublicFacts) -> dict[str, Any]:
             "task": data.task, "metric": data.metric, "padded": bool(data.padded),
             "num_classes": int(data.num_classes) if is_host else 0,
             "ids_digest": ids_digest(data.train_ids, data.test_ids),
+            # the party's own fitted encoding of its raw columns (statistics and categories of its training
+            # rows: its private data, in its own file only), so a later run or predict applies the same one
+            "encoder": data.encoder.to_dict() if data.encoder is not None else None,
             "facts": (facts if is_host else facts.without_labels()).to_json()}
+
+
+def _encoder(meta: dict[str, Any], party: str, path: Path):
+    """The fitted :class:`~fl_split.data.encoding.ColumnEncoder` a file's metadata holds, or ``None``."""
+    d = meta.get("encoder")
+    if d is None:
+        return None
+    from fl_split.data.encoding import ColumnEncoder
+
+    if not isinstance(d, dict):
+        raise DataError(f"{party}: {path}: damaged encoder (not a JSON object)")
+    enc = ColumnEncoder.from_dict(d, where=f"{party}: {path}")
+    if enc.output_names != [str(n) for n in meta["feature_names"]] and not meta.get("padded"):
+        raise DataError(f"{party}: {path}: the encoder's columns are not the file's feature names")
+    return enc
 
 
 def _no_labels_in_guest(data: "PartyData") -> None:
@@ -329,7 +347,7 @@ def _load_npz(path: Path) -> tuple["PartyData", PublicFacts, str]:
                      x_test=tensor("x_test"), y_train=tensor("y_train"), y_test=tensor("y_test"),
                      feature_names=[str(n) for n in meta["feature_names"]], num_classes=int(meta["num_classes"]),
                      task=str(meta.get("task", facts.task)), metric=str(meta.get("metric", facts.metric)),
-                     padded=bool(meta.get("padded", False)))
+                     padded=bool(meta.get("padded", False)), encoder=_encoder(meta, str(meta["party"]), path))
     return data, facts, str(meta.get("ids_digest", ""))
 
 
@@ -417,7 +435,8 @@ def _load_table(path: Path, fmt: str, who: str) -> tuple["PartyData", PublicFact
     data = PartyData(party=party, train_ids=train_ids, test_ids=test_ids, x_train=part(train_pos), x_test=part(test_pos),
                      y_train=y_train, y_test=y_test, feature_names=[str(n) for n in meta["feature_names"]],
                      num_classes=int(meta["num_classes"]), task=str(meta.get("task", facts.task)),
-                     metric=str(meta.get("metric", facts.metric)), padded=bool(meta.get("padded", False)))
+                     metric=str(meta.get("metric", facts.metric)), padded=bool(meta.get("padded", False)),
+                     encoder=_encoder(meta, party, meta_path))
     return data, facts, str(meta.get("ids_digest", ""))
 
 

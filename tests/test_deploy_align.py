@@ -126,11 +126,13 @@ def test_psi_between_deployment_nodes_trains_on_the_intersection_like_the_local_
         res["config"].pop("data")
     assert a["history"] == b["history"] and a["final"] == b["final"] and a["privacy"] == b["privacy"]
     # the protocol's steps, in order, each at the party that performs it
-    # (a guest's answer reaches the host with its next step: 2G + 2 round trips)
+    # (a guest's answer reaches the host with its next step; the widths after each party's encoding
+    # are known once the lists are agreed: 2G + 3 round trips)
     assert grid.ops == [("host", "open"), ("guest-1", "open"), ("guest-2", "open"),
                         ("host", "psi-request"), ("guest-1", "psi-answer"),
                         ("host", "psi-request"), ("guest-2", "psi-answer"),
-                        ("host", "psi-shared"), ("guest-1", "psi-accept"), ("guest-2", "psi-accept")]
+                        ("host", "psi-shared"), ("guest-1", "psi-accept"), ("guest-2", "psi-accept"),
+                        ("host", "shapes"), ("guest-1", "shapes"), ("guest-2", "shapes")]
     wire = b"".join(grid.wire)
     assert _scan(wire, outside) == []
     assert _scan(wire, inter[:20]) != []  # the scan finds what is there: I is sent to the guests
@@ -166,7 +168,7 @@ def test_public_alignment_between_deployment_nodes_publishes_the_hosts_ids(tmp_p
     local = run_experiment(RunConfig(data=";".join(f"{p}={v}" for p, v in paths.items()), **RUN), private_seed=seed)
     assert dep["alignment"] == local["alignment"] == {"align": "public", "shared_ids": len(keep["host"])}
     assert dep["final"] == local["final"] and dep["history"][0]["train_loss"] == local["history"][0]["train_loss"]
-    assert [op for _, op in grid.ops] == ["open"] * 3 + ["public-ids", "public-accept", "public-accept"]
+    assert [op for _, op in grid.ops] == ["open"] * 3 + ["public-ids", "public-accept", "public-accept"] + ["shapes"] * 3
 
 
 def test_bad_tables_give_trains_one_line_errors_in_a_deployment(tmp_path, capsys):
@@ -253,8 +255,8 @@ def test_nodes_enforce_the_protocols_order(tmp_path):
     handle_align(cfg, host_role, _req(cfg, op="psi-request", guest="guest-2", **{"receive-guest": "guest-1"},
                                       setup=ans["setup"], response=ans["response"]), host.state)
     assert set(host.state.config_records[PSI_STATE]) == {"candidates", "done", "key.guest-2"}
-    with pytest.raises(ProtocolError, match="carries no input shapes"):
-        handle_align(cfg, g1_role, _req(cfg, op="psi-accept", frame=_shared_frame(host_role, cfg, inter)), g1.state)
+    with pytest.raises(ProtocolError, match="'shapes' before this node agreed"):
+        handle_align(cfg, g1_role, _req(cfg, op="shapes", **{"input-shapes": R.dumps({})}), g1.state)
     with pytest.raises(ProtocolError, match="not int64s|does not hold|not sorted"):
         handle_align(cfg, g1_role, _req(cfg, op="psi-accept", frame=PsiParty("host", [1]).shared_ids("guest-1")),
                      g1.state)
@@ -263,6 +265,15 @@ def test_nodes_enforce_the_protocols_order(tmp_path):
         handle_align(RunConfig(**{**RUN, "id_column": "id", "label_column": "label"}), host_role,
                      _req(cfg, op="open"), _ctx({}).state)
     assert ALIGNED not in g1.state.config_records
+    # the accept answers with the width of the guest's own encoding; the coordinator's list must agree
+    shape = R.loads(handle_align(cfg, g1_role, _req(cfg, op="psi-accept", frame=_shared_frame(host_role, cfg, inter)),
+                                 g1.state)["input-shape"])
+    assert len(shape) == 1 and shape[0] > 0
+    with pytest.raises(ProtocolError, match=r"lists input shape \[1\] for this party"):
+        handle_align(cfg, g1_role, _req(cfg, op="shapes", **{"input-shapes": R.dumps({"guest-1": [1]})}), g1.state)
+    handle_align(cfg, g1_role, _req(cfg, op="shapes", **{"input-shapes": R.dumps({"guest-1": shape})}), g1.state)
+    with pytest.raises(ProtocolError, match="'shapes' again after"):
+        handle_align(cfg, g1_role, _req(cfg, op="shapes", **{"input-shapes": R.dumps({"guest-1": shape})}), g1.state)
 
 
 def test_host_psi_state_survives_a_fresh_process():

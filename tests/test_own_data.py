@@ -145,7 +145,7 @@ def test_bad_tables_are_one_line_errors(tmp_path, capsys):
     text = g1.astype({col: object})
     text.loc[12, col] = "n/a?"
     err = _bad(tmp_path, capsys, data_flags(variant("text", text)))
-    assert f"row 13, column '{col}': 'n/a?' is not a number" in err and "one-hot" in err
+    assert f"row 13, column '{col}': 'n/a?' is not a number" in err and f"--encode '{col}=categorical'" in err
     labelled = g1.copy()
     labelled["Y"] = 0
     err = _bad(tmp_path, capsys, data_flags(variant("label", labelled)))

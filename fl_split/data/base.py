@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -188,6 +188,10 @@ class PartySlice:
     num_classes: int = 0
     task: str = "classification"
     metric: str = "accuracy"
+    #: how the party encodes its raw ``table`` (an unfitted :class:`~fl_split.data.encoding.ColumnEncoder`,
+    #: e.g. own data's raw-column defaults and ``--encode``); ``None``: the built-in datasets' encoding
+    #: of ``categorical``
+    encoder: Any = None
 
 
 def parse_columns_spec(spec: str, parties: Sequence[str], all_columns: Sequence[str],
@@ -304,6 +308,9 @@ class PartyData:
 
     ``x_*`` is ``None`` for a host without features; ``y_*`` is set for the host only.
     ``offset``/``full_width`` place this party's columns in the full vector (used by padding).
+    ``encoder``: the :class:`~fl_split.data.encoding.ColumnEncoder` fitted on this party's training
+    rows that produced ``x_*`` from its table (``None`` for images and a host without features); the
+    party's own state, kept by party files and checkpoints, never sent.
     """
 
     party: str
@@ -318,8 +325,8 @@ class PartyData:
     task: str = "classification"
     metric: str = "accuracy"
     padded: bool = False
-    #: what this party fitted on its own training rows to encode its columns (:func:`party_preprocessing`)
-    preprocessing: dict = field(default_factory=dict)
+    #: the party's column encoder, fitted on its own training rows (:class:`~fl_split.data.encoding.ColumnEncoder`; None for images)
+    encoder: Any = None
     #: host, regression: ``(mean, sd)`` of the training labels; ``y_*`` are standardised with it (never leaves the host)
     target_scale: tuple[float, float] | None = None
     #: host, classes of an own table: the label value of class ``k`` (``None``: the classes are 0…K-1)
@@ -339,78 +346,48 @@ class PartyData:
         return int(self.x_train.shape[-1]) if self.x_train is not None else 0
 
 
-def _fit_table(table: pd.DataFrame, categorical: Sequence[str], train_pos: np.ndarray) -> dict:
-    """The statistics :func:`_encode_table` uses, from ``train_pos``'s rows only: per column, in
-    order, ``{"name", "kind": "numeric", "mean", "sd"}`` or ``{"name", "kind": "categorical",
-    "categories"}`` (sorted, those seen in the training rows)."""
-    import pandas as pd
-
-    cols: list[dict] = []
-    for col in table.columns:
-        values = table[col]
-        if col in categorical:
-            cats = sorted(values.iloc[train_pos].dropna().astype(str).unique())
-            cols.append({"name": str(col), "kind": "categorical", "categories": [str(c) for c in cats]})
-        else:
-            tr = pd.to_numeric(values.iloc[train_pos], errors="coerce").to_numpy(dtype=np.float64)
-            mean = float(np.nanmean(tr)) if np.isfinite(tr).any() else 0.0
-            std = float(np.nanstd(tr)) if np.isfinite(tr).any() else 1.0
-            cols.append({"name": str(col), "kind": "numeric", "mean": mean, "sd": std if std > 1e-12 else 1.0})
-    return {"kind": "table", "columns": cols}
-
-
-def _encode_table(table: pd.DataFrame, categorical: Sequence[str], train_pos: np.ndarray | None,
-                  stats: dict | None = None) -> tuple[np.ndarray, list[str], dict]:
-    """Standardise numeric columns and one-hot categorical ones with train-row statistics; returns
-    the encoded rows, the feature names and the statistics (:func:`_fit_table`; fitted on
-    ``train_pos`` unless ``stats`` are given: new rows at prediction time).
+def _encode_table(table: pd.DataFrame, categorical: Sequence[str], train_pos: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """The built-in datasets' encoding (:class:`~fl_split.data.encoding.ColumnEncoder`, ``policy="builtin"``):
+    numeric columns standardised and ``categorical`` ones one-hot, with train-row statistics.
 
     Categories are those seen in this party's training rows (sorted); a category seen only
     in test rows encodes as all zeros. Missing numeric values become the train mean (0 after
     standardisation).
     """
-    import pandas as pd
+    enc = _fit_encoder(None, table, categorical, train_pos)
+    return enc.transform(table), enc.output_names
 
-    stats = stats if stats is not None else _fit_table(table, categorical, train_pos)
-    blocks: list[np.ndarray] = []
-    names: list[str] = []
-    for spec in stats["columns"]:
-        col = spec["name"]
-        if col not in table.columns:
-            raise DataError(f"column {col!r} is missing; the saved encoding needs columns "
-                            f"{[c['name'] for c in stats['columns']]}")
-        values = table[col]
-        if spec["kind"] == "categorical":
-            cats = spec["categories"]
-            codes = values.astype(str).to_numpy()
-            onehot = np.stack([(codes == c) for c in cats], axis=1).astype(np.float32) if cats else np.zeros((len(values), 0), np.float32)
-            blocks.append(onehot)
-            names.extend(f"{col}={c}" for c in cats)
-        else:
-            arr = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
-            z = (arr - spec["mean"]) / spec["sd"]
-            z[~np.isfinite(z)] = 0.0
-            blocks.append(z.astype(np.float32)[:, None])
-            names.append(str(col))
-    x = np.concatenate(blocks, axis=1) if blocks else np.zeros((len(table), 0), np.float32)
-    return x, names, stats
+
+def _fit_encoder(template: Any, table: pd.DataFrame, categorical: Sequence[str], train_pos: np.ndarray):
+    from fl_split.data.encoding import ColumnEncoder
+
+    enc = template.unfitted() if template is not None else ColumnEncoder(categorical=categorical, policy="builtin")
+    return enc.fit(table.iloc[train_pos])
 
 
 def party_preprocessing(data: "PartyData") -> dict:
     """What ``data``'s party fitted on its own training rows to encode its columns (JSON-able; saved
-    with its model part, :mod:`fl_split.serving`). The one place that says what a party's
-    preprocessing is: a table's per-column statistics, or ``{"kind": "image"}`` (pixels are used as
-    they are), ``{"kind": "none"}`` for a host without features; ``padded`` records 001's padding."""
-    return {**(data.preprocessing or {"kind": "none"}), "padded": bool(data.padded)}
+    with its model part, :mod:`fl_split.serving`): its :class:`~fl_split.data.encoding.ColumnEncoder`
+    (``kind: table``), ``{"kind": "image"}`` (pixels are used as they are) or ``{"kind": "none"}`` for a
+    host without features; ``padded`` records 001's padding."""
+    if data.encoder is not None:
+        pre = {"kind": "table", **data.encoder.to_dict()}
+    elif data.x_train is not None:
+        pre = {"kind": "image", "columns": list(data.feature_names)}
+    else:
+        pre = {"kind": "none"}
+    return {**pre, "padded": bool(data.padded)}
 
 
 def apply_preprocessing(pre: dict, table: "pd.DataFrame | None" = None, images: np.ndarray | None = None) -> np.ndarray:
-    """The inverse direction of :func:`party_preprocessing`: encode new rows with saved statistics."""
+    """The inverse direction of :func:`party_preprocessing`: encode new rows with the saved encoder."""
     kind = pre.get("kind")
     if kind == "table":
+        from fl_split.data.encoding import ColumnEncoder
+
         if table is None:
             raise DataError("the saved preprocessing encodes a table, and no table was given")
-        return _encode_table(table, (), None, pre)[0]
+        return ColumnEncoder.from_dict(pre, "the saved part").transform(table)
     if kind == "image":
         if images is None:
             raise DataError("the saved preprocessing is of images, and no images were given")
@@ -424,19 +401,19 @@ def prepare_party(sl: PartySlice, train_ids: np.ndarray, test_ids: np.ndarray) -
     test_pos = positions_of(sl.ids, test_ids, who=sl.party)
     x_all: np.ndarray | None
     names: list[str] = list(sl.columns)
-    pre: dict = {"kind": "none"}
+    encoder = None
     if sl.images is not None:
         x_all = sl.images
-        pre = {"kind": "image", "columns": names}
-    elif sl.table is not None:
-        x_all, names, pre = _encode_table(sl.table, sl.categorical, train_pos)
+    elif sl.table is not None:  # every statistic from this party's training rows (train_pos) only
+        encoder = _fit_encoder(sl.encoder, sl.table, sl.categorical, train_pos)
+        x_all, names = encoder.transform(sl.table), encoder.output_names
     else:
         x_all = None
     pd_ = PartyData(
         party=sl.party, train_ids=np.asarray(train_ids, np.int64), test_ids=np.asarray(test_ids, np.int64),
         x_train=None if x_all is None else torch.from_numpy(np.ascontiguousarray(x_all[train_pos], dtype=np.float32)),
         x_test=None if x_all is None else torch.from_numpy(np.ascontiguousarray(x_all[test_pos], dtype=np.float32)),
-        feature_names=names, num_classes=sl.num_classes, task=sl.task, metric=sl.metric, preprocessing=pre,
+        feature_names=names, num_classes=sl.num_classes, task=sl.task, metric=sl.metric, encoder=encoder,
     )
     if sl.labels is not None:
         if sl.task == "regression":  # the host standardises its target with its own training rows
@@ -478,8 +455,8 @@ def apply_padding(parties: dict[str, PartyData]) -> dict[str, PartyData]:
             party=d.party, train_ids=d.train_ids, test_ids=d.test_ids, x_train=pad(d.x_train), x_test=pad(d.x_test),
             y_train=d.y_train, y_test=d.y_test,
             feature_names=[f"<pad>"] * offset + d.feature_names + ["<pad>"] * (full - offset - w),
-            num_classes=d.num_classes, task=d.task, metric=d.metric, padded=True,
-            preprocessing=d.preprocessing, target_scale=d.target_scale, classes=d.classes,
+            num_classes=d.num_classes, task=d.task, metric=d.metric, padded=True, encoder=d.encoder,
+            target_scale=d.target_scale, classes=d.classes,
         )
         offset += w
     return out

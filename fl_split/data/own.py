@@ -7,19 +7,25 @@ The tables go through the same pipeline as a built-in dataset (:mod:`fl_split.da
 (``--align public``: the host's IDs, sent to every party — the built-in datasets' assumption — or
 ``--align psi``: the private intersection of :mod:`fl_split.psi`); the list is split into train and
 test with ``--seed`` (:func:`~fl_split.data.base.split_shared`, keyed by ``--data-name``); each party
-aligns its rows to it and standardises its own numeric columns with its own training rows
-(:func:`~fl_split.data.base.prepare_party`). So a table exported from a built-in dataset and run
+aligns its rows to it and encodes its own raw columns with statistics of its own training rows
+(:func:`~fl_split.data.base.prepare_party`, :class:`~fl_split.data.encoding.ColumnEncoder`: numbers
+standardised, text categories one-hot, empty cells imputed plus a missing indicator; ``--encode``
+overrides per column). So a table exported from a built-in dataset and run
 under that dataset's name (``--data-name breast-cancer``) trains to the same numbers as the
 dataset itself (``tests/test_own_data.py``).
 
 **Checks before anything is built** (one line each, naming the party, the file, the row and the
 column; :class:`~fl_split.errors.DataError`, exit 2): a missing or unreadable file, a missing ID
-column, an empty or non-integer ID (row), duplicate IDs (the IDs and their rows), an empty or
-non-numeric feature cell (row and column; **categorical columns are refused**: one-hot encode them
-first, one 0/1 column per category — a party's categories are its private data, and an encoding
-fitted on one party's rows is the party's own decision), a label column in a guest's table, a host
-table without labels or with one class, a feature column claimed by two parties (column names are
-public metadata), a host without feature columns unless ``--no-host-features``. Labels are
+column, an empty or non-integer ID (row), duplicate IDs (the IDs and their rows), a feature cell
+that is not finite, a text cell in a column whose other cells are numbers (most likely a typo) or
+that ``--encode`` declares numeric, an ``--encode`` entry naming no party's column, a label column
+in a guest's table, a host table without labels or with one class, a feature column claimed by two
+parties (column names are public metadata), a host without feature columns unless
+``--no-host-features``. Text categories and empty cells are not refused: each party encodes them
+itself, fitted on its own training rows after the split (a text column with more than 100 training
+categories is refused there, :mod:`fl_split.data.encoding`) — a party's categories and statistics
+are its private data and never leave it; its input width (one column per training category, number
+and missing indicator) is public metadata like its column names. Labels are
 classification labels: integers or strings, mapped to classes ``0 … K-1`` in sorted order of the
 values the host holds for the shared IDs (the mapping and ``K`` stay with the host: only the top
 model's size depends on it).
@@ -154,27 +160,35 @@ def _ids(frame: "pd.DataFrame", col: str, where: str) -> np.ndarray:
     return ids
 
 
-def _features(frame: "pd.DataFrame", cols: list[str], where: str) -> "pd.DataFrame":
+def _features(frame: "pd.DataFrame", cols: list[str], where: str,
+              kinds: dict[str, str] | None = None) -> "pd.DataFrame":
+    """The party's feature columns as it holds them (raw: numbers, text, empty cells), checked where a
+    check needs no statistic: a column ``--encode`` declares numeric holds numbers (or empty cells), no
+    number is infinite. Each party encodes them itself, fitted on its own training rows
+    (:class:`~fl_split.data.encoding.ColumnEncoder`, in :func:`align_own`)."""
     import pandas as pd
 
+    from fl_split.data.encoding import _empty, _more, _numbers, stray_text
+    from fl_split.data.encoding import _rows as _row
+
+    kinds = kinds or {}
     out = {}
     for c in cols:
-        raw = frame[c]
-        num = pd.to_numeric(raw, errors="coerce")
-        missing = raw.isna().to_numpy()
-        if missing.any():
-            raise DataError(f"{where}: row {_rows(missing)}, column {c!r}: empty cell; fill or drop it (rows count "
-                            f"from 1 after the header)")
-        bad = num.isna().to_numpy()
-        if bad.any():
-            r = int(np.flatnonzero(bad)[0])
-            raise DataError(f"{where}: row {r + 1}, column {c!r}: {str(raw.iloc[r])[:40]!r} is not a number "
-                            f"(categorical columns: one-hot encode them first, one 0/1 column per category)")
-        values = num.to_numpy(dtype=np.float64)
-        if not np.isfinite(values).all():
-            r = int(np.flatnonzero(~np.isfinite(values))[0])
-            raise DataError(f"{where}: row {r + 1}, column {c!r}: {values[r]} is not a finite number")
-        out[c] = values
+        raw = frame[c].reset_index(drop=True)
+        if kinds.get(str(c)) != "drop":
+            empty = _empty(raw)
+            num, bad = _numbers(raw, empty)
+            stray = "" if kinds.get(str(c)) else stray_text(str(c), raw, num, bad, empty)
+            if stray:
+                raise DataError(f"{where}: {stray}")
+            if kinds.get(str(c)) == "numeric" and bad.any():
+                r = int(np.flatnonzero(bad)[0])
+                raise DataError(f"{where}: row {_row(raw, bad)}, column {c!r}: {str(raw.iloc[r])[:40]!r} is not a "
+                                f"number, but --encode declares the column numeric{_more(bad)}")
+            if np.isinf(num).any():
+                raise DataError(f"{where}: row {_row(raw, np.isinf(num))}, column {c!r}: not a finite number"
+                                f"{_more(np.isinf(num))}")
+        out[c] = raw
     return pd.DataFrame(out, columns=cols)
 
 
@@ -220,7 +234,8 @@ def _table_parts(frame: "pd.DataFrame", cfg: "RunConfig", where: str, with_label
     cols = [str(c) for c in frame.columns if c not in (cfg.id_column, cfg.label_column)]
     if len(set(cols)) != len(cols):
         raise DataError(f"{where}: a column name appears twice")
-    feats = _features(frame, [c for c in frame.columns if c not in (cfg.id_column, cfg.label_column)], where)
+    feats = _features(frame, [c for c in frame.columns if c not in (cfg.id_column, cfg.label_column)], where,
+                      _kinds(cfg))
     feats.columns = cols
     labels = None
     if with_labels:
@@ -232,6 +247,24 @@ def _table_parts(frame: "pd.DataFrame", cfg: "RunConfig", where: str, with_label
         raise DataError(f"{where}: has the label column {cfg.label_column!r}; labels belong to the host's table only "
                         f"(drop the column from this party's table)")
     return ids, feats, labels
+
+
+def _kinds(cfg: "RunConfig") -> dict[str, str]:
+    from fl_split.data.encoding import parse_encode
+
+    return parse_encode(cfg.encode) if cfg.encode else {}
+
+
+def check_encode(cfg: "RunConfig", columns: dict[str, list[str]]) -> None:
+    """Every ``--encode`` entry names some party's feature column (``columns``: party -> its column
+    names, public metadata)."""
+    known = {c for cols in columns.values() for c in cols}
+    for col in _kinds(cfg):
+        if col not in known:
+            shown = "; ".join(f"{p}: {', '.join(cols[:6])}{' …' if len(cols) > 6 else ''}"
+                              for p, cols in columns.items() if cols)
+            raise ConfigError("encode", cfg.encode, "entries naming the parties' feature columns",
+                              reason=f"no party's table has a column {col!r} ({shown or 'no feature columns'})")
 
 
 # -- one party's table, on its own (a deployment node reads only its own) ---------------------------
@@ -250,10 +283,12 @@ def read_own_table(cfg: "RunConfig", party: str, path: str) -> OwnTable:
     """Read and check ``party``'s table at ``path`` — every check that needs this table alone (module
     docstring): the ID column, duplicate IDs, cells, the label column (host only), host features."""
     from fl_split.data.base import PartySlice
+    from fl_split.data.encoding import ColumnEncoder
 
     where = f"{party} ({Path(path).name})"
     ids, feats, lab = _table_parts(read_table(path, party), cfg, where, with_labels=party == "host")
-    cols = list(feats.columns)
+    kinds = _kinds(cfg)
+    cols = [c for c in feats.columns if kinds.get(c) != "drop"]  # the columns it encodes
     if party == "host":
         if cfg.host_features and not cols:
             raise DataError(f"{where}: no feature columns besides {cfg.id_column!r} and {cfg.label_column!r}; "
@@ -261,8 +296,11 @@ def read_own_table(cfg: "RunConfig", party: str, path: str) -> OwnTable:
         if not cfg.host_features and cols:
             raise DataError(f"{where}: feature columns {cols[:5]} but --no-host-features; drop them or the flag")
     elif not cols:
-        raise DataError(f"{where}: no feature columns besides {cfg.id_column!r}")
-    return OwnTable(party, where, PartySlice(party=party, ids=ids, columns=cols, table=feats if cols else None), lab)
+        raise DataError(f"{where}: no feature columns besides {cfg.id_column!r}"
+                        f"{' (--encode drops the others)' if len(feats.columns) else ''}")
+    encoder = ColumnEncoder({c: k for c, k in kinds.items() if c in feats.columns}, where=where)
+    return OwnTable(party, where, PartySlice(party=party, ids=ids, columns=list(feats.columns),
+                                             table=feats if cols else None, encoder=encoder), lab)
 
 
 def check_column_owner(owner: dict[str, str], where: str, party: str, columns: list[str]) -> None:
@@ -341,6 +379,7 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
     Returns ``name, task, metric, num_classes, parties, train_ids, test_ids, alignment`` for
     :func:`fl_split.builder.prepare_data`. ``transcript``: see :func:`fl_split.psi.align_by_psi`."""
     from fl_split.data.base import VerticalDataset, partition, prepare_party, split_ids
+    from fl_split.data.encoding import ColumnEncoder
 
     if cfg.data.strip() == NODE_TABLES:
         raise ConfigError("data", cfg.data, ALLOWED, reason=f"'{NODE_TABLES}' is for a Flower deployment, whose "
@@ -357,10 +396,15 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
             if len(classes) < 2:
                 raise DataError(f"{where}: column {cfg.label_column!r} holds one class ({classes[0]!r}); nothing to "
                                 f"learn")
+        kinds = _kinds(cfg)
+        check_encode(cfg, {where: list(feats.columns)})
+        feats = feats[[c for c in feats.columns if kinds.get(c) != "drop"]]
         ds = VerticalDataset(name=cfg.data_name, task=task, ids=ids, labels=labels,
                              num_classes=len(classes), table=feats, description=f"own table {spec}")
         train_ids, test_ids = split_ids(ds, cfg.test_fraction, cfg.seed, cfg.limit)
         slices = partition(ds, cfg.guests, cfg.host_features, cfg.columns, seed=cfg.seed)
+        for p, sl in slices.items():  # each party encodes its own columns (raw-table defaults, --encode)
+            sl.encoder = ColumnEncoder({c: k for c, k in kinds.items() if c in sl.columns}, where=f"{p} ({where})")
         parties = {p: prepare_party(sl, train_ids, test_ids) for p, sl in slices.items()}
         if task == "classification":
             parties["host"] = dataclasses.replace(parties["host"], classes=[_plain(c) for c in classes])
@@ -373,6 +417,7 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
     for party in cfg.parties:
         tables[party] = read_own_table(cfg, party, spec[party])
         check_column_owner(owner, tables[party].where, party, tables[party].slice.columns)
+    check_encode(cfg, {p: t.slice.columns for p, t in tables.items()})
 
     if cfg.align == "public":  # the host's ID list is published; every guest must hold each ID
         shared = np.sort(tables["host"].slice.ids)

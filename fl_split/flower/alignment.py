@@ -8,9 +8,9 @@ run config says ``data = "node-tables"``. Before ``setup`` the ServerApp
 (:class:`~fl_split.flower.strategy.VerticalSplitStrategy`) calls :func:`align_nodes`, which sends
 ``query.align`` messages (field ``op``):
 
-1. ``open`` to every node: it reads and checks its table and answers with its feature column names,
-   its input width and its file's name (public metadata in VFL: the coordinator refuses a column
-   name claimed by two parties, as ``--data`` does in one process);
+1. ``open`` to every node: it reads and checks its table and answers with its feature column names
+   and its file's name (public metadata in VFL: the coordinator refuses a column name claimed by two
+   parties, and an ``--encode`` entry naming no party's column, as ``--data`` does in one process);
 2. the alignment:
 
    * ``--align psi``: :func:`fl_split.psi.run_psi` over a :class:`FlowerPsiRoute` — the protocol
@@ -22,13 +22,17 @@ run config says ``data = "node-tables"``. Before ``setup`` the ServerApp
    * ``--align public``: the host publishes its sorted ID list (``public-ids``), the ServerApp
      sends it to every guest (``public-accept``), which checks it holds each ID;
 
-3. the step that agrees a node's shared list (``psi-shared`` / ``psi-accept``, ``public-ids`` /
-   ``public-accept``) carries every feature holder's input shape: the node aligns its rows to the
-   list, splits it with ``--seed`` and encodes its columns (:func:`fl_split.data.own.align_own`),
-   exactly as the in-process pipeline does, so the run then equals ``fl-split train --data …`` on the
-   same tables. With G guests the phase costs 2G + 2 Flower round trips (``open``, then per guest the
-   host's step and the guest's answer, then the accepts); a deployment may start a ClientApp process
-   per message, so round trips, not bytes, are its cost.
+3. at the step that agrees a node's shared list (``psi-shared`` / ``psi-accept``, ``public-ids`` /
+   ``public-accept``) the node aligns its rows to the list, splits it with ``--seed`` and encodes its
+   raw columns, fitted on its own training rows (:func:`fl_split.data.own.align_own`,
+   :class:`~fl_split.data.encoding.ColumnEncoder`), exactly as the in-process pipeline does, and
+   answers with its **input shape** (how many encoded columns: one per training category and missing
+   indicator — known only now, public metadata like the column names);
+4. ``shapes`` to every node: every feature holder's input shape (each node checks its own), from which
+   each builds its plan. So the run then equals ``fl-split train --data …`` on the same tables. With G
+   guests the phase costs 2G + 3 Flower round trips (``open``, then per guest the host's step and the
+   guest's answer, then the accepts, then the shapes); a deployment may start a ClientApp process per
+   message, so round trips, not bytes, are its cost.
 
 **What stays on a node.** Its table and its IDs; the host's PSI state between its messages (its
 candidates ``C_g`` — its own IDs — and the secret key of a request not yet answered) and every
@@ -84,11 +88,10 @@ class FlowerPsiRoute:
     step one ``query.align`` message to the party that performs it (the accepts go to every guest at
     once)."""
 
-    def __init__(self, transport, config_json: str, commit: dict[str, Any] | None = None) -> None:
+    def __init__(self, transport, config_json: str) -> None:
         self.transport, self.config_json = transport, config_json
-        #: fields of the last step (the parties' input widths): sent with the host's ``shared`` and the
-        #: guests' ``accept``, so each node builds its data in the same message
-        self.commit = commit or {}
+        #: each party's input shape, from its reply to the step that agreed its shared list
+        self.shapes: dict[str, list[int]] = {}
         #: the guest's answer the host has not processed yet: it travels with the host's next step
         #: (one Flower round trip per protocol step saved; a deployment may start a process per message)
         self._receive: dict[str, Any] | None = None
@@ -112,15 +115,27 @@ class FlowerPsiRoute:
         self._receive = {"receive-guest": guest, "setup": setup, "response": response}
 
     def shared(self, guests):
-        rep = self._host({"op": "psi-shared", **self.commit})
+        rep = self._host({"op": "psi-shared"})
+        self.shapes["host"] = _shape(rep, "host")
         frames = R.blob_list(rep, "frames")
         if len(frames) != len(guests):
             raise ProtocolError(f"host: {len(frames)} shared-ids frames for {len(guests)} guests")
         return dict(zip(guests, frames))
 
     def accept(self, frames):
-        rep = self._ask({g: {"op": "psi-accept", "frame": b, **self.commit} for g, b in frames.items()})
+        rep = self._ask({g: {"op": "psi-accept", "frame": b} for g, b in frames.items()})
+        self.shapes.update({g: _shape(r, g) for g, r in rep.items()})
         return {g: str(r.get("digest", "")) for g, r in rep.items()}
+
+
+def _shape(rec, party: str) -> list[int]:
+    try:
+        shape = R.loads(str(rec["input-shape"]))
+        if not (isinstance(shape, list) and all(type(x) is int and x >= 0 for x in shape)):
+            raise ValueError
+    except (KeyError, TypeError, ValueError):
+        raise ProtocolError(f"{party}: the reply that agrees its shared ID list carries no input shape") from None
+    return shape
 
 
 def _frame(rec, key: str, party: str) -> bytes:
@@ -135,7 +150,7 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
     values as :func:`fl_split.data.own.load_own`'s on the same tables (sizes and PSI traffic, never an
     ID). ``log(line)`` gets one line per step."""
     from fl_split.data.base import feature_parties
-    from fl_split.data.own import check_column_owner
+    from fl_split.data.own import check_column_owner, check_encode
     from fl_split.psi import ids_digest, run_psi
 
     say = log or (lambda line: None)
@@ -144,14 +159,13 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
     route = FlowerPsiRoute(transport, config_json)
     opened = route._ask({p: {"op": "open"} for p in parties})
     owner: dict[str, str] = {}
-    shapes: dict[str, list[int]] = {}
+    columns: dict[str, list[str]] = {}
     for p in parties:
         info = R.loads(str(opened[p]["table"]))
-        check_column_owner(owner, f"{p} ({info['file']})", p, [str(c) for c in info["columns"]])
-        shapes[p] = [int(x) for x in info["input-shape"]]
-    shapes = {p: shapes[p] for p in feature_parties(cfg.guests, cfg.host_features)}
-    say(f"alignment: every party's table checked ({', '.join(f'{p}: {s[0] if s else 0} columns' for p, s in shapes.items())})")
-    route.commit = {"input-shapes": R.dumps(shapes)}  # each node builds its data with its last step
+        columns[p] = [str(c) for c in info["columns"]]
+        check_column_owner(owner, f"{p} ({info['file']})", p, columns[p])
+    check_encode(cfg, columns)
+    say(f"alignment: every party's table checked ({', '.join(f'{p}: {len(c)} columns' for p, c in columns.items())})")
     if cfg.align == "psi":
         counts = {"messages": 0, "bytes": 0}
 
@@ -165,8 +179,11 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
         say(f"alignment: private set intersection of {len(parties)} parties: {shared_n} shared IDs "
             f"({counts['messages']} PSI messages, {counts['bytes']} bytes)")
     else:
-        host_ids = _frame(route._ask({"host": {"op": "public-ids", **route.commit}})["host"], "ids", "host")
-        digests = route._ask({g: {"op": "public-accept", "ids": host_ids, **route.commit} for g in transport.guests})
+        host_rep = route._ask({"host": {"op": "public-ids"}})["host"]
+        host_ids = _frame(host_rep, "ids", "host")
+        route.shapes["host"] = _shape(host_rep, "host")
+        digests = route._ask({g: {"op": "public-accept", "ids": host_ids} for g in transport.guests})
+        route.shapes.update({g: _shape(r, g) for g, r in digests.items()})
         want = ids_digest(np.frombuffer(host_ids, "<i8"))
         for g in transport.guests:
             if str(digests[g].get("digest", "")) != want:
@@ -174,6 +191,12 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
         shared_n = len(host_ids) // 8
         alignment = {"align": "public", "shared_ids": int(shared_n)}
         say(f"alignment: the host's {shared_n} IDs published to every guest (--align public)")
+    # each party fitted its encoder on its training rows: its width is known now, and every node needs
+    # every feature holder's (the plan's shapes)
+    shapes = {p: route.shapes[p] for p in feature_parties(cfg.guests, cfg.host_features)}
+    route._ask({p: {"op": "shapes", "input-shapes": R.dumps(shapes)} for p in parties})
+    say(f"alignment: input widths after each party's encoding: "
+        f"{', '.join(f'{p}: {s[0] if s else 0}' for p, s in shapes.items())}")
     return alignment
 
 
@@ -206,24 +229,31 @@ def handle_align(cfg: RunConfig, role, req, state) -> dict[str, Any]:
     table = own_table(cfg, role)
     aligned = state.config_records.get(ALIGNED)
     if op == "open":
-        width = len(table.slice.columns)
-        return {"table": R.dumps({"columns": table.slice.columns, "input-shape": [width] if width else [],
-                                  "file": Path(role.data_path).name})}
+        return {"table": R.dumps({"columns": table.slice.columns, "file": Path(role.data_path).name})}
+    if op == "shapes":
+        if aligned is None or "input-shapes" in aligned:
+            raise ProtocolError(f"{role.party}: 'shapes' {'before' if aligned is None else 'again after'} this "
+                                f"node agreed on its shared ID list")
+        shapes = R.loads(str(req["input-shapes"])) if "input-shapes" in req else None
+        if not isinstance(shapes, dict):
+            raise ProtocolError(f"{role.party}: the 'shapes' step carries no input shapes (or malformed ones)")
+        data = _aligned(cfg, role.party, *_file(role), bytes(aligned["shared"]))
+        mine = shapes.get(role.party, [])
+        if data.has_features != (role.party in shapes) or [int(x) for x in mine] != list(data.input_shape):
+            raise ProtocolError(f"{role.party}: the coordinator lists input shape {mine} for this party, its data "
+                                f"has {list(data.input_shape)}")
+        state[ALIGNED] = ConfigRecord({"shared": bytes(aligned["shared"]), "input-shapes": R.dumps(shapes)})
+        return {}
     if aligned is not None:
         raise ProtocolError(f"{role.party}: '{op}' after this node agreed on its shared ID list")
     reply = _align_step(cfg, role, req, state, op, table)
     if ALIGNED in state.config_records:  # the list is agreed: build the data now (every check of it)
         try:
-            shapes = R.loads(str(req["input-shapes"])) if "input-shapes" in req else None
-            if not isinstance(shapes, dict):
-                raise ProtocolError(f"{role.party}: the step that agrees the shared ID list carries no input "
-                                    f"shapes (or malformed ones)")
-            state[ALIGNED] = ConfigRecord({"shared": bytes(state.config_records[ALIGNED]["shared"]),
-                                           "input-shapes": R.dumps(shapes)})
-            node_data(cfg, role, state)
+            data = _aligned(cfg, role.party, *_file(role), bytes(state.config_records[ALIGNED]["shared"]))
         except Exception:
             state.config_records.pop(ALIGNED, None)  # not agreed after all: the run fails here
             raise
+        reply["input-shape"] = R.dumps(list(data.input_shape))  # its width after its own encoding: public
     return reply
 
 
@@ -311,20 +341,36 @@ def _keep(state, shared: np.ndarray) -> None:
     state[ALIGNED] = ConfigRecord({"shared": np.ascontiguousarray(shared, "<i8").tobytes()})
 
 
+def _file(role) -> tuple[str, float]:
+    path = os.path.abspath(os.path.expanduser(role.data_path))
+    return path, os.path.getmtime(path) if os.path.exists(path) else 0.0
+
+
 @functools.lru_cache(maxsize=4)
-def _aligned(cfg: RunConfig, party: str, path: str, mtime: float, shared: bytes, shapes: str):
+def _aligned(cfg: RunConfig, party: str, path: str, mtime: float, shared: bytes):
+    """This node's data: its table aligned to the shared list and encoded with its own training rows."""
     from fl_split.data.own import align_own
-    from fl_split.party_files import PublicFacts, data_config
 
     table = _table(cfg, party, path, mtime)
-    ids = np.frombuffer(shared, "<i8").astype(np.int64)
-    data = align_own(cfg, table, ids)
-    widths = {str(p): tuple(int(x) for x in s) for p, s in json.loads(shapes).items()}
-    if party in widths and tuple(data.input_shape) != widths[party]:
-        raise ProtocolError(f"{party}: the coordinator lists input shape {widths[party]} for this party, its data "
-                            f"has {tuple(data.input_shape)}")
+    return align_own(cfg, table, np.frombuffer(shared, "<i8").astype(np.int64))
+
+
+def node_data(cfg: RunConfig, role, state):
+    """``(PartyData, PublicFacts)`` of this node after the alignment phase (cached per process; any
+    process rebuilds it from the node's table and ``context.state``)."""
+    from fl_split.party_files import PublicFacts, data_config
+
+    rec = state.config_records.get(ALIGNED)
+    if rec is None or "input-shapes" not in rec:
+        raise ProtocolError(f"{role.party}: no aligned data on this node; with data = 'node-tables' the "
+                            f"coordinator runs the alignment phase before 'setup'")
+    data = _aligned(cfg, role.party, *_file(role), bytes(rec["shared"]))
+    widths = {str(p): tuple(int(x) for x in s) for p, s in json.loads(str(rec["input-shapes"])).items()}
+    if role.party in widths and tuple(data.input_shape) != widths[role.party]:
+        raise ProtocolError(f"{role.party}: the coordinator lists input shape {widths[role.party]} for this party, "
+                            f"its data has {tuple(data.input_shape)}")
     task, metric = "classification", "accuracy"
-    if party == "host":  # the labels' owner resolves the run's task (fl_split/tasks.py), as prepare_data does
+    if role.party == "host":  # the labels' owner resolves the run's task (fl_split/tasks.py), as prepare_data does
         import dataclasses
 
         from fl_split.tasks import HEADLINE, resolve
@@ -334,20 +380,8 @@ def _aligned(cfg: RunConfig, party: str, path: str, mtime: float, shared: bytes,
         data = dataclasses.replace(data, task=task, metric=metric)
     facts = PublicFacts(dataset=cfg.data_name, task=task, metric=metric, n_train=len(data.train_ids),
                         n_test=len(data.test_ids), input_shapes=widths, data_config=data_config(cfg),
-                        num_classes=int(data.num_classes) if party == "host" else None)
+                        num_classes=int(data.num_classes) if role.party == "host" else None)
     return data, facts
-
-
-def node_data(cfg: RunConfig, role, state):
-    """``(PartyData, PublicFacts)`` of this node after the alignment phase (cached per process; any
-    process rebuilds it from the node's table and ``context.state``)."""
-    rec = state.config_records.get(ALIGNED)
-    if rec is None or "input-shapes" not in rec:
-        raise ProtocolError(f"{role.party}: no aligned data on this node; with data = 'node-tables' the "
-                            f"coordinator runs the alignment phase before 'setup'")
-    path = os.path.abspath(os.path.expanduser(role.data_path))
-    return _aligned(cfg, role.party, path, os.path.getmtime(path) if os.path.exists(path) else 0.0,
-                    bytes(rec["shared"]), str(rec["input-shapes"]))
 
 
 def node_plan(cfg: RunConfig, role, state):
