@@ -114,7 +114,7 @@ def _texts_of_column(raw: "pd.Series") -> np.ndarray:
     if pd.api.types.is_float_dtype(raw.dtype):
         vals = raw.to_numpy(dtype=np.float64, na_value=np.nan)
         out = np.empty(n, dtype=object)
-        for i, v in enumerate(vals):
+        for i, v in enumerate(vals.tolist()):
             if math.isnan(v):
                 out[i] = ""
             elif not math.isfinite(v) or v != math.floor(v):
@@ -143,7 +143,7 @@ def _texts_of_column(raw: "pd.Series") -> np.ndarray:
             out[i] = str(int(v))
         elif isinstance(v, (float, np.floating)):  # a number cell inside a text column (Parquet object column)
             if not math.isfinite(v) or v != math.floor(v) or abs(v) > FLOAT_EXACT:
-                raise _Bad(i, f"{v!r} is not an exact integer ID (write such IDs as text)")
+                raise _Bad(i, f"{float(v)!r} is not an exact integer ID (write such IDs as text)")
             out[i] = str(int(v))
         elif isinstance(v, bytes):
             try:
@@ -192,6 +192,9 @@ class IdNames:
     values: np.ndarray  # their canonical texts
 
     def name(self, key: int) -> str:
+        """The value of ``key`` as this party's table writes it (an integer ID: its number)."""
+        if int(key) >= 0:
+            return str(int(key))
         i = int(np.searchsorted(self.keys, key))
         if i < len(self.keys) and int(self.keys[i]) == int(key):
             return shown(str(self.values[i]))

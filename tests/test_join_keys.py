@@ -1,0 +1,228 @@
+"""Join keys of any kind (issue 23, items 1, 3, 6): text IDs, e-mail addresses, composite keys
+(``--id-column name,birth_date``) in train (public and PSI alignment), export-parties and a Flower
+deployment; the parties read from ``--data`` with its contradictions refused; the first-contact
+slips (label column, delimiter, PSI install hint, Python version, ``--model`` from the working
+directory). Keys: :mod:`fl_split.data.ids`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fl_split.builder import prepare_data
+from fl_split.cli import main
+from fl_split.config import RunConfig
+from fl_split.data.ids import INT63, hashed_key, key_of, table_keys
+from fl_split.data.registry import load_dataset
+from fl_split.errors import ConfigError, DataError
+from tests.test_own_data import write_party_tables
+
+SEED = 5
+#: no --guests: the parties are read from --data
+OPTS = ["--seed", str(SEED), "--epochs", "2", "--batch-size", "64", "--no-progress"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _email(i: int) -> str:
+    """A customer's e-mail address: text no run statistic can contain by chance."""
+    return f"client.{int(i) * 7919 + 104729}@example-bank.org"
+
+
+def _flags(paths: dict[str, str], id_column: str = "ID") -> list[str]:
+    out = []
+    for party, path in paths.items():
+        out += ["--data", f"{party}={path}"]
+    return out + ["--id-column", id_column, "--label-column", "Y"]
+
+
+def _spec(paths: dict[str, str]) -> str:
+    return ";".join(f"{p}={v}" for p, v in paths.items())
+
+
+def _overlap():
+    """Partly overlapping ID sets of three parties (breast-cancer's IDs), their intersection and the rest."""
+    ids = np.sort(load_dataset("breast-cancer").ids)
+    keep = {p: ids[ids % k != 0] for p, k in (("host", 5), ("guest-1", 7), ("guest-2", 11))}
+    inter = np.intersect1d(np.intersect1d(keep["host"], keep["guest-1"]), keep["guest-2"])
+    return keep, inter, np.setdiff1d(ids, inter)
+
+
+def _train(tmp_path, name: str, args: list[str], extra: list[str] = ()) -> tuple[dict, str]:
+    out = tmp_path / f"{name}.json"
+    assert main(["train", *args, *OPTS, "--private-seed", "11" * 16, "--out", str(out), *extra]) == 0
+    return json.loads(out.read_text()), out.read_text()
+
+
+# -- the mapping ------------------------------------------------------------------------------------
+def test_keys_integers_keep_their_number_everything_else_hashes_negative():
+    assert [key_of(t) for t in ("0", "12", "9" * 18, str(INT63 - 1))] == [0, 12, int("9" * 18), INT63 - 1]
+    for text in ("007", "00", "-5", "+5", "1e3", str(INT63), "P-00301", "a@b.org", "12 ", "Ünïcode", "x\x1fy"):
+        assert key_of(text) < 0, text
+        assert key_of(text) == hashed_key(text) >= -(INT63 - 1)
+    # the documented formula (every party, every version must compute the same)
+    digest = hashlib.sha256(b"fl-split-id\x00" + "P-00301".encode()).digest()[:8]
+    assert key_of("P-00301") == -(1 + int.from_bytes(digest, "big") % (INT63 - 1))
+    assert key_of("P-00301") == -7968812374454330981  # pinned: a change would split old tables from new
+    assert key_of("a@b.org") != key_of("A@b.org")  # exact (case-sensitive) matching
+
+
+def test_cells_become_keys_the_same_way_whatever_their_type():
+    """Integer, float, text and Parquet cells of the same ID give the same key; spaces are stripped."""
+    want = np.asarray([7, 12, key_of("P-1"), key_of("-5"), key_of("007")])
+    text = pd.DataFrame({"id": [" 7", "12 ", " P-1", "-5", "007"]})
+    np.testing.assert_array_equal(table_keys(text, ["id"], "t")[0], want)
+    np.testing.assert_array_equal(table_keys(pd.DataFrame({"id": [7, 12, -5]}), ["id"], "t")[0], want[[0, 1, 3]])
+    # integers read as floats (a NaN elsewhere in the export), or written so as text
+    np.testing.assert_array_equal(table_keys(pd.DataFrame({"id": [7.0, 12.0]}), ["id"], "t")[0], [7, 12])
+    np.testing.assert_array_equal(table_keys(pd.DataFrame({"id": ["7.0", "12.00"]}), ["id"], "t")[0], [7, 12])
+    for bad, why in (([1.5, 2.0], "1.5 is not an integer"), ([2.0 ** 60, 1.0], r"\S+ is a float beyond 2\*\*53")):
+        with pytest.raises(DataError, match=f"t: row 1, column 'id': {why}"):
+            table_keys(pd.DataFrame({"id": bad}), ["id"], "t")
+    # a composite key: the parts' texts joined by \x1f, always hashed, whatever the parts' types
+    comp = pd.DataFrame({"name": ["Ann ", "Bob"], "born": pd.to_datetime(["1990-01-02", "1985-12-31"])})
+    np.testing.assert_array_equal(table_keys(comp, ["name", "born"], "t")[0],
+                                  [key_of("Ann\x1f1990-01-02"), key_of("Bob\x1f1985-12-31")])
+    np.testing.assert_array_equal(table_keys(pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), ["a", "b"], "t")[0],
+                                  [key_of("1\x1fx"), key_of("2\x1fy")])
+
+
+def test_a_party_keeps_its_own_values_and_names_them_in_its_errors():
+    keys, names = table_keys(pd.DataFrame({"id": ["P-1", "P-2", 3]}), ["id"], "t")
+    assert names is not None and names.name(key_of("P-2")) == "'P-2'" and names.name(3) == "3"
+    assert table_keys(pd.DataFrame({"id": [1, 2]}), ["id"], "t")[1] is None  # integers: the key is the value
+    with pytest.raises(DataError, match=r"duplicate IDs in column 'id' \(ID 'P-1' in rows 1, 3\)"):
+        table_keys(pd.DataFrame({"id": ["P-1", "P-2", " P-1"]}), ["id"], "t")
+    with pytest.raises(DataError, match=r"row 2, column 'born': missing ID"):
+        table_keys(pd.DataFrame({"name": ["a", "b"], "born": ["x", "  "]}), ["name", "born"], "t")
+
+
+def test_a_collision_inside_one_table_names_both_rows(monkeypatch):
+    """Two different values with one key (a 62-bit hash collision, forced here) are refused, naming
+    both rows and values: they would otherwise become one person."""
+    import fl_split.data.ids as ids
+
+    monkeypatch.setattr(ids, "hashed_key", lambda text: -42 if text in ("alice@x.org", "bob@y.org") else -1000 - len(text))
+    with pytest.raises(DataError, match=r"t: rows 2 and 4, column 'mail': the different IDs 'alice@x.org' and "
+                                        r"'bob@y.org' hash to the same key -42"):
+        table_keys(pd.DataFrame({"mail": ["c@z.org", "alice@x.org", "7", "bob@y.org"]}), ["mail"], "t")
+
+
+# -- text IDs train like integer IDs ---------------------------------------------------------------
+def _ranked(texts_of) -> callable:
+    """Integer IDs in the order of the text IDs' keys: the sorted shared list, hence the split and every
+    batch, is the same as the text run's, so the two runs must give the same numbers, bit for bit."""
+    ids = np.sort(load_dataset("breast-cancer").ids)
+    keys = np.asarray([key_of(t) for t in texts_of(ids)])
+    rank = dict(zip(ids.tolist(), np.argsort(np.argsort(keys)).tolist()))
+    return lambda a: np.asarray([1000 + rank[int(i)] for i in a], np.int64)
+
+
+def _texts(ids) -> np.ndarray:
+    return np.asarray([_email(i) for i in ids], dtype=object)
+
+
+def test_text_ids_with_psi_train_like_integer_ids_without_guests_flag(tmp_path):
+    """Acceptance: three tables with e-mail addresses as IDs, partly overlapping, ``--align psi`` and
+    no ``--guests``: the run trains on exactly the intersection, with the same numbers as the same
+    tables with integer IDs in the keys' order."""
+    keep, inter, _ = _overlap()
+    (tmp_path / "text").mkdir()
+    (tmp_path / "int").mkdir()
+    text = write_party_tables(tmp_path / "text", keep=keep, id_map=_texts)
+    ints = write_party_tables(tmp_path / "int", keep=keep, id_map=_ranked(_texts))
+    assert pd.read_csv(text["guest-1"])["ID"].iloc[0].startswith("client.")
+    a, _ = _train(tmp_path, "text", [*_flags(text), "--align", "psi"])
+    b, _ = _train(tmp_path, "int", [*_flags(ints), "--align", "psi"])
+    assert a["config"]["guests"] == 2  # read from --data
+    assert a["alignment"] == b["alignment"] and a["alignment"]["shared_ids"] == len(inter)
+    assert a["plan"]["n_train"] + a["plan"]["n_test"] == len(inter)
+    assert [h["train_loss"] for h in a["history"]] == [h["train_loss"] for h in b["history"]]
+    assert a["final"] == b["final"]
+    # and the shared list is exactly the keys of the intersection's e-mail addresses
+    loaded = prepare_data(RunConfig(data=_spec(text), id_column="ID", label_column="Y", align="psi", seed=SEED))
+    got = np.sort(np.concatenate([loaded.train_ids, loaded.test_ids]))
+    np.testing.assert_array_equal(got, np.sort([key_of(t) for t in _texts(inter)]))
+
+
+def _composite(tmp_path, keep=None, fmt="csv") -> dict[str, str]:
+    """breast-cancer's tables keyed by (name, birth date): the host's in Parquet with a date column,
+    the guests' as CSV text (the same key at every party)."""
+    paths = write_party_tables(tmp_path, keep=keep)
+    out = {}
+    for party, path in paths.items():
+        frame = pd.read_csv(path)
+        ids = frame.pop("ID").to_numpy()
+        frame.insert(0, "birth_date", [f"{1940 + i % 60}-{1 + i % 12:02d}-{1 + i % 28:02d}" for i in ids])
+        frame.insert(0, "name", [f"Person {i // 3}" for i in ids])  # names alone repeat: the date tells them apart
+        if party == "host":
+            frame["birth_date"] = pd.to_datetime(frame["birth_date"])
+            p = Path(path).with_suffix(".parquet")
+            frame.to_parquet(p, index=False)
+        else:
+            p = Path(path)
+            frame.to_csv(p, index=False)
+        out[party] = str(p)
+    return out
+
+
+def test_composite_key_public_alignment_and_export(tmp_path):
+    """``--id-column name,birth_date`` (a Parquet date at the host, CSV text at the guests): public
+    alignment trains on every row; ``export-parties`` writes each party's file keyed by the same keys."""
+    paths = _composite(tmp_path)
+    res, _ = _train(tmp_path, "comp", _flags(paths, "name,birth_date"))
+    assert res["alignment"] == {"align": "public", "shared_ids": 569} and res["config"]["guests"] == 2
+    out = tmp_path / "parties"
+    assert main(["export-parties", *_flags(paths, "name,birth_date"), "--seed", str(SEED), "--out", str(out)]) == 0
+    from fl_split.party_files import load_party
+
+    ids = load_dataset("breast-cancer").ids
+    want = np.sort([key_of(f"Person {i // 3}\x1f{1940 + i % 60}-{1 + i % 12:02d}-{1 + i % 28:02d}") for i in ids])
+    for p in ("host", "guest-1", "guest-2"):
+        data, _ = load_party(out / f"{p}.npz", p)
+        np.testing.assert_array_equal(np.sort(np.concatenate([data.train_ids, data.test_ids])), want)
+    # a guest missing some of the host's (composite) IDs: train's one line, keys named as keys
+    g2 = pd.read_csv(paths["guest-2"]).iloc[:-2]
+    g2.to_csv(tmp_path / "short.csv", index=False)
+    with pytest.raises(DataError, match=r"2 shared IDs are missing .* \(negative numbers: the keys of text IDs"):
+        prepare_data(RunConfig(data=_spec({**paths, "guest-2": str(tmp_path / "short.csv")}),
+                               id_column="name,birth_date", label_column="Y"))
+
+
+def test_text_ids_outside_the_intersection_appear_nowhere(tmp_path, capsys):
+    """PSI on e-mail addresses: no ID outside the intersection — as text, as its key (int64 bytes or
+    decimal) — in the PSI messages, the results, the run directory, the checkpoints or the console."""
+    from fl_split.data.own import load_own
+
+    keep, inter, outside = _overlap()
+    paths = write_party_tables(tmp_path, keep=keep, id_map=_texts)
+    transcript = []
+    cfg = RunConfig(data=_spec(paths), id_column="ID", label_column="Y", align="psi", seed=SEED)
+    load_own(cfg, transcript=lambda *m: transcript.append(m))
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    _, text = _train(tmp_path, "psi", [*_flags(paths), "--align", "psi"],
+                     ["--run-dir", str(run_dir), "--checkpoint-dir", str(ckpt)])
+    captured = capsys.readouterr()
+    seen = b"".join(m[3] for m in transcript) + text.encode() + captured.out.encode() + captured.err.encode()
+    files = [p for d in (run_dir, ckpt) for p in d.rglob("*") if p.is_file()]
+    assert len(files) >= 3
+    seen += b"".join(p.read_bytes() for p in files)
+    assert _scan(seen, _texts(outside)) == []
+    assert _scan(seen, _texts(inter)) != []  # the scan finds what is there: the shared keys are sent
+
+
+def _scan(blob: bytes, texts) -> list[str]:
+    """Of ``texts``, those found in ``blob``: the value itself, or its key as int64 or in decimal."""
+    decimals = {int(x) for x in re.findall(rb"-?\d{15,19}", blob)}
+    found = []
+    for t in texts:
+        k = key_of(t)
+        if t.encode() in blob or k in decimals or k.to_bytes(8, "little", signed=True) in blob:
+            found.append(t)
+    return found
