@@ -226,3 +226,138 @@ def _scan(blob: bytes, texts) -> list[str]:
         if t.encode() in blob or k in decimals or k.to_bytes(8, "little", signed=True) in blob:
             found.append(t)
     return found
+
+
+# -- the parties from --data ------------------------------------------------------------------------
+def _tables(tmp_path, names=("host", "guest-1", "guest-2")) -> dict[str, str]:
+    return {p: str(tmp_path / f"{p}.csv") for p in names}
+
+
+def test_parties_are_read_from_data_and_contradictions_refused(tmp_path):
+    three = _spec(_tables(tmp_path))
+    assert RunConfig(data=three).guests == 2 and RunConfig(data=three).parties == ["host", "guest-1", "guest-2"]
+    assert RunConfig(data=three, guests=2).guests == 2
+    # the Flower run config always holds every key (guests = 1 from pyproject.toml): 1 counts as not given
+    assert RunConfig.from_mapping({"guests": 1, "dataset": "digits", "data": three}).guests == 2
+    assert RunConfig(data=_spec(_tables(tmp_path, ("host", "guest-1")))).guests == 1
+    with pytest.raises(ConfigError, match=r"--data: .*unknown party 'guest-2'; this run's parties are host, guest-1 "
+                                          r"\(--guests 1"):
+        main_config(["--guests", "1", "--data", three])  # given on the command line: 1 counts
+    cases = [
+        (dict(data=three, guests=3), r"--data: .*no table for guest-3 \(--guests 3; without --guests the parties are "
+                                     r"read from --data\)"),
+        (dict(data=three, dataset="credit"), r"--dataset: got 'credit' \(--data trains on your own tables, --dataset on a built-in one; --data-name names "
+                                             r"your data in the results\); allowed: no --dataset with --data"),
+        (dict(data=_spec(_tables(tmp_path, ("host", "guest-1", "guest-3")))),
+         r"no table for guest-2: guests are numbered guest-1 … guest-G without gaps \(given: guest-1, guest-3\)"),
+        (dict(data=_spec(_tables(tmp_path, ("host", "guest-0")))), r"unknown party 'guest-0'; the parties are host, "),
+        (dict(data=_spec(_tables(tmp_path, ("host", "guests-1")))), r"unknown party 'guests-1'"),
+        (dict(data=_spec(_tables(tmp_path, ("host", "guest-01")))), r"unknown party 'guest-01'"),
+        (dict(data=_spec(_tables(tmp_path, ("guest-1", "guest-2")))), r"no table for host"),
+        (dict(data=_spec(_tables(tmp_path, ("host",)))), r"no guest's table"),
+        (dict(data=three, id_column="a,,b"), r"--id-column: got 'a,,b'; allowed: a column name, or several"),
+        (dict(data=three, id_column="name,Y", label_column="Y"), r"--label-column: got 'Y'"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            RunConfig(**kwargs)
+
+
+def main_config(argv: list[str]) -> RunConfig:
+    """``fl-split train ARGV``'s RunConfig (the CLI knows which flags were given)."""
+    from fl_split.cli import build_parser
+    from fl_split.cli_support import config_from_args
+
+    return config_from_args(build_parser().parse_args(["train", *argv]))
+
+
+def test_cli_refuses_dataset_and_a_disagreeing_guests_even_at_their_defaults(tmp_path, capsys):
+    """On the command line a flag that was given counts, whatever its value: ``--dataset digits`` (the
+    default) with ``--data`` was silently ignored before; ``--guests 1`` with three tables is refused."""
+    paths = write_party_tables(tmp_path)
+    for extra, message in ((["--dataset", "digits"], "--dataset: got 'digits' (--data trains on your own tables"),
+                           (["--guests", "1"], "unknown party 'guest-2'; this run's parties are host, guest-1 "
+                                               "(--guests 1; without --guests the parties are read from --data)"),
+                           (["--guests", "3"], "no table for guest-3 (--guests 3")):
+        out = tmp_path / "x.json"
+        assert main(["train", *_flags(paths, "ID"), *extra, *OPTS, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+        assert not out.exists()
+    assert main_config([*_flags(paths), "--guests", "2"]).guests == 2
+    assert main_config(_flags(paths)).guests == 2
+
+
+# -- first-contact slips ----------------------------------------------------------------------------
+def _one_line(tmp_path, capsys, args: list[str]) -> str:
+    out = tmp_path / "bad.json"
+    code = main(["train", *args, *OPTS, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not out.exists()
+    assert len(err.splitlines()) == 1 and err.startswith("fl-split: error:"), err
+    return err
+
+
+def test_a_misspelt_label_or_id_column_is_named_with_close_names(tmp_path, capsys):
+    """Issue 23: ``--label-column malignant`` said ``'malignant' is not a number … one-hot encode`` (the
+    label column was read as a feature); now the label column is checked first and close names offered."""
+    paths = write_party_tables(tmp_path)
+    host = pd.read_csv(paths["host"]).rename(columns={"Y": "Diagnosis"})
+    host["Diagnosis"] = np.where(host["Diagnosis"] == 1, "benign", "malignant")
+    host.to_csv(paths["host"], index=False)
+    flags = [a for a in _flags(paths) if a not in ("--label-column", "Y")]
+    err = _one_line(tmp_path, capsys, [*flags, "--label-column", "diagnosis"])
+    assert "host (host.csv): no label column 'diagnosis' (--label-column); did you mean 'Diagnosis'?" in err
+    err = _one_line(tmp_path, capsys, flags)  # the default 'label': the table's columns are listed
+    assert "no label column 'label' (--label-column); its columns are 'ID'," in err and "not a number" not in err
+    err = _one_line(tmp_path, capsys, [*flags, "--label-column", "Diagnosis", "--id-column", "id"])
+    assert "host (host.csv): no ID column 'id' (--id-column); did you mean 'ID'?" in err
+
+
+@pytest.mark.parametrize("sep,name", [("\t", "tab"), (";", "semicolon")])
+def test_a_tab_or_semicolon_separated_csv_gets_a_hint(tmp_path, capsys, sep, name):
+    paths = write_party_tables(tmp_path)
+    pd.read_csv(paths["guest-1"]).to_csv(paths["guest-1"], sep=sep, index=False)
+    err = _one_line(tmp_path, capsys, _flags(paths))
+    assert f"guest-1: guest-1.csv looks {name}-separated" in err and "fl-split reads comma-separated .csv" in err
+
+
+def test_the_psi_install_hint_is_the_readmes(monkeypatch):
+    from fl_split import psi
+
+    assert psi.PSI_INSTALL == 'pip install --no-deps "openmined-psi>=2.0.6"'
+    assert psi.PSI_INSTALL in (ROOT / "README.md").read_text()
+    monkeypatch.setitem(sys.modules, "private_set_intersection.python", None)  # not installed
+    with pytest.raises(DataError, match=re.escape(f"--align psi needs the openmined-psi package ({psi.PSI_INSTALL})")):
+        psi.PsiParty("host", np.arange(3)).request("guest-1")
+
+
+def test_python_version_matches_flowers():
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["requires-python"] == ">=3.11"  # flwr 1.41 needs 3.11
+    readme = (ROOT / "README.md").read_text()
+    assert "Python ≥ 3.11" in readme and "3.10" not in readme
+
+
+def test_model_module_in_the_working_directory(tmp_path, monkeypatch):
+    """``--model my_models:build`` with ``my_models.py`` in the working directory imports it (the
+    directory goes on the import path, as ``python -m`` does); a module found nowhere says PYTHONPATH."""
+    import os
+
+    from fl_split.models.user import load_function
+
+    name = "fl_split_test_models_cwd"
+    (tmp_path / f"{name}.py").write_text("def build(spec):\n    return spec\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    try:
+        assert load_function(f"{name}:build")("x") == "x"
+        assert sys.path[0] == str(tmp_path)
+    finally:
+        sys.modules.pop(name, None)
+    with pytest.raises(ConfigError, match=r"cannot import module 'no_such_models_here'.*put its directory on "
+                                          r"PYTHONPATH"):
+        load_function("no_such_models_here:build")

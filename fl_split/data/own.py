@@ -70,8 +70,8 @@ def parse_data_spec(spec: str) -> dict[str, str] | str:
 
 #: the ``--dataset`` refusal with ``--data`` (RunConfig for a non-default value, the CLI for any given one)
 DATASET_WITH_DATA = dict(allowed="no --dataset with --data",
-                         reason="--data trains on your own tables, --dataset on a built-in one (name your data in "
-                                "the results with --data-name)")
+                         reason="--data trains on your own tables, --dataset on a built-in one; --data-name "
+                                "names your data in the results")
 
 
 def _guest_number(party: str) -> int | None:
