@@ -361,3 +361,66 @@ def test_model_module_in_the_working_directory(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"cannot import module 'no_such_models_here'.*put its directory on "
                                           r"PYTHONPATH"):
         load_function("no_such_models_here:build")
+
+
+# -- a Flower deployment ----------------------------------------------------------------------------
+@pytest.mark.usefixtures("flower_task_identity")
+def test_text_ids_between_deployment_nodes(tmp_path):
+    """Each SuperNode reads its own table with e-mail IDs (``data = "node-tables"``), the ServerApp
+    routes the PSI: the same run as the local engine on the same tables, and no message, both ways,
+    holds an ID outside the intersection (as text or as its key)."""
+    from fl_split.engine import run_experiment
+    from fl_split.flower.strategy import VerticalSplitStrategy
+    from fl_split.seeding import PrivateSeed
+    from tests.test_deploy_align import RUN, RecordingGrid, _nodes
+
+    keep, inter, outside = _overlap()
+    paths = write_party_tables(tmp_path, keep=keep, id_map=_texts)
+    seed = PrivateSeed.generate()
+    grid = RecordingGrid(_nodes(tmp_path, paths, seed), fresh_process=True)
+    dep = VerticalSplitStrategy(RunConfig(data="node-tables", align="psi", engine="flower", data_plane="flower",
+                                          **RUN)).run(grid)
+    local = run_experiment(RunConfig(data=_spec(paths), align="psi", **RUN), private_seed=seed)
+    assert dep["alignment"] == local["alignment"] and dep["alignment"]["shared_ids"] == len(inter)
+    assert dep["final"] == local["final"]
+    for key in ("train_loss", "test_metric", "test_loss"):
+        assert [h[key] for h in dep["history"]] == [h[key] for h in local["history"]]
+    wire = b"".join(grid.wire)
+    assert _scan(wire, _texts(outside)) == []
+    assert _scan(wire, _texts(inter)) != []
+
+
+@pytest.mark.slow
+def test_deploy_local_with_text_ids(tmp_path):
+    """End to end (a SuperLink and three SuperNodes, separate processes): ``deploy local --data …
+    --id-column ID --align psi`` on e-mail IDs, no ``--guests``; the run trains on exactly the
+    intersection, like the local engine, and no result, log, output or SuperLink database holds an ID
+    outside it."""
+    import subprocess
+
+    from fl_split.secure_files import write_private
+    from fl_split.seeding import PrivateSeed
+    from tests.test_deploy import _deployment_pids, _kill
+
+    keep, inter, outside = _overlap()
+    paths = write_party_tables(tmp_path, keep=keep, id_map=_texts)
+    seed = write_private(tmp_path / "seed", PrivateSeed.generate().file_text().encode())
+    run = ["--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed-file", str(seed)]
+    workdir, out = tmp_path / "dep", tmp_path / "dep.json"
+    proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", *_flags(paths),
+                           "--align", "psi", *run, "--workdir", str(workdir), "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    left = _deployment_pids(workdir)
+    _kill(left)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert left == []
+    dep = json.loads(out.read_text())
+    local_out = tmp_path / "local.json"
+    assert main(["train", *_flags(paths), "--align", "psi", *run, "--no-progress", "--out", str(local_out)]) == 0
+    local = json.loads(local_out.read_text())
+    assert dep["config"]["guests"] == 2
+    assert dep["alignment"] == local["alignment"] and dep["alignment"]["shared_ids"] == len(inter)
+    assert dep["final"]["value"] == local["final"]["value"]
+    seen = out.read_bytes() + proc.stdout.encode() + proc.stderr.encode()
+    seen += b"".join(p.read_bytes() for p in workdir.rglob("*") if p.is_file() and p.suffix != ".key")
+    assert _scan(seen, _texts(outside)) == []
