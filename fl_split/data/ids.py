@@ -85,8 +85,26 @@ def key_of(text: str) -> int:
 
 
 def keys_of(texts: Sequence[str]) -> np.ndarray:
-    """:func:`key_of` of each text, as int64."""
-    return np.fromiter((key_of(t) for t in texts), dtype=np.int64, count=len(texts))
+    """:func:`key_of` of each text, as int64 (vectorised: the integers by pandas, the hashes in one
+    pass of SHA-256 and numpy's uint64 arithmetic; ``tests/test_join_keys.py`` checks it against
+    :func:`key_of`)."""
+    import pandas as pd
+
+    t = pd.Series(np.asarray(texts, dtype=object), dtype=object)
+    out = np.empty(len(t), dtype=np.int64)
+    canonical = t.str.fullmatch(_CANONICAL.pattern).to_numpy(dtype=bool, na_value=False)
+    short = canonical.copy()
+    short[canonical] = t[canonical].str.len().to_numpy() < 19
+    out[short] = t[short].astype(np.int64).to_numpy()
+    rest = np.flatnonzero(~short)
+    if rest.size:
+        long = canonical[rest]
+        sha = hashlib.sha256
+        blob = b"".join(sha(DOMAIN + v.encode("utf-8")).digest()[:8] for v in t.iloc[rest[~long]])
+        h = np.frombuffer(blob, dtype=">u8").astype(np.uint64)
+        out[rest[~long]] = -(1 + (h % np.uint64(INT63 - 1)).astype(np.int64))
+        out[rest[long]] = [key_of(t.iat[i]) for i in rest[long]]  # 19+ digits: below 2**63 or hashed
+    return out
 
 
 def parse_columns(spec: str) -> list[str]:
@@ -133,6 +151,9 @@ def _texts_of_column(raw: "pd.Series") -> np.ndarray:
         dateonly = bool(((ts.dt.normalize() == ts) | ts.isna()).all())
         return np.asarray(["" if pd.isna(t) else (t.strftime("%Y-%m-%d") if dateonly else t.isoformat())
                            for t in ts], dtype=object)
+    if pd.api.types.infer_dtype(raw, skipna=True) in ("string", "empty"):  # text cells (a CSV's): vectorised
+        t = raw.str.strip().str.replace(_FLOAT_TEXT.pattern.join("^$"), r"\1", regex=True)
+        return t.fillna("").to_numpy(dtype=object)
     out = np.empty(n, dtype=object)
     for i, (v, m) in enumerate(zip(raw.to_numpy(object), missing)):
         if m:

@@ -1,6 +1,8 @@
-"""Your own vertical data: one CSV / Parquet table per party (``--data host=PATH --data guest-1=PATH``)
-or one table whose columns ``--columns`` assigns (``--data PATH``), with an ID column
-(``--id-column``) and, at the host only, a label column (``--label-column``).
+"""Your own vertical data: one CSV / Parquet table per party (``--data host=PATH --data guest-1=PATH``,
+the parties read from it: :func:`infer_parties`) or one table whose columns ``--columns`` assigns
+(``--data PATH``), with an ID column or several (``--id-column id`` / ``name,birth_date``: integers
+or text, turned into int64 keys by :mod:`fl_split.data.ids`) and, at the host only, a label column
+(``--label-column``).
 
 The tables go through the same pipeline as a built-in dataset (:mod:`fl_split.data.base`, spec §1,
 §2, §6): each party's rows stay **in its own order**; the parties agree on a shared ID list
@@ -10,18 +12,25 @@ test with ``--seed`` (:func:`~fl_split.data.base.split_shared`, keyed by ``--dat
 aligns its rows to it and standardises its own numeric columns with its own training rows
 (:func:`~fl_split.data.base.prepare_party`). So a table exported from a built-in dataset and run
 under that dataset's name (``--data-name breast-cancer``) trains to the same numbers as the
-dataset itself (``tests/test_own_data.py``).
+dataset itself (``tests/test_own_data.py``); integer IDs are their own keys, so text IDs change
+nothing but the keys (``tests/test_join_keys.py``).
+
+**The parties** (:func:`data_guests`): ``host`` and ``guest-1`` … ``guest-G`` without gaps; ``--guests``
+is not needed, and one that disagrees, ``--dataset`` with ``--data``, an unknown party name or a gap
+are one-line :class:`~fl_split.errors.ConfigError`\ s (the CLI also refuses such flags given at their
+default values: :func:`check_given_flags`).
 
 **Checks before anything is built** (one line each, naming the party, the file, the row and the
-column; :class:`~fl_split.errors.DataError`, exit 2): a missing or unreadable file, a missing ID
-column, an empty or non-integer ID (row), duplicate IDs (the IDs and their rows), an empty or
-non-numeric feature cell (row and column; **categorical columns are refused**: one-hot encode them
-first, one 0/1 column per category — a party's categories are its private data, and an encoding
-fitted on one party's rows is the party's own decision), a label column in a guest's table, a host
-table without labels or with one class, a feature column claimed by two parties (column names are
-public metadata), a host without feature columns unless ``--no-host-features``. Labels are
-classification labels: integers or strings, mapped to classes ``0 … K-1`` in sorted order of the
-values the host holds for the shared IDs (the mapping and ``K`` stay with the host: only the top
+column; :class:`~fl_split.errors.DataError`, exit 2): a missing or unreadable file, a CSV that is
+tab- or semicolon-separated, a missing ID column or label column (with the table's close column
+names), an empty ID (row), duplicate IDs (the values and their rows) or two values with one key, an
+empty or non-numeric feature cell (row and column; **categorical columns are refused**: one-hot
+encode them first, one 0/1 column per category — a party's categories are its private data, and an
+encoding fitted on one party's rows is the party's own decision), a label column in a guest's table,
+a host table without labels or with one class, a feature column claimed by two parties (column
+names are public metadata), a host without feature columns unless ``--no-host-features``. Labels
+are classification labels: integers or strings, mapped to classes ``0 … K-1`` in sorted order of
+the values the host holds for the shared IDs (the mapping and ``K`` stay with the host: only the top
 model's size depends on it).
 """
 
