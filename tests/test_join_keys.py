@@ -369,6 +369,29 @@ def test_model_module_in_the_working_directory(tmp_path, monkeypatch):
         load_function("no_such_models_here:build")
 
 
+# -- the Flower app --------------------------------------------------------------------------------
+@pytest.mark.usefixtures("flower_task_identity")
+def test_text_ids_in_the_flower_app_from_its_run_config(tmp_path):
+    """``--engine flower`` (the ServerApp and the simulation's ClientApps, in process): a run config as
+    Flower hands it over (every key, ``guests = 1`` from pyproject.toml) with e-mail-ID tables and
+    ``align = "psi"``: two guests read from ``data``, the same numbers as the local engine."""
+    import tests.test_flower as tf
+    from fl_split.flower.appconfig import app_config
+    from fl_split.flower.strategy import VerticalSplitStrategy
+
+    keep, inter, _ = _overlap()
+    paths = write_party_tables(tmp_path, keep=keep, id_map=_texts)
+    values = {**app_config(), "defense": "none", "denoise": "none", "data": _spec(paths), "id-column": "ID",
+              "label-column": "Y", "align": "psi", "engine": "flower", "epochs": 1, "batch-size": 64,
+              "seed": SEED, "progress": False, "device": "cpu"}
+    cfg = RunConfig.from_mapping(values)
+    assert cfg.guests == 2
+    got = VerticalSplitStrategy(cfg).run(tf.InlineGrid(tf._simulation_nodes(3), fresh_process=True))
+    ref = tf._local(cfg)
+    assert got["plan"]["n_train"] + got["plan"]["n_test"] == len(inter)
+    assert tf._strip(got) == tf._strip(ref)
+
+
 # -- a Flower deployment ----------------------------------------------------------------------------
 @pytest.mark.usefixtures("flower_task_identity")
 def test_text_ids_between_deployment_nodes(tmp_path):

@@ -17,7 +17,7 @@ nothing but the keys (``tests/test_join_keys.py``).
 
 **The parties** (:func:`data_guests`): ``host`` and ``guest-1`` … ``guest-G`` without gaps; ``--guests``
 is not needed, and one that disagrees, ``--dataset`` with ``--data``, an unknown party name or a gap
-are one-line :class:`~fl_split.errors.ConfigError`\ s (the CLI also refuses such flags given at their
+are one-line :class:`~fl_split.errors.ConfigError` errors (the CLI also refuses such flags given at their
 default values: :func:`check_given_flags`).
 
 **Checks before anything is built** (one line each, naming the party, the file, the row and the
