@@ -201,6 +201,21 @@ def test_composite_key_public_alignment_and_export(tmp_path):
                                id_column="name,birth_date", label_column="Y"))
 
 
+def test_one_table_with_text_ids(tmp_path):
+    """``--data ONE_TABLE --columns …`` keyed by text: every row shared, split by the keys."""
+    ds = load_dataset("breast-cancer")
+    frame = ds.table.copy()
+    frame.insert(0, "customer", [f"C-{i:06d}" for i in ds.ids])  # leading zeros: text, hashed
+    frame["Y"] = ds.labels
+    frame.to_csv(tmp_path / "all.csv", index=False)
+    cols = list(ds.table.columns)
+    prepared = prepare_data(RunConfig(data=str(tmp_path / "all.csv"), id_column="customer", label_column="Y",
+                                      columns=f"host={','.join(cols[:10])};guest-1={','.join(cols[10:])}"))
+    ids = np.concatenate([prepared.train_ids, prepared.test_ids])
+    np.testing.assert_array_equal(np.sort(ids), np.sort([key_of(f"C-{i:06d}") for i in ds.ids]))
+    assert (ids < 0).all() and prepared.parties["guest-1"].x_train.shape[0] == len(prepared.train_ids)
+
+
 def test_text_ids_outside_the_intersection_appear_nowhere(tmp_path, capsys):
     """PSI on e-mail addresses: no ID outside the intersection — as text, as its key (int64 bytes or
     decimal) — in the PSI messages, the results, the run directory, the checkpoints or the console."""
@@ -252,8 +267,9 @@ def test_parties_are_read_from_data_and_contradictions_refused(tmp_path):
     cases = [
         (dict(data=three, guests=3), r"--data: .*no table for guest-3 \(--guests 3; without --guests the parties are "
                                      r"read from --data\)"),
-        (dict(data=three, dataset="credit"), r"--dataset: got 'credit' \(--data trains on your own tables, --dataset on a built-in one; --data-name names "
-                                             r"your data in the results\); allowed: no --dataset with --data"),
+        (dict(data=three, dataset="credit"), r"--dataset: got 'credit' \(--data trains on your own tables, --dataset "
+                                             r"on a built-in one; --data-name names your data in the results\); "
+                                             r"allowed: no --dataset with --data"),
         (dict(data=_spec(_tables(tmp_path, ("host", "guest-1", "guest-3")))),
          r"no table for guest-2: guests are numbered guest-1 … guest-G without gaps \(given: guest-1, guest-3\)"),
         (dict(data=_spec(_tables(tmp_path, ("host", "guest-0")))), r"unknown party 'guest-0'; the parties are host, "),
