@@ -85,13 +85,14 @@ def key_of(text: str) -> int:
 
 
 def keys_of(texts: Sequence[str]) -> np.ndarray:
-    """:func:`key_of` of each text, as int64 (vectorised: the integers by pandas, the hashes in one
-    pass of SHA-256 and numpy's uint64 arithmetic; ``tests/test_join_keys.py`` checks it against
-    :func:`key_of`)."""
+    """:func:`key_of` of each text, as int64, vectorised: the integers found and converted by Arrow's
+    string kernels, the hashes in one pass of SHA-256 and numpy's uint64 arithmetic
+    (``tests/test_join_keys.py`` checks it against :func:`key_of`; ``experiments/bench_ids.py``)."""
     import pandas as pd
 
-    t = pd.Series(np.asarray(texts, dtype=object), dtype=object)
-    out = np.empty(len(t), dtype=np.int64)
+    arr = np.asarray(texts, dtype=object)
+    t = pd.Series(arr, dtype="string[pyarrow]")
+    out = np.empty(len(arr), dtype=np.int64)
     canonical = t.str.fullmatch(_CANONICAL.pattern).to_numpy(dtype=bool, na_value=False)
     short = canonical.copy()
     short[canonical] = t[canonical].str.len().to_numpy() < 19
@@ -100,10 +101,10 @@ def keys_of(texts: Sequence[str]) -> np.ndarray:
     if rest.size:
         long = canonical[rest]
         sha = hashlib.sha256
-        blob = b"".join(sha(DOMAIN + v.encode("utf-8")).digest()[:8] for v in t.iloc[rest[~long]])
+        blob = b"".join(sha(DOMAIN + v.encode("utf-8")).digest()[:8] for v in arr[rest[~long]])
         h = np.frombuffer(blob, dtype=">u8").astype(np.uint64)
         out[rest[~long]] = -(1 + (h % np.uint64(INT63 - 1)).astype(np.int64))
-        out[rest[long]] = [key_of(t.iat[i]) for i in rest[long]]  # 19+ digits: below 2**63 or hashed
+        out[rest[long]] = [key_of(v) for v in arr[rest[long]]]  # 19+ digits: below 2**63 or hashed
     return out
 
 
@@ -195,7 +196,10 @@ def texts(frame: "pd.DataFrame", columns: list[str], where: str, flag: str = "--
         parts.append(t)
     if len(parts) == 1:
         return parts[0]
-    return np.asarray([SEPARATOR.join(row) for row in zip(*parts)], dtype=object)
+    import pandas as pd
+
+    first, *rest = (pd.Series(p, dtype=object) for p in parts)
+    return first.str.cat(rest, sep=SEPARATOR).to_numpy(dtype=object)
 
 
 def shown(text: str) -> str:
