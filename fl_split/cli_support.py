@@ -30,6 +30,10 @@ def config_from_args(ns: argparse.Namespace) -> RunConfig:
             if isinstance(raw, list):  # an appending flag (--data, --encode)
                 raw = ";".join(raw)
             values[name] = raw if isinstance(raw, bool) else coerce(fields[name], raw)
+    if values.get("data"):  # which flags were given matters with --data (--dataset, --guests)
+        from fl_split.data.own import check_given_flags
+
+        check_given_flags(values)
     return RunConfig(**values)
 
 

@@ -102,7 +102,8 @@ class RunConfig:
 
     # --- data and partitioning -------------------------------------------------------------
     dataset: str = _opt("digits", "dataset name (see `fl-split datasets`)", choices=_dataset_names)
-    guests: int = _opt(1, "number of guest parties G (features only)", check=_positive_int,
+    guests: int = _opt(1, "number of guest parties G (features only); with one --data table per party it is read "
+                          "from --data (guest-1 … guest-G)", check=_positive_int,
                        allowed="an integer >= 1 (and at most the dataset's feature columns)")
     host_features: bool = _opt(True, "the host holds feature columns too (off: host = labels + top model only)",
                                flag="no-host-features",
@@ -126,7 +127,9 @@ class RunConfig:
                          "or one table PATH whose columns --columns assigns (docs/datasets.md); empty = --dataset",
                      check=lambda v: isinstance(v, str) and "\n" not in v,
                      allowed="'party=PATH;…' or one PATH")
-    id_column: str = _opt("id", "with --data: the name of every table's ID column (integer IDs)",
+    id_column: str = _opt("id", "with --data: every table's ID column (integers or text, e.g. customer numbers or "
+                                "e-mails), or several joined by commas for a composite key ('name,birth_date'); "
+                                "values match exactly after stripping spaces (docs/datasets.md, \"Join keys\")",
                           check=lambda v: isinstance(v, str) and v.strip() != "", allowed="a column name")
     label_column: str = _opt("label", "with --data: the name of the label column (the host's table only)",
                              check=lambda v: isinstance(v, str) and v.strip() != "", allowed="a column name")
@@ -324,6 +327,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _validate(f, getattr(self, f.name))
+        if self.data:  # one table per party: the guests are read from --data
+            from fl_split.data.own import infer_parties
+
+            infer_parties(self)
         self._check_combinations()
 
     def _check_combinations(self) -> None:

@@ -37,8 +37,11 @@ def _config(manifest: dict):
 def _table(path: str, party: str, id_column: str):
     from fl_split.data.own import _ids, read_table
 
-    frame = read_table(path, f"--data {party}")
-    return _ids(frame, id_column, f"{party} ({Path(path).name})"), frame
+    from fl_split.data.ids import parse_columns
+
+    frame = read_table(path, f"--data {party}", parse_columns(id_column))
+    ids, names = _ids(frame, id_column, f"{party} ({Path(path).name})")
+    return ids, names, frame
 
 
 class _Scorer:
@@ -52,7 +55,8 @@ class _Scorer:
         self.pre = json.loads(self.files["preprocessing.json"])
         if self.pre.get("padded"):
             raise DataError(f"--model: {party}'s part was trained with --padding; predict does not pad yet")
-        self.ids, self.frame = _table(table_path, party, id_column)
+        # names: the party's own key -> ID value mapping (text IDs; None for integer IDs), never sent
+        self.ids, self.names, self.frame = _table(table_path, party, id_column)
 
     def _arch(self):
         from fl_split.builder import _architecture
@@ -229,7 +233,8 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
         released[g], privacy[g] = s.release(shared, budget)
     out_t = host.predict(shared, released)["out"]
     task = host.task_info["task"]
-    frame = {id_column: shared}
+    # the host's own ID values (text IDs: its mapping from keys, fl_split.data.ids), as its table writes them
+    frame = {id_column: np.asarray([host.names.name(k) for k in shared], dtype=object) if host.names else shared}
     if task == "regression":
         mean, sd = host.task_info["target_scale"]
         frame["prediction"] = out_t[:, 0].double().numpy() * sd + mean

@@ -61,11 +61,16 @@ KINDS = ("request", "setup", "response", "shared-ids")
 MAX_PSI_FRAME = 512 * 1024 * 1024
 
 
+#: how to install the PSI library (``--no-deps``: openmined-psi pins a protobuf older than Flower's;
+#: docs/datasets.md, "openmined-psi and protobuf")
+PSI_INSTALL = 'pip install --no-deps "openmined-psi>=2.0.6"'
+
+
 def _psi():
     try:
         import private_set_intersection.python as psi
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise DataError("--align psi needs the openmined-psi package (pip install openmined-psi)") from exc
+    except ImportError as exc:  # a dependency of the optional extra fl-split[psi]
+        raise DataError(f"--align psi needs the openmined-psi package ({PSI_INSTALL})") from exc
     return psi
 
 

@@ -1,6 +1,8 @@
-"""Your own vertical data: one CSV / Parquet table per party (``--data host=PATH --data guest-1=PATH``)
-or one table whose columns ``--columns`` assigns (``--data PATH``), with an ID column
-(``--id-column``) and, at the host only, a label column (``--label-column``).
+"""Your own vertical data: one CSV / Parquet table per party (``--data host=PATH --data guest-1=PATH``,
+the parties read from it: :func:`infer_parties`) or one table whose columns ``--columns`` assigns
+(``--data PATH``), with an ID column or several (``--id-column id`` / ``name,birth_date``: integers
+or text, turned into int64 keys by :mod:`fl_split.data.ids`) and, at the host only, a label column
+(``--label-column``).
 
 The tables go through the same pipeline as a built-in dataset (:mod:`fl_split.data.base`, spec §1,
 §2, §6): each party's rows stay **in its own order**; the parties agree on a shared ID list
@@ -12,11 +14,18 @@ aligns its rows to it and encodes its own raw columns with statistics of its own
 standardised, text categories one-hot, empty cells imputed plus a missing indicator; ``--encode``
 overrides per column). So a table exported from a built-in dataset and run
 under that dataset's name (``--data-name breast-cancer``) trains to the same numbers as the
-dataset itself (``tests/test_own_data.py``).
+dataset itself (``tests/test_own_data.py``); integer IDs are their own keys, so text IDs change
+nothing but the keys (``tests/test_join_keys.py``).
+
+**The parties** (:func:`data_guests`): ``host`` and ``guest-1`` … ``guest-G`` without gaps; ``--guests``
+is not needed, and one that disagrees, ``--dataset`` with ``--data``, an unknown party name or a gap
+are one-line :class:`~fl_split.errors.ConfigError` errors (the CLI also refuses such flags given at their
+default values: :func:`check_given_flags`).
 
 **Checks before anything is built** (one line each, naming the party, the file, the row and the
-column; :class:`~fl_split.errors.DataError`, exit 2): a missing or unreadable file, a missing ID
-column, an empty or non-integer ID (row), duplicate IDs (the IDs and their rows), a feature cell
+column; :class:`~fl_split.errors.DataError`, exit 2): a missing or unreadable file, a CSV that is
+tab- or semicolon-separated, a missing ID column or label column (with the table's close column
+names), an empty ID (row), duplicate IDs (the values and their rows) or two values with one key, a feature cell
 that is not finite, a text cell in a column whose other cells are numbers (most likely a typo) or
 that ``--encode`` declares numeric, an ``--encode`` entry naming no party's column, a label column
 in a guest's table, a host table without labels or with one class, a feature column claimed by two
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from dataclasses import fields as dataclasses_fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,12 +84,98 @@ def parse_data_spec(spec: str) -> dict[str, str] | str:
     return out
 
 
+#: the ``--dataset`` refusal with ``--data`` (RunConfig for a non-default value, the CLI for any given one)
+DATASET_WITH_DATA = dict(allowed="no --dataset with --data",
+                         reason="--data trains on your own tables, --dataset on a built-in one; --data-name "
+                                "names your data in the results")
+
+
+def _guest_number(party: str) -> int | None:
+    """``guest-N`` (N written without leading zeros, from 1) → N; anything else → None."""
+    if party.startswith("guest-") and party[6:].isdigit() and str(int(party[6:])) == party[6:] and int(party[6:]) >= 1:
+        return int(party[6:])
+    return None
+
+
+def data_guests(data: str, guests: int | None = None) -> int | None:
+    """The number of guests G a per-party ``--data`` spec names — ``host`` and ``guest-1`` …
+    ``guest-G`` with no gap — or ``None`` for one table or ``node-tables``. ``guests``: a ``--guests``
+    that was given (the parties then are the run's: an extra or a missing table is named). Every
+    contradiction is one :class:`ConfigError` line naming the flag."""
+    if data.strip() == NODE_TABLES:
+        return None
+    spec = parse_data_spec(data)
+    if isinstance(spec, str):
+        return None
+    for p in spec:
+        if p != "host" and _guest_number(p) is None:
+            raise ConfigError("data", data, ALLOWED, reason=f"unknown party '{p}'; the parties are host, guest-1, "
+                                                            f"guest-2, … (guests numbered from 1)")
+    numbers = sorted(n for n in (_guest_number(p) for p in spec) if n is not None)
+    if guests is not None:
+        parties = ["host", *(f"guest-{i}" for i in range(1, guests + 1))]
+        unknown = [p for p in spec if p not in parties]
+        if unknown:
+            raise ConfigError("data", data, ALLOWED, reason=f"unknown party '{unknown[0]}'; this run's parties are "
+                                                            f"{', '.join(parties)} (--guests {guests}; without "
+                                                            f"--guests the parties are read from --data)")
+        missing = [p for p in parties if p not in spec]
+        if missing:
+            raise ConfigError("data", data, ALLOWED, reason=f"no table for {', '.join(missing)} (--guests {guests}; "
+                                                            f"without --guests the parties are read from --data)")
+        return guests
+    if "host" not in spec:
+        raise ConfigError("data", data, ALLOWED, reason="no table for host (the host's table holds the labels)")
+    if not numbers:
+        raise ConfigError("data", data, ALLOWED, reason="no guest's table (guest-1=PATH …)")
+    gap = next(i for i in range(1, numbers[-1] + 2) if i not in numbers)
+    if gap <= numbers[-1]:
+        raise ConfigError("data", data, ALLOWED, reason=f"no table for guest-{gap}: guests are numbered guest-1 … "
+                                                        f"guest-G without gaps (given: "
+                                                        f"{', '.join(f'guest-{n}' for n in numbers)})")
+    return numbers[-1]
+
+
+def infer_parties(cfg: "RunConfig") -> None:
+    """Called by :class:`~fl_split.config.RunConfig` before its other checks: with one table per party,
+    ``guests`` is the number of guest tables when it has its default (1: a Flower run config always
+    holds the key, so 1 counts as not given there); another value must agree (:func:`data_guests`)."""
+    default = next(f.default for f in dataclasses_fields(cfg) if f.name == "guests")
+    g = data_guests(cfg.data, None if cfg.guests == default else cfg.guests)
+    if g is not None and g != cfg.guests:
+        object.__setattr__(cfg, "guests", g)  # frozen: set once, inside __post_init__
+
+
+def check_given_flags(given: dict[str, Any]) -> None:
+    """The CLI knows which flags were given (``given``: flag name → value): ``--dataset`` with
+    ``--data`` is refused even at its default, and a given ``--guests`` must match the tables even
+    at 1 (:func:`data_guests`)."""
+    data = given.get("data")
+    if not data:
+        return
+    if "dataset" in given:
+        raise ConfigError("dataset", given["dataset"], DATASET_WITH_DATA["allowed"],
+                          reason=DATASET_WITH_DATA["reason"])
+    if "guests" in given and isinstance(given["guests"], int):
+        data_guests(str(data), given["guests"])
+
+
 def check_data_option(cfg: "RunConfig") -> None:
-    """The rules of ``--data`` that need no file (called by :class:`~fl_split.config.RunConfig`)."""
+    """The rules of ``--data`` that need no file (called by :class:`~fl_split.config.RunConfig`, after
+    :func:`infer_parties`)."""
+    from fl_split.data.ids import parse_columns
+
     if cfg.party_files:
         raise ConfigError("party-files", cfg.party_files, "empty with --data",
                           reason="--data reads your tables; --party-files reads exported party files")
-    if cfg.id_column == cfg.label_column:
+    default_dataset = next(f.default for f in dataclasses_fields(cfg) if f.name == "dataset")
+    if cfg.dataset != default_dataset:
+        raise ConfigError("dataset", cfg.dataset, DATASET_WITH_DATA["allowed"], reason=DATASET_WITH_DATA["reason"])
+    id_columns = parse_columns(cfg.id_column)
+    if "" in id_columns or len(set(id_columns)) != len(id_columns):
+        raise ConfigError("id-column", cfg.id_column, "a column name, or several joined by commas (a composite key), "
+                                                      "each once")
+    if cfg.label_column in id_columns:
         raise ConfigError("label-column", cfg.label_column, f"a column other than --id-column {cfg.id_column!r}")
     if cfg.data.strip() == NODE_TABLES:
         for key, value in (("columns", cfg.columns), ("padding", cfg.padding), ("one-shot", cfg.one_shot)):
@@ -99,13 +195,7 @@ def check_data_option(cfg: "RunConfig") -> None:
                               reason="one table already holds every party's rows under one ID; PSI aligns "
                                      "separate tables (--data host=PATH --data guest-1=PATH …)")
         return
-    unknown = [p for p in spec if p not in cfg.parties]
-    if unknown:
-        raise ConfigError("data", cfg.data, ALLOWED, reason=f"unknown party '{unknown[0]}'; this run's parties are "
-                                                            f"{', '.join(cfg.parties)} (--guests {cfg.guests})")
-    missing = [p for p in cfg.parties if p not in spec]
-    if missing:
-        raise ConfigError("data", cfg.data, ALLOWED, reason=f"no table for {', '.join(missing)}")
+    data_guests(cfg.data, cfg.guests)  # (inferred or agreeing: an extra or missing table named)
     if cfg.columns:
         raise ConfigError("columns", cfg.columns, "empty with one table per party",
                           reason="each party's table holds its own columns; --columns assigns the columns of one "
@@ -113,7 +203,12 @@ def check_data_option(cfg: "RunConfig") -> None:
 
 
 # -- reading and checking one table ------------------------------------------------------------
-def read_table(path: str, who: str) -> "pd.DataFrame":
+def read_table(path: str, who: str, id_columns: tuple[str, ...] | list[str] = ()) -> "pd.DataFrame":
+    """``path`` as a DataFrame. In a CSV the ID columns are read as text, exactly as written (``007``
+    stays ``007``, ``NA`` is an ID, only an empty cell is missing; :mod:`fl_split.data.ids`); a
+    Parquet file's columns keep their types. A CSV parsed into one column whose header holds a tab or
+    ``;`` is refused with a hint: fl-split reads comma-separated ``.csv`` (a semicolon file usually
+    writes decimal commas too, which no guess of the delimiter would read right)."""
     import pandas as pd
 
     p = Path(path).expanduser()
@@ -121,13 +216,27 @@ def read_table(path: str, who: str) -> "pd.DataFrame":
         raise DataError(f"{who}: --data file {str(p)!r} does not exist")
     try:
         if p.suffix.lower() == ".csv":
-            return pd.read_csv(p, low_memory=False)
-        return pd.read_parquet(p)
+            frame = pd.read_csv(p, low_memory=False, dtype={c: str for c in id_columns})
+            blank = [c for c in id_columns if c in frame.columns and frame[c].isna().any()]
+            if blank:  # pandas' NA words ("NA", "null", …) are IDs here: only an empty cell is missing
+                raw = pd.read_csv(p, usecols=blank, dtype=str, keep_default_na=False, low_memory=False)
+                for c in blank:
+                    frame[c] = raw[c].where(raw[c].str.strip() != "", None)
+        else:
+            frame = pd.read_parquet(p)
     except ImportError:
         raise DataError(f"{who}: reading {p.name} needs the pyarrow package") from None
     except Exception as exc:  # noqa: BLE001 - whatever the file holds, the answer is a DataError
         raise DataError(f"{who}: {p}: not a readable {p.suffix.lstrip('.')} table ({type(exc).__name__}: "
                         f"{str(exc)[:200]})") from None
+    if p.suffix.lower() == ".csv" and len(frame.columns) == 1:
+        head = str(frame.columns[0])
+        for sep, name in (("\t", "tab"), (";", "semicolon")):
+            if sep in head:
+                raise DataError(f"{who}: {p.name} looks {name}-separated (its header {head[:60]!r} is one column); "
+                                f"fl-split reads comma-separated .csv: convert it (e.g. pandas.read_csv(path, "
+                                f"sep={sep!r}).to_csv(new_path, index=False)) or save it as .parquet")
+    return frame
 
 
 def _rows(mask: np.ndarray) -> str:
@@ -135,29 +244,31 @@ def _rows(mask: np.ndarray) -> str:
     return ", ".join(str(r) for r in rows) + (" …" if int(mask.sum()) > 5 else "")
 
 
-def _ids(frame: "pd.DataFrame", col: str, where: str) -> np.ndarray:
-    import pandas as pd
+def _missing_column(frame: "pd.DataFrame", col: str, where: str, what: str, flag: str) -> DataError:
+    """``where: no <what> column 'x' (--flag)``, with the table's close column names (difflib) or its first."""
+    import difflib
 
-    if col not in frame.columns:
-        shown = ", ".join(repr(str(c)) for c in list(frame.columns)[:8])
-        raise DataError(f"{where}: no ID column {col!r} (--id-column); its columns are {shown}"
-                        f"{' …' if len(frame.columns) > 8 else ''}")
-    raw = frame[col]
-    missing = raw.isna().to_numpy()
-    if missing.any():
-        raise DataError(f"{where}: row {_rows(missing)}, column {col!r}: missing ID (rows count from 1 after the header)")
-    num = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    bad = ~np.isfinite(num) | (num != np.round(num))
-    if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        raise DataError(f"{where}: row {r + 1}, column {col!r}: {str(raw.iloc[r])[:40]!r} is not an integer ID")
-    ids = pd.to_numeric(raw).to_numpy().astype(np.int64)
-    uniq, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
-    if (counts > 1).any():
-        dup = uniq[counts > 1][:3]
-        rows = "; ".join(f"ID {d} in rows {_rows(ids == d)}" for d in dup)
-        raise DataError(f"{where}: duplicate IDs in column {col!r} ({rows}); each row needs its own ID")
-    return ids
+    names = [str(c) for c in frame.columns]
+    close = difflib.get_close_matches(col, names, n=3, cutoff=0.6) or [
+        c for c in names if c.lower() == col.lower() or col.lower() in c.lower()][:3]
+    if close:
+        hint = "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    else:
+        hint = "its columns are " + ", ".join(repr(c) for c in names[:8]) + (" …" if len(names) > 8 else "")
+    return DataError(f"{where}: no {what} column {col!r} ({flag}); {hint}")
+
+
+def _ids(frame: "pd.DataFrame", col: str, where: str) -> "tuple[np.ndarray, IdNames | None]":
+    """Each row's int64 key from its ID column(s) (``--id-column id`` or ``name,birth_date``) and the
+    party's own key → value mapping (:mod:`fl_split.data.ids`: integers are their own keys, any other
+    value is hashed to a negative key)."""
+    from fl_split.data.ids import parse_columns, table_keys
+
+    cols = parse_columns(col)
+    for c in cols:
+        if c not in frame.columns:
+            raise _missing_column(frame, c, where, "ID", "--id-column")
+    return table_keys(frame, cols, where)
 
 
 def _features(frame: "pd.DataFrame", cols: list[str], where: str,
@@ -230,23 +341,26 @@ def _targets(raw: "pd.Series", where: str, col: str) -> np.ndarray:
 
 
 def _table_parts(frame: "pd.DataFrame", cfg: "RunConfig", where: str, with_labels: bool):
-    ids = _ids(frame, cfg.id_column, where)
-    cols = [str(c) for c in frame.columns if c not in (cfg.id_column, cfg.label_column)]
-    if len(set(cols)) != len(cols):
-        raise DataError(f"{where}: a column name appears twice")
-    feats = _features(frame, [c for c in frame.columns if c not in (cfg.id_column, cfg.label_column)], where,
-                      _kinds(cfg))
-    feats.columns = cols
+    from fl_split.data.ids import parse_columns
+
+    ids, names = _ids(frame, cfg.id_column, where)
+    # the label column before the features: a misspelt --label-column is named as such, not as a
+    # feature column that is not a number
     labels = None
     if with_labels:
         if cfg.label_column not in frame.columns:
-            raise DataError(f"{where}: no label column {cfg.label_column!r} (--label-column); the host's table holds "
-                            f"the labels")
+            raise _missing_column(frame, cfg.label_column, where, "label", "--label-column")
         labels = frame[cfg.label_column]
     elif cfg.label_column in frame.columns:
         raise DataError(f"{where}: has the label column {cfg.label_column!r}; labels belong to the host's table only "
                         f"(drop the column from this party's table)")
-    return ids, feats, labels
+    skip = {*parse_columns(cfg.id_column), cfg.label_column}
+    cols = [str(c) for c in frame.columns if c not in skip]
+    if len(set(cols)) != len(cols):
+        raise DataError(f"{where}: a column name appears twice")
+    feats = _features(frame, [c for c in frame.columns if c not in skip], where, _kinds(cfg))
+    feats.columns = cols
+    return ids, feats, labels, names
 
 
 def _kinds(cfg: "RunConfig") -> dict[str, str]:
@@ -277,6 +391,9 @@ class OwnTable:
     where: str
     slice: "PartySlice"
     raw_labels: Any = None
+    #: the party's own key → ID value mapping (:class:`fl_split.data.ids.IdNames`; ``None`` when every
+    #: ID is an integer, its own key): for this party's messages only, never sent
+    names: Any = None
 
 
 def read_own_table(cfg: "RunConfig", party: str, path: str) -> OwnTable:
@@ -286,7 +403,10 @@ def read_own_table(cfg: "RunConfig", party: str, path: str) -> OwnTable:
     from fl_split.data.encoding import ColumnEncoder
 
     where = f"{party} ({Path(path).name})"
-    ids, feats, lab = _table_parts(read_table(path, party), cfg, where, with_labels=party == "host")
+    from fl_split.data.ids import parse_columns
+
+    frame = read_table(path, party, parse_columns(cfg.id_column))
+    ids, feats, lab, names = _table_parts(frame, cfg, where, with_labels=party == "host")
     kinds = _kinds(cfg)
     cols = [c for c in feats.columns if kinds.get(c) != "drop"]  # the columns it encodes
     if party == "host":
@@ -300,7 +420,8 @@ def read_own_table(cfg: "RunConfig", party: str, path: str) -> OwnTable:
                         f"{' (--encode drops the others)' if len(feats.columns) else ''}")
     encoder = ColumnEncoder({c: k for c, k in kinds.items() if c in feats.columns}, where=where)
     return OwnTable(party, where, PartySlice(party=party, ids=ids, columns=list(feats.columns),
-                                             table=feats if cols else None, encoder=encoder), lab)
+                                             table=feats if cols else None, encoder=encoder), lab,
+                    names)
 
 
 def check_column_owner(owner: dict[str, str], where: str, party: str, columns: list[str]) -> None:
@@ -320,7 +441,9 @@ def check_public(table: OwnTable, shared: np.ndarray) -> None:
     try:
         positions_of(table.slice.ids, shared, who=table.where)
     except DataError as exc:
-        raise DataError(f"{exc} (with --align public every guest holds each of the host's IDs; --align psi "
+        # the missing IDs are the host's, which this guest knows as keys only: a hashed one is shown as its key
+        hashed = " (negative numbers: the keys of text IDs, fl_split.data.ids)" if (shared < 0).any() else ""
+        raise DataError(f"{exc}{hashed} (with --align public every guest holds each of the host's IDs; --align psi "
                         f"trains on the intersection)") from None
 
 
@@ -388,7 +511,10 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
     spec = parse_data_spec(cfg.data)
     if isinstance(spec, str):  # one table: every column belongs to one party (--columns or contiguous blocks)
         where = f"--data {Path(spec).name}"
-        ids, feats, raw_labels = _table_parts(read_table(spec, "--data"), cfg, where, with_labels=True)
+        from fl_split.data.ids import parse_columns
+
+        frame = read_table(spec, "--data", parse_columns(cfg.id_column))
+        ids, feats, raw_labels, _names = _table_parts(frame, cfg, where, with_labels=True)
         if _is_target(raw_labels, cfg, where):
             task, labels, classes = "regression", _targets(raw_labels, where, cfg.label_column), [None]
         else:

@@ -24,6 +24,8 @@ wrong or the activation applied twice.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 
 from torch import nn
@@ -62,16 +64,38 @@ class ModelSpec:
     metric: str | None
 
 
+def _import(module_name: str):
+    """Import ``module_name``; a top-level module that is not on the import path but sits in the
+    working directory (``my_models.py`` or a package ``my_models/``) is imported from there, as
+    ``python -m`` would: the working directory is put on ``sys.path`` (first; kept, so the parties'
+    Flower workers, which inherit this process's path, find it too)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        top = module_name.split(".")[0]
+        cwd = os.getcwd()
+        here = os.path.isfile(os.path.join(cwd, f"{top}.py")) or os.path.isdir(os.path.join(cwd, top))
+        if e.name != top or not here or cwd in sys.path or "" in sys.path:
+            raise
+    sys.path.insert(0, cwd)
+    importlib.invalidate_caches()
+    return importlib.import_module(module_name)
+
+
 def load_function(value: str):
     """The callable named by ``value`` (``package.module:function``), or a ConfigError naming ``--model``."""
     if not is_user_model(value):
         raise ConfigError("model", value, ALLOWED)
     module_name, attr = value.split(":")
     try:
-        obj = importlib.import_module(module_name)
+        obj = _import(module_name)
     except Exception as e:  # ImportError, or an error raised while importing the user's module
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and e.name == module_name.split(".")[0]:
+            hint = (f" (neither on the import path nor in the working directory {os.getcwd()}: put its directory "
+                    f"on PYTHONPATH, e.g. PYTHONPATH=/path/to/dir)")
         raise ConfigError("model", value, ALLOWED,
-                          reason=f"cannot import module '{module_name}': {type(e).__name__}: {e}") from None
+                          reason=f"cannot import module '{module_name}': {type(e).__name__}: {e}{hint}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError("model", value, ALLOWED, reason=f"module '{module_name}' has no '{attr}'")
