@@ -190,6 +190,33 @@ def canonical_event(ev: dpe.DpEvent) -> dpe.DpEvent:
     return ev
 
 
+def noisier_event(ev: Any, factor: float) -> dpe.DpEvent:
+    """The event of the same release with ``factor``× its noise: what a ledger would charge if it
+    believed the noise ``factor`` times larger (the audit's deliberate mis-accounting,
+    :class:`~fl_split.privacy.audit.MisAccounted`). Gaussian and Laplace multipliers grow by
+    ``factor``, a discrete Laplace parameter ``a = 1/t`` shrinks by it, a randomized response's (and
+    a pure event's) epsilon shrinks by it; compositions and sampling are kept."""
+    f = float(factor)
+    if isinstance(ev, (dpe.GaussianDpEvent, dpe.LaplaceDpEvent)):
+        return type(ev)(noise_multiplier=float(ev.noise_multiplier) * f)
+    if isinstance(ev, dpe.DiscreteLaplaceDpEvent):
+        return dpe.DiscreteLaplaceDpEvent(noise_parameter=float(ev.noise_parameter) / f, sensitivity=ev.sensitivity)
+    if isinstance(ev, dpe.RandomizedResponseDpEvent) and int(ev.num_buckets) == 2 and ev.noise_parameter > 0:
+        eta = float(ev.noise_parameter)
+        return dpe.RandomizedResponseDpEvent(noise_parameter=rr_noise(math.log((2.0 - eta) / eta) / f), num_buckets=2)
+    if is_epsilon_delta(ev):
+        return EpsilonDeltaDpEvent(float(ev.epsilon) / f, float(ev.delta))
+    if isinstance(ev, dpe.ComposedDpEvent):
+        return dpe.ComposedDpEvent([noisier_event(e, f) for e in ev.events])
+    if isinstance(ev, dpe.SelfComposedDpEvent):
+        return dpe.SelfComposedDpEvent(noisier_event(ev.event, f), ev.count)
+    if isinstance(ev, dpe.PoissonSampledDpEvent):
+        return dpe.PoissonSampledDpEvent(ev.sampling_probability, noisier_event(ev.event, f))
+    if isinstance(ev, dpe.NoOpDpEvent):
+        return ev
+    raise ValueError(f"noisier_event: cannot rescale the noise of {describe_event(ev)}")
+
+
 def contains(ev: Any, pred) -> bool:
     """Whether ``ev`` or one of its nested events satisfies ``pred``."""
     if pred(ev):
