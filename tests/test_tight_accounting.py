@@ -91,6 +91,22 @@ def test_64_wide_laplace_eps4_five_epochs_is_tight():
     assert rep["epsilons"]["rdp"] is None  # dp_accounting has no RDP of discrete Laplace
 
 
+def test_elements_below_the_pld_interval_are_composed_without_rounding_each():
+    """A wide release whose per-element loss (0.5/256 ≈ 0.002) is comparable to the ledger's PLD
+    interval (1e-4): rounding each of the 512 element losses up would add up to 0.05 (a third of ε);
+    the ledger composes the elements on their exact loss grid and rounds once per release. The
+    independent value uses dp_accounting at a 100× finer interval (bias ≤ 512·1e-6)."""
+    m = Laplace(256, "forward", 1.0, epsilon=0.5)
+    rep = charged(m.cost(), epochs=2).report()
+    bounds = []
+    for pess in (False, True):
+        one = pld.from_discrete_laplace_mechanism(1.0 / m.t, sensitivity=2 * m.units, value_discretization_interval=1e-6,
+                                                  pessimistic_estimate=pess)
+        bounds.append(float(one.self_compose(2 * 256).get_epsilon_for_delta(DELTA)))
+    assert_tight(rep["epsilon"], *bounds)
+    assert rep["epsilon"] <= bounds[1] + 2 * 1e-4  # at most one ledger interval per release above
+
+
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_r3elu_laplace_part_is_tight(direction):
     """R3eLU's Laplace part alone (charged at ε_l) and composed with its randomized-response part:
