@@ -19,21 +19,16 @@ from __future__ import annotations
 
 import json
 
+import dp_accounting as dpa
 import pytest
 
 from fl_split.cli import main
 from fl_split.privacy import audit
-from fl_split.privacy.events import noisier_event
-from fl_split.seeding import PartySecret, PrivateSeed
-
-import dp_accounting as dpa
+from fl_split.privacy.accountants import event_pure_epsilon
+from fl_split.privacy.events import noisier_event, pure_dp_event
 
 DELTA = 1e-5
 SEED = "5" * 32
-
-
-def secret(tag: str) -> PartySecret:
-    return PartySecret.from_private_seed(PrivateSeed.legacy(20261126), f"audit-power-{tag}")
 
 
 def _audit(tmp_path, argv):
@@ -79,9 +74,6 @@ def test_noisier_event_is_the_claim_of_the_noisier_mechanism():
     assert g == dpa.GaussianDpEvent(1.0)
     lap = noisier_event(dpa.SelfComposedDpEvent(dpa.dp_event.DiscreteLaplaceDpEvent(0.01, 40), 64), 2.0)
     assert lap.count == 64 and lap.event.noise_parameter == pytest.approx(0.005) and lap.event.sensitivity == 40
-    from fl_split.privacy.events import pure_dp_event
-    from fl_split.privacy.accountants import event_pure_epsilon
-
     rr = noisier_event(dpa.ComposedDpEvent([pure_dp_event(1.2), dpa.LaplaceDpEvent(3.0)]), 3.0)
     assert event_pure_epsilon(rr.events[0]) == pytest.approx(0.4) and rr.events[1].noise_multiplier == 9.0
 
