@@ -66,7 +66,8 @@ def _cell(x) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=200000, help="trials per record of a boundary mechanism")
-    ap.add_argument("--dpsgd-trials", type=int, default=4000, help="trials per record of DP-SGD (one Opacus step each)")
+    ap.add_argument("--dpsgd-trials", type=int, default=40000,
+                    help="trials per record of DP-SGD (1024 canaries per Opacus step)")
     ap.add_argument("--quick", action="store_true", help="10x fewer trials")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--reuse", action="store_true", help="keep the JSON of a command already in --out (run the rest)")

@@ -1041,19 +1041,22 @@ def test_discrete_laplace_sampler_slack_is_added_to_the_pld():
 
 def test_the_laplace_mechanisms_cost_goes_through_the_ledger():
     """The Laplace mechanism's own cost (discrete Laplace on a grid, with its sampler slack) is
-    accounted by basic, paper and pld, not by rdp; its epsilon is the requested one."""
+    accounted by basic, paper and pld, not by rdp; its epsilon is the requested one. Its event is
+    the per-element worst case (issue 26): 16 discrete Laplace events of sensitivity 2M, so the PLD
+    is that of 16 × 10 continuous Laplace releases of ε 2/16 (noise multiplier 8)."""
     from fl_split.privacy.mechanisms import Laplace
 
     cost = Laplace(16, "forward", 1.0, epsilon=2.0).cost()
-    assert type(cost.dp_event).__name__ == "DiscreteLaplaceDpEvent" and cost.epsilon == pytest.approx(2.0)
+    assert type(cost.dp_event).__name__ == "SelfComposedDpEvent" and cost.dp_event.count == 16
+    assert type(cost.dp_event.event).__name__ == "DiscreteLaplaceDpEvent" and cost.epsilon == pytest.approx(2.0)
     led = Ledger("guest-1", accountant="pld")
     epochs(led, cost, n_records=20, batch=10, n_epochs=10, rate=0.5)
     rep = led.report()
     assert rep["epsilons"]["basic"] == pytest.approx(20.0)
     assert rep["epsilons"]["paper"] == pytest.approx(paper_epsilon(2.0, 20, DELTA, gamma=0.5))
     assert rep["epsilons"]["rdp"] is None
-    continuous = direct_pld([(dpa.LaplaceDpEvent(0.5), 10)], interval=2e-4)
-    assert continuous - 0.01 <= rep["epsilon"] <= continuous + 0.05 and rep["epsilon"] < 20.0
+    continuous = direct_pld([(dpa.LaplaceDpEvent(8.0), 160)], interval=2e-4)
+    assert continuous - 0.01 <= rep["epsilon"] <= continuous * 1.03 and rep["epsilon"] < 20.0
 
 
 def test_a_refused_new_kind_of_release_leaves_nothing_behind():

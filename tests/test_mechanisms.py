@@ -343,13 +343,16 @@ def test_laplace_calibration_per_record_includes_the_grid():
     assert m.epsilon_bound == pytest.approx(1.0, rel=1e-8)
     cost = m.cost()
     assert cost.mechanism == "laplace" and cost.epsilon == 1.0
-    ev = cost.dp_event
+    # per-element clipping: the worst pair moves all 64 elements by 2M = 40 steps (issue 26)
+    assert isinstance(cost.dp_event, dp_accounting.SelfComposedDpEvent) and cost.dp_event.count == 64
+    ev = cost.dp_event.event
     assert isinstance(ev, dp_accounting.dp_event.DiscreteLaplaceDpEvent)
-    assert ev.sensitivity == 2560 and ev.noise_parameter == pytest.approx(1 / m.t)
+    assert ev.sensitivity == 40 and ev.noise_parameter == pytest.approx(1 / m.t)
     assert dict(cost.params)["sampler_slack"] == pytest.approx(64 * m.t * 2.0 ** -46)
-    # independent: dp_accounting's PLD of that discrete Laplace is pure Δ/t = 1 − slack
-    eps = pld.from_discrete_laplace_mechanism(ev.noise_parameter, sensitivity=ev.sensitivity).get_epsilon_for_delta(0.0)
-    assert eps == pytest.approx(1.0, abs=1e-3)
+    # independent: dp_accounting's PLD of one such event is pure 2M/t, 64 of them 1 − slack
+    eps = pld.from_discrete_laplace_mechanism(ev.noise_parameter, sensitivity=ev.sensitivity,
+                                              value_discretization_interval=1e-6).get_epsilon_for_delta(0.0)
+    assert 64 * eps == pytest.approx(1.0, abs=1e-3)
     # a clip bound that is not a multiple of the grid: the sensitivity is counted in whole steps and
     # b absorbs the rounding (here γ = 1/16, M = round(116.8) = 117 steps: b is 0.17% larger)
     m3 = Laplace(10, "forward", 7.3, epsilon=2.0)
@@ -671,13 +674,17 @@ def test_r3elu_cost_is_pure_epsilon():
     cost = m.cost()
     assert cost.epsilon == 1.0 and cost.sensitivity_l1 == 640.0
     rr, lap = cost.dp_event.events
-    assert isinstance(lap, dp_accounting.dp_event.DiscreteLaplaceDpEvent)
-    assert lap.sensitivity * lap.noise_parameter == pytest.approx(0.5, rel=1e-6)  # Δ/t = ε_l − slack
-    assert lap.sensitivity * lap.noise_parameter + dict(cost.params)["sampler_slack"] <= 0.5
+    # the Laplace part's worst pair: 2K = 64 elements each moved by M = 20 steps (issue 26)
+    assert isinstance(lap, dp_accounting.SelfComposedDpEvent) and lap.count == 64
+    lap = lap.event
+    assert isinstance(lap, dp_accounting.dp_event.DiscreteLaplaceDpEvent) and lap.sensitivity == 20
+    assert 64 * lap.sensitivity * lap.noise_parameter == pytest.approx(0.5, rel=1e-6)  # Δ/t = ε_l − slack
+    assert 64 * lap.sensitivity * lap.noise_parameter + dict(cost.params)["sampler_slack"] <= 0.5
     assert 1 - rr.noise_parameter / 2 == pytest.approx(math.exp(0.5) / (1 + math.exp(0.5)))
     total = pld.from_randomized_response(rr.noise_parameter, 2, neighboring_relation=REPLACE_ONE).compose(
-        pld.from_discrete_laplace_mechanism(lap.noise_parameter, sensitivity=lap.sensitivity))
-    assert total.get_epsilon_for_delta(1e-6) == pytest.approx(1.0, abs=0.01)
+        pld.from_discrete_laplace_mechanism(lap.noise_parameter, sensitivity=lap.sensitivity).self_compose(64))
+    # pure 1.0, but at δ = 1e-6 the 64 Laplace elements compose: above the RR part's 0.5, below 1
+    assert 0.5 < total.get_epsilon_for_delta(1e-6) < 0.9
     # importance allocations charge the ε_l-DP event that dominates whatever U is
     imp = R3eLU(64, "forward", 1.0, 10.0, allocation="importance").cost()
     assert imp.epsilon == 1.0 and isinstance(imp.dp_event.events[1], dp_accounting.RandomizedResponseDpEvent)

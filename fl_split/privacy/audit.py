@@ -90,6 +90,28 @@ def epsilon_lower_bound(fp: int, n0: int, fn: int, n1: int, delta: float, alpha:
             "false_positives": int(fp), "false_negatives": int(fn), "n0": int(n0), "n1": int(n1)}
 
 
+def _eps_from_rates_vec(fpr: np.ndarray, fnr: np.ndarray, delta: float) -> np.ndarray:
+    """:func:`_eps_from_rates` for arrays of rates (one per threshold)."""
+    best = np.zeros(np.broadcast(fpr, fnr).shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for a, b in ((fnr, fpr), (fpr, fnr)):
+            num = 1.0 - delta - a
+            val = np.where(b > 0, np.log(np.where(num > 0, num, 1.0) / np.where(b > 0, b, 1.0)), np.inf)
+            best = np.maximum(best, np.where(num > 0, val, 0.0))
+    return best
+
+
+def lower_bounds(fp: np.ndarray, n0: int, fn: np.ndarray, n1: int, delta: float, alpha: float) -> np.ndarray:
+    """The ``lower`` of :func:`epsilon_lower_bound` for many tests at once (arrays of error counts)."""
+    from scipy.stats import beta
+
+    fp, fn = np.asarray(fp, dtype=np.float64), np.asarray(fn, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        hi0 = np.where(fp >= n0, 1.0, beta.ppf(1 - alpha / 2, fp + 1, np.maximum(n0 - fp, 1)))
+        hi1 = np.where(fn >= n1, 1.0, beta.ppf(1 - alpha / 2, fn + 1, np.maximum(n1 - fn, 1)))
+    return _eps_from_rates_vec(hi0, hi1, delta)
+
+
 def _errors(s0: np.ndarray, s1: np.ndarray, taus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Errors of the tests "guess 1 iff statistic ≥ τ" for every τ: (false positives, false negatives)."""
     s0, s1 = np.sort(s0), np.sort(s1)
@@ -109,12 +131,8 @@ def choose_threshold(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float,
     all_vals = np.unique(np.concatenate([s0, s1]))
     vals = np.unique(np.concatenate([vals, all_vals[:64], all_vals[-64:]]))
     fp, fn = _errors(s0, s1, vals)
-    best, best_tau = -1.0, float(vals[0])
-    for tau, a, b in zip(vals, fp, fn):
-        e = epsilon_lower_bound(int(a), len(s0), int(b), len(s1), delta, alpha)["lower"]
-        if e > best:
-            best, best_tau = e, float(tau)
-    return best_tau
+    lows = lower_bounds(fp, len(s0), fn, len(s1), delta, alpha)
+    return float(vals[int(np.argmax(lows))])  # the first (smallest) threshold of the largest bound
 
 
 def audit_statistics(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float) -> dict[str, Any]:
@@ -256,8 +274,12 @@ def log_likelihood_ratio(mech: Mechanism, y: torch.Tensor, x0: torch.Tensor, x1:
 
 # -- a deliberately mis-accounted mechanism (the audit's own test) -------------------------------
 class MisAccounted(Mechanism):
-    """The mechanism ``inner`` whose ledger cost claims ``1/factor`` of its epsilon: a deliberate
-    accounting bug the audit must flag (``--mis-account``). Releases are ``inner``'s."""
+    """The mechanism ``inner`` whose ledger cost is accounted as if its noise were ``factor`` times
+    larger (a deliberately 2×-under-noised mechanism for ``factor = 2``): a deliberate accounting bug
+    the audit must flag (``--mis-account``). Releases are ``inner``'s; the cost is ``inner``'s event
+    through :func:`~fl_split.privacy.events.noisier_event` (Gaussian / Laplace multipliers × factor,
+    a randomized response's or pure event's ε ÷ factor), the stated pure ε ÷ factor. Since the
+    events are tight (issue 26), this is the claim of the same mechanism at ``factor``× the noise."""
 
     def __init__(self, inner: Mechanism, factor: float) -> None:
         if not (isinstance(factor, (int, float)) and factor > 1):
@@ -278,16 +300,11 @@ class MisAccounted(Mechanism):
         return {**self.inner.describe(), "mis_accounted_factor": self.factor}
 
     def privacy_cost(self) -> PrivacyCost:
-        import dp_accounting
-
-        from fl_split.privacy.events import pure_dp_event
+        from fl_split.privacy.events import noisier_event
 
         real = self.inner.cost()
-        if real.epsilon is not None:
-            eps = float(real.epsilon) / self.factor
-            return PrivacyCost(real.mechanism, pure_dp_event(eps), epsilon=eps, params=(("mis_accounted", self.factor),))
-        z = float(real.dp_event.noise_multiplier) * self.factor
-        return PrivacyCost(real.mechanism, dp_accounting.GaussianDpEvent(noise_multiplier=z), epsilon=None,
+        eps = None if real.epsilon is None else float(real.epsilon) / self.factor
+        return PrivacyCost(real.mechanism, noisier_event(real.dp_event, self.factor), epsilon=eps,
                            params=(("mis_accounted", self.factor),))
 
 
@@ -379,17 +396,28 @@ def audit_mechanism(mechs: list[Mechanism], trials: int, secret, *, delta: float
     return AuditResult(label, len(mechs), trials // 2, claimed, stats, describe=mechs[0].describe())
 
 
-def audit_dpsgd(noise_multiplier: float, max_grad_norm: float, trials: int, secret, *, releases: int = 1,
-                delta: float, alpha: float, width: int = 2, batch: int = 4, label: str = "dpsgd",
-                progress: Callable[[int], None] | None = None) -> AuditResult:
-    """DP-SGD through :class:`~fl_split.local_update.DpSgdUpdate` (Opacus), with a gradient canary.
+#: DP-SGD canaries audited in one step (each on its own coordinate: independent trials)
+DPSGD_CANARIES_PER_STEP = 1024
 
-    The model is ``Linear(width, 1, bias=False)``; a batch of ``batch`` records whose first has input
-    ``±10·max_grad_norm·e₁`` and the others input 0. The guest path backpropagates a received
-    gradient of 1 per sample, so the canary's per-sample gradient is ``±10·C·e₁·batch`` (Opacus
-    scales by the batch for ``loss_reduction="mean"``), clipped to ``±C·e₁``, the others' are 0: the
-    replace-one neighbours at distance ``2C``. Each trial runs ``releases`` steps with SGD (lr 1) and
-    the statistic is ``−Σ Δθ₁`` (the sufficient statistic of the Gaussian shift along ``e₁``).
+
+def audit_dpsgd(noise_multiplier: float, max_grad_norm: float, trials: int, secret, *, releases: int = 1,
+                delta: float, alpha: float, width: int = 2, batch: int = DPSGD_CANARIES_PER_STEP,
+                label: str = "dpsgd", mis_account: float | None = None,
+                progress: Callable[[int], None] | None = None) -> AuditResult:
+    """DP-SGD through :class:`~fl_split.local_update.DpSgdUpdate` (Opacus), with gradient canaries.
+
+    Many canaries per step (issue 26; Steinke, Nasr & Jagielski 2023 audit many canaries in one
+    run): the model is ``Linear(T, 1, bias=False)`` and a step's batch holds ``T`` records (``T`` =
+    ``batch``, default :data:`DPSGD_CANARIES_PER_STEP`, or ``trials`` if smaller), record ``i`` with input
+    ``±10·C·e_i``. The guest path backpropagates a received gradient of 1 per sample, so record
+    ``i``'s per-sample gradient is ``±10·C·T·e_i`` (Opacus scales by the batch for
+    ``loss_reduction="mean"``), clipped to ``±C·e_i``: the replace-one neighbours at distance ``2C``
+    along their own coordinate. Opacus adds independent ``N(0, σ²C²)`` noise per coordinate, so the
+    ``T`` coordinates of one step are ``T`` independent trials of the same Gaussian pair (the other
+    canaries add nothing to coordinate ``i``). Each trial runs ``releases`` steps with SGD (lr 1) and
+    its statistic is ``−Σ Δθ_i`` (the sufficient statistic of the Gaussian shift along ``e_i``).
+    ``width`` is kept for the interface (the canaries set it). ``mis_account``:
+    the claim of a ``factor``× noisier DP-SGD (:class:`MisAccounted`'s reading).
     """
     from torch import nn
 
@@ -397,32 +425,46 @@ def audit_dpsgd(noise_multiplier: float, max_grad_norm: float, trials: int, secr
 
     if trials < 4:
         raise ValueError(f"audit trials {trials!r}; allowed: an integer >= 4")
+    per_step = max(1, min(int(trials), int(batch)))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = nn.Linear(width, 1, bias=False)
+        model = nn.Linear(per_step, 1, bias=False)
     upd = DpSgdUpdate([model], OptimizerSettings(name="sgd", lr=1.0), noise_multiplier, max_grad_norm,
-                      expected_batch_size=batch)
+                      expected_batch_size=per_step)
     module = upd.modules[0]
     weight = next(module.parameters())
     stats = {}
     for b, sign in ((0, -1.0), (1, 1.0)):
-        x = torch.zeros(batch, width)
-        x[0, 0] = sign * 10.0 * max_grad_norm
-        s = np.zeros(trials)
-        for i in range(trials):
+        x = sign * 10.0 * max_grad_norm * torch.eye(per_step)
+        chunks, done, i = [], 0, 0
+        while done < trials:
+            s = torch.zeros(per_step, dtype=torch.float64)
             for j in range(releases):
-                before = float(weight.detach()[0, 0])
+                before = weight.detach()[0].double().clone()
                 upd.zero_grad()
-                upd.backward(module(x), torch.ones(batch, 1))
+                upd.backward(module(x), torch.ones(per_step, 1))
                 upd.step(secret.torch_generator("audit", label, b, i, j))
-                s[i] -= float(weight.detach()[0, 0]) - before
-            if progress is not None and (i + 1) % 256 == 0:
-                progress(256)
-        stats[b] = s
+                s -= weight.detach()[0].double() - before
+            take = min(per_step, trials - done)
+            chunks.append(s[:take].numpy())
+            done += take
+            i += 1
+            if progress is not None:
+                progress(take)
+        stats[b] = np.concatenate(chunks)
     res = audit_statistics(stats[0], stats[1], delta, alpha)
-    claimed = claimed_epsilons([upd.cost()] * releases, delta, "update")
-    return AuditResult(label, releases, trials // 2, claimed, res, describe=upd.describe(),
-                       statistic="projection of the step on e1")
+    cost = upd.cost()
+    if mis_account:
+        from fl_split.privacy.events import noisier_event
+
+        cost = PrivacyCost(cost.mechanism, noisier_event(cost.dp_event, mis_account), epsilon=None,
+                           params=(("mis_accounted", float(mis_account)),))
+    claimed = claimed_epsilons([cost] * releases, delta, "update")
+    describe = {**upd.describe(), "canaries_per_step": per_step}
+    if mis_account:
+        describe["mis_accounted_factor"] = float(mis_account)
+    return AuditResult(label, releases, trials // 2, claimed, res, describe=describe,
+                       statistic="projection of the step on each canary's coordinate")
 
 
 def mechanisms_for(cfg, width: int, releases: int, direction: str = "forward", importance=None,
@@ -467,7 +509,7 @@ def directions_of(cfg) -> list[str]:
 
 
 def run_audit(cfg, *, width: int, releases: list[int], trials: int, alpha: float, secret,
-              mis_account: float | None = None, batch: int = 4,
+              mis_account: float | None = None, batch: int = DPSGD_CANARIES_PER_STEP,
               progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Audit every protected direction of ``cfg`` at each number of ``releases``; the JSON document
     ``fl-split audit`` writes (``results``: one :meth:`AuditResult.to_json` row each; ``violations``:
@@ -481,7 +523,7 @@ def run_audit(cfg, *, width: int, releases: list[int], trials: int, alpha: float
                 label = f"dpsgd/update/{k}"
                 res = audit_dpsgd(factory.dpsgd_sigma(cfg), cfg.max_grad_norm, trials, secret, releases=k,
                                   delta=cfg.delta, alpha=alpha, width=width, batch=batch, label=label,
-                                  progress=progress)
+                                  mis_account=mis_account, progress=progress)
             else:
                 u = default_importance(width) if cfg.allocation != "uniform" else None
                 mechs = mechanisms_for(cfg, width, k, direction, importance=u, mis_account=mis_account)
@@ -504,7 +546,7 @@ def progress_steps(cfg, releases: list[int], trials: int) -> int:
     n = 0
     for direction in directions_of(cfg):
         for k in releases:
-            n += 2 * (trials // 256) if direction == "update" else 2 * k
+            n += 2 * trials if direction == "update" else 2 * k
     return n
 
 

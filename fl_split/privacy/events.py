@@ -158,6 +158,24 @@ def pure_dp_event(eps: float) -> dpe.DpEvent:
     return EpsilonDeltaDpEvent(eps, 0.0)
 
 
+def elementwise_dlap_event(t: float, shift: int, elements: int) -> dpe.DpEvent:
+    """The worst-case neighbouring pair of a release whose ``elements`` differing elements each move
+    by at most ``shift`` grid steps and get independent ``DLap(t)`` noise (issue 26, DESIGN.md privacy
+    principle 9): ``elements`` discrete Laplace events of sensitivity ``shift``, composed.
+
+    Each element's pair ``(DLap(0, t), DLap(s, t))`` with ``s ≤ shift`` is dominated by the one at
+    ``s = shift`` (a location family with a monotone likelihood ratio: the Neyman–Pearson tests are
+    thresholds and a larger shift is stochastically larger), and dominance survives composition, so
+    the composed event is the exact worst case whenever all ``elements`` can move by ``shift`` at
+    once (per-element clipping). Its pure epsilon ``elements·shift/t`` is the 1-D event's of L1
+    sensitivity ``elements·shift``; at ``δ > 0`` it is much smaller (the elements compose).
+    """
+    if int(shift) <= 0 or int(elements) <= 0:
+        return dpe.NoOpDpEvent()
+    one = dpe.DiscreteLaplaceDpEvent(noise_parameter=1.0 / float(t), sensitivity=int(shift))
+    return one if int(elements) == 1 else dpe.SelfComposedDpEvent(one, int(elements))
+
+
 def canonical_event(ev: dpe.DpEvent) -> dpe.DpEvent:
     """Replace pure :class:`EpsilonDeltaDpEvent` parts by binary RR of the same epsilon (where an
     RR event can carry it)."""
@@ -170,6 +188,33 @@ def canonical_event(ev: dpe.DpEvent) -> dpe.DpEvent:
     if isinstance(ev, dpe.PoissonSampledDpEvent):
         return dpe.PoissonSampledDpEvent(ev.sampling_probability, canonical_event(ev.event))
     return ev
+
+
+def noisier_event(ev: Any, factor: float) -> dpe.DpEvent:
+    """The event of the same release with ``factor``× its noise: what a ledger would charge if it
+    believed the noise ``factor`` times larger (the audit's deliberate mis-accounting,
+    :class:`~fl_split.privacy.audit.MisAccounted`). Gaussian and Laplace multipliers grow by
+    ``factor``, a discrete Laplace parameter ``a = 1/t`` shrinks by it, a randomized response's (and
+    a pure event's) epsilon shrinks by it; compositions and sampling are kept."""
+    f = float(factor)
+    if isinstance(ev, (dpe.GaussianDpEvent, dpe.LaplaceDpEvent)):
+        return type(ev)(noise_multiplier=float(ev.noise_multiplier) * f)
+    if isinstance(ev, dpe.DiscreteLaplaceDpEvent):
+        return dpe.DiscreteLaplaceDpEvent(noise_parameter=float(ev.noise_parameter) / f, sensitivity=ev.sensitivity)
+    if isinstance(ev, dpe.RandomizedResponseDpEvent) and int(ev.num_buckets) == 2 and ev.noise_parameter > 0:
+        eta = float(ev.noise_parameter)
+        return dpe.RandomizedResponseDpEvent(noise_parameter=rr_noise(math.log((2.0 - eta) / eta) / f), num_buckets=2)
+    if is_epsilon_delta(ev):
+        return EpsilonDeltaDpEvent(float(ev.epsilon) / f, float(ev.delta))
+    if isinstance(ev, dpe.ComposedDpEvent):
+        return dpe.ComposedDpEvent([noisier_event(e, f) for e in ev.events])
+    if isinstance(ev, dpe.SelfComposedDpEvent):
+        return dpe.SelfComposedDpEvent(noisier_event(ev.event, f), ev.count)
+    if isinstance(ev, dpe.PoissonSampledDpEvent):
+        return dpe.PoissonSampledDpEvent(ev.sampling_probability, noisier_event(ev.event, f))
+    if isinstance(ev, dpe.NoOpDpEvent):
+        return ev
+    raise ValueError(f"noisier_event: cannot rescale the noise of {describe_event(ev)}")
 
 
 def contains(ev: Any, pred) -> bool:

@@ -43,6 +43,7 @@ import torch
 
 from fl_split.privacy.base import Mechanism, PrivacyCost, Release
 from fl_split.privacy.bounds import PublicRange, bits_range, dlap_range, gaussian_range
+from fl_split.privacy.events import elementwise_dlap_event
 from fl_split.privacy.ledger import pure_dp_event
 from fl_split.privacy.r3elu import (ALLOCATIONS, ImportanceTracker, R3eLU, activation_probability, clip_k,
                                     geometric_epsilon)
@@ -65,7 +66,9 @@ class Laplace(Mechanism):
     A record's tensor has L1 sensitivity ``Δ = 2·M·d`` grid steps (``≈ 2·bound·d``, within 1/32),
     so given ``epsilon`` the noise is ``t = Δ/(ε − slack)`` (slack: :func:`sampling.sampler_slack`,
     ``d·t·2^-46``) and the claim ``ε`` holds exactly; given ``b`` (003 Table 3's scale),
-    ``ε = Δ/t + slack`` is reported.
+    ``ε = Δ/t + slack`` is reported. The cost's event is the worst-case pair under per-element
+    clipping, ``d`` discrete Laplace events of sensitivity ``2M`` (:func:`events.elementwise_dlap_event`):
+    the same pure ``ε``, the exact (ε, δ) (``docs/accounting.md``, "How each mechanism is charged").
 
     ``local_grad`` is the clip's derivative: 1 where ``|v| < bound``, 0 elsewhere (the snapping,
     a move of at most ``γ/2 ≤ bound/32``, is passed through as the identity).
@@ -145,8 +148,11 @@ class Laplace(Mechanism):
         if self.signal_free:  # input-independent: costs 0; charged as the requested ε (an upper bound)
             event = pure_dp_event(self.epsilon)
         else:
-            event = dp_accounting.dp_event.DiscreteLaplaceDpEvent(noise_parameter=1.0 / self.t,
-                                                                  sensitivity=int(self.sensitivity_units))
+            # each of the d elements is clipped on its own, so the worst neighbours move every
+            # element by 2M grid steps at once: d discrete Laplace events of sensitivity 2M
+            # (issue 26; the 1-D event of sensitivity 2Md has the same pure ε but a ~4× looser
+            # (ε, δ) at d = 64)
+            event = elementwise_dlap_event(self.t, 2 * self.units, self.width)
         slack = max(self.epsilon_bound - self.sensitivity_units / self.t, 0.0)
         return PrivacyCost("laplace", event, epsilon=self.epsilon, sensitivity_l1=self.sensitivity_l1,
                            params=(("b", self.b), ("bound", self.bound), ("width", self.width),

@@ -23,6 +23,7 @@ from torch import nn
 
 from fl_split.errors import ConfigError
 from fl_split.privacy.base import Mechanism, PrivacyCost, Release
+from fl_split.privacy.events import elementwise_dlap_event
 from fl_split.privacy.ledger import pure_dp_event
 from fl_split.privacy.sampling import (CLAIM_MARGIN, T_CAP, T_MIN, DiscreteLaplace, EpsilonTooSmall, bernoulli_below,
                                        calibrate, check_direction, check_width, choose_grid, dlap_sd, flat_batch,
@@ -155,7 +156,8 @@ class R3eLU(Mechanism):
       non-zero (see :meth:`noise_scales`).
 
     ``cost()``: pure ``ε``-DP (Cor. 3/6): an ``ε_p``-DP event for the activation state composed
-    with ``DiscreteLaplaceDpEvent(1/t, 2KM)`` (uniform) or, under an importance allocation (whose
+    with the worst-case pair of the Laplace part (uniform; :meth:`laplace_event`: ``2K`` discrete
+    Laplace events of sensitivity ``M`` forward, ``K`` of ``2M`` backward) or, under an importance allocation (whose
     per-element scales change with ``U``), the ``ε_l``-DP event :func:`pure_dp_event` that
     dominates every ``ε_l``-DP mechanism.
 
@@ -415,6 +417,26 @@ class R3eLU(Mechanism):
     def _uses_importance_allocation(self) -> bool:
         return self.allocation != "uniform"
 
+    def laplace_event(self):
+        """The worst-case neighbouring pair of the uniform Laplace part (issue 26), as a DpEvent.
+
+        The noise is added to the snapped ``n`` of ``ClipK`` (before the output's ``max(·, 0)`` and
+        the activation mask, both post-processing of ``n + Z`` together with the activation state).
+        Forward, ``n ∈ [0, M]^d`` with at most ``K`` non-zeros: neighbours differ in at most
+        ``min(2K, d)`` elements (the union of two top-K supports), each by at most ``M``, and two
+        disjoint supports at ``M`` attain it, so the pair is ``min(2K, d)`` discrete Laplace events
+        of sensitivity ``M``. Backward, ``n ∈ [−M, M]^d``, K-sparse: with ``j`` shared support
+        elements the shifts are ``j`` of ``2M`` and ``2(K − j)`` of ``M``; two shifts of ``M`` are
+        dominated by one of ``2M`` (the 1-D Laplace pair of the summed shift dominates the split one;
+        checked exactly on the lattice in tests/test_tight_accounting.py), so the pair is ``K``
+        events of sensitivity ``2M`` (attained: the same K elements at ``+C`` and ``−C``). Both have
+        the pure epsilon ``2KM/t`` of Cor. 1 (forward, when ``2K ≤ d``).
+        """
+        units = self.sensitivity_units // (2 * self.k)  # M (0 when signal-free)
+        if self.direction == "forward":
+            return elementwise_dlap_event(self.t, units, self.differing)
+        return elementwise_dlap_event(self.t, 2 * units, self.k)
+
     def privacy_cost(self) -> PrivacyCost:
         # dp_accounting 0.6 has no generic pure-DP event; the binary randomized response with
         # keep probability e^ε_p/(1+e^ε_p) has the privacy profile that dominates every ε_p-DP
@@ -422,8 +444,7 @@ class R3eLU(Mechanism):
         # activation state (Cor. 2) exactly.
         state = pure_dp_event(self.eps_p)
         if self.allocation == "uniform" and not self.signal_free:
-            noise = dp_accounting.dp_event.DiscreteLaplaceDpEvent(noise_parameter=1.0 / self.t,
-                                                                  sensitivity=int(self.sensitivity_units))
+            noise = self.laplace_event()
         else:  # per-element scales that follow U: an ε_l-DP release, whatever U is
             noise = pure_dp_event(self.eps_l)
         slack = self.eps_l_bound - self.sensitivity_units / self.t
