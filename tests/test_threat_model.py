@@ -374,7 +374,9 @@ def _audit_flower_reply(mtype: str, rec) -> None:
 
     keys = set(rec.keys()) - {"worker"}
     if mtype == R.MSG_ROLE:
-        assert keys == {"role"} and set(json.loads(rec["role"])) <= ROLE_KEYS
+        assert {"role"} <= keys <= {"role", "capacity"} and set(json.loads(rec["role"])) <= ROLE_KEYS
+        if "capacity" in keys:  # a simulated node: its Ray actor's reservation and the nodes' totals
+            assert set(json.loads(rec["capacity"])) <= CAPACITY_KEYS
     elif mtype == R.MSG_SETUP:
         assert {"facts"} <= keys <= {"facts", "dataplane", "capacity"} and set(json.loads(rec["facts"])) <= FACT_KEYS
         if "dataplane" in keys:
