@@ -337,6 +337,9 @@ class _Party:
         #: it may only re-make the value the write-ahead log recorded for it (``_logged``: counter -> digest)
         self._draw_floor = 0
         self._logged: dict[int, str] = {}
+        #: resume salts ``[(from counter, 32 random bytes)]``: a draw at counter ``c`` is keyed by the
+        #: salt of the last segment starting at or below ``c`` (none before the first resume)
+        self._salts: list[tuple[int, bytes]] = []
         #: how many times each batch was released by this party (a repeat is warned about); the
         #: batches in order of first release, as two lists that export without a per-message sort
         self._times: dict[BatchKey, int] = {}
@@ -430,7 +433,14 @@ class _Party:
         Never keyed by the batch: a repeated request for a batch gets independent noise."""
         c = self.draws
         self.draws = c + 1
-        return self.secret.torch_generator(purpose, c, device=self.device), c
+        return self._generator(purpose, c), c
+
+    def _generator(self, purpose: str, c: int) -> torch.Generator:
+        """The private generator of draw ``c``: ``HMAC(secret, purpose | c)``, and after a resume, from
+        the resume floor on, ``HMAC(secret, purpose | c | resume salt)`` (:meth:`resume_draws`)."""
+        salt = next((s for start, s in reversed(self._salts) if start <= c), None)
+        parts = (purpose, c) if salt is None else (purpose, c, "resume", salt.hex())
+        return self.secret.torch_generator(*parts, device=self.device)
 
     def _gen(self, purpose: str) -> torch.Generator:
         """A fresh private generator for ``purpose`` (a draw whose value never leaves as such)."""
@@ -458,6 +468,13 @@ class _Party:
         self._logged = {int(c): str(d) for c, d in logged.items() if int(c) >= self.draws}
         if self._draw_floor == self.draws:
             self._logged = {}
+        # the log may be an older copy (a backup, a VM snapshot): counters at or beyond its floor may
+        # have keyed releases it no longer records. From the floor on, every draw is keyed by a fresh
+        # salt from OS entropy as well, so no later draw repeats noise that left before (issue 25)
+        import secrets
+
+        self._salts = [seg for seg in self._salts if seg[0] < self._draw_floor]
+        self._salts.append((self._draw_floor, secrets.token_bytes(32)))
 
     def _release(self, mech: Mechanism, value: torch.Tensor, encode_: Callable[[Any], bytes]
                  ) -> tuple[Any, bytes, int | None]:
@@ -583,6 +600,7 @@ class _Party:
                 "ledger": self.ledger.export_state() if self.ledger is not None else None,
                 "draws": {"next": int(self.draws), "floor": int(self._draw_floor),
                           "logged": [[int(c), d] for c, d in sorted(self._logged.items())],
+                          "salts": [[int(c), salt.hex()] for c, salt in self._salts],
                           "released": {"epoch": np.asarray(self._first[0], dtype=np.int64),
                                        "slot": np.asarray(self._first[1], dtype=np.int64)},
                           "repeats": [[list(k.as_tuple()), n] for k, n in self._times.items() if n > 1]},
@@ -598,6 +616,7 @@ class _Party:
         self.draws = int(draws["next"])
         self._draw_floor = int(draws["floor"])
         self._logged = {int(c): str(d) for c, d in draws["logged"]}
+        self._salts = [(int(c), bytes.fromhex(str(h))) for c, h in draws.get("salts", [])]
         epochs = np.asarray(draws["released"]["epoch"]).reshape(-1).tolist()
         slots = np.asarray(draws["released"]["slot"]).reshape(-1).tolist()
         self._first = ([int(e) for e in epochs], [int(x) for x in slots])

@@ -124,7 +124,14 @@ def test_crash_and_resume_equals_an_uninterrupted_run(tmp_path, kw, every, crash
     state = load_coordinator(cfg.checkpoint_dir)
     assert 0 <= state.round < crash_at and state.finished is None
     res = LocalEngine(cfg.replace(resume=True), PS).run()
-    assert _summary(res) == _summary(ref)
+    # up to the crash the resumed run re-makes the same releases; from the log's last draw counter on
+    # its draws carry a fresh resume salt (a rolled-back log must not repeat noise, issue 25), so the
+    # accounting and the wire are the uninterrupted run's, the epochs finished before the crash too,
+    # and the later numbers are those of other (independent) noise
+    got, want = _summary(res), _summary(ref)
+    assert got[2] == want[2] and got[4] == want[4]  # epsilon, releases, per-record releases; wire
+    done = state.round // (res["wire"]["rounds"] // len(res["history"]))  # epochs evaluated before the checkpoint
+    assert done >= 1 and got[3][:done] == want[3][:done]
     ck = res["checkpoint"]
     assert ck["resumed_from_round"] == state.round
     assert sum(ck["replayed"].values()) > 0  # releases made after the checkpoint were replayed ...
