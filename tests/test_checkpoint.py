@@ -199,10 +199,10 @@ def _released_after_checkpoint(ck: Path) -> bool:
 @pytest.mark.slow
 def test_sigkill_and_resume_from_the_command_line(tmp_path):
     """``fl-split train --checkpoint-dir`` in its own process group, SIGKILLed mid-run, then
-    ``--resume``: the same final metric and epsilon as an uninterrupted run with the same seeds."""
+    ``--resume``: the same releases and epsilon as an uninterrupted run with the same seeds."""
     ck = tmp_path / "ck"
     args = ["--dataset", "digits", "--guests", "2", "--epochs", "3", "--defense", "gaussian", "--sigma", "0.7",
-            "--denoise", "scale", "--no-progress", "--private-seed", "5eed" * 8, "--checkpoint-every", "10"]
+            "--denoise", "scale", "--no-progress", "--private-seed", "5eed0c4f9a2e7b13d86f1a0b3c5e7d92", "--checkpoint-every", "10"]
     env = dict(os.environ, FL_SPLIT_NO_DOWNLOAD="1", OMP_NUM_THREADS="1")
     killed_out = tmp_path / "killed.json"
     proc = subprocess.Popen([sys.executable, "-m", "fl_split.cli", "train", *args, "--checkpoint-dir", str(ck),
@@ -242,7 +242,9 @@ def test_sigkill_and_resume_from_the_command_line(tmp_path):
     resume_s = time.monotonic() - t0
     assert main(["train", *args, "--out", str(tmp_path / "ref.json")]) == 0
     res, ref = (json.loads((tmp_path / f).read_text()) for f in ("res.json", "ref.json"))
-    assert res["final"] == ref["final"]
+    # after the crash the resumed parties draw with a fresh resume salt (issue 25): other noise, so the
+    # final metric is not compared; the accounting is the uninterrupted run's
+    assert {p: r["releases"] for p, r in res["privacy"].items()} == {p: r["releases"] for p, r in ref["privacy"].items()}
     assert {p: r["epsilon"] for p, r in res["privacy"].items()} == {p: r["epsilon"] for p, r in ref["privacy"].items()}
     assert res["checkpoint"]["resumed_from_round"] == state.round
     assert sum(res["checkpoint"]["replayed"].values()) > 0 and not any(res["checkpoint"]["pending_replays"].values())
