@@ -650,8 +650,11 @@ class GuestParty(_Party):
                  cut_shape: tuple[int, ...], mechanisms: MechanismSchedule, secret: PartySecret,
                  ledger: "Ledger | None" = None, sample_rate: float = 1.0,
                  grad_postprocess: PostProcess | None = None, importance: Importance | None = None,
-                 device: torch.device | str = "cpu", host_mechanisms: MechanismSchedule | None = None) -> None:
+                 device: torch.device | str = "cpu", host_mechanisms: MechanismSchedule | None = None,
+                 max_test_requests: int | None = None) -> None:
         super().__init__(name, data, schedule, secret, ledger, sample_rate, device)
+        #: ``--max-test-requests``: how many times one test batch is released (``None``: no cap)
+        self.max_test_requests = max_test_requests
         #: what this guest checks of the host's gradients: the public range of the host's backward
         #: mechanism (``host_mechanisms``, from the public configuration), else their running scale
         self.trust = PeerTrust(name, "gradients", {"host": host_mechanisms} if host_mechanisms is not None else {})
@@ -683,6 +686,12 @@ class GuestParty(_Party):
         for key in keys:
             if key.phase == "train" and key in self._pending:
                 raise ProtocolError(f"{self.name}: {key} was already released and awaits its gradient")
+            n = self._times.get(key, 0)
+            if key.phase == "test" and self.max_test_requests is not None and n >= self.max_test_requests:
+                # before anything is charged or computed: a refused request spends nothing (issue 25)
+                raise ProtocolError(f"{self.name}: {key} requested again (round {round_}); refused: it was released "
+                                    f"{n} time{'s' if n != 1 else ''} and --max-test-requests {self.max_test_requests} "
+                                    f"allows no more (each repeat is another noisy copy of the same records)")
         costs = [self.mechanisms(key).cost() for key in keys]
         # an importance allocation released at a key is charged before that key's release
         alloc = self.importance.plan(keys, updates_per_key=0) if self.importance is not None else set()

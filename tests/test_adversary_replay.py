@@ -177,7 +177,7 @@ def test_r3elu_rerequest_released_elements_do_not_repeat():
 
 
 def test_a_repeated_test_request_is_released_fresh_charged_and_warned(caplog):
-    cfg = RunConfig(**BASE, defense="gaussian", sigma=5.0)
+    cfg = RunConfig(**BASE, defense="gaussian", sigma=5.0, max_test_requests=3)  # the cap allows three
     g = _guest(cfg)
     key = BatchKey("test", 1, 0)
     with caplog.at_level(logging.WARNING, logger="fl_split.party"):
@@ -190,6 +190,37 @@ def test_a_repeated_test_request_is_released_fresh_charged_and_warned(caplog):
     assert len(warned) == 2 and all(str(key) in w for w in warned)
     assert "released 2 times" in warned[0] and "released 3 times" in warned[1]
     assert g.ledger.releases_per_record() == 3
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_test_requests_beyond_the_cap_are_refused_with_nothing_spent(cap):
+    """Issue 25: a host asking for one test batch again and again averages its noise away (five
+    releases cut σ = 50 to an effective 22). ``--max-test-requests N`` (default 1): the guest
+    releases a test batch at most N times; the next request is refused with one line, before
+    anything is charged, drawn or released — and the party goes on (another batch is served)."""
+    from fl_split.errors import ProtocolError
+
+    cfg = RunConfig(**BASE, defense="gaussian", sigma=50.0, **({} if cap == 1 else {"max_test_requests": cap}))
+    g = _guest(cfg)
+    key = BatchKey("test", 1, 0)
+    for r in range(1, cap + 1):
+        g.step([], [key], r)
+    spent = (len(g.ledger), g.ledger.epsilon(), g.draws, dict(g.released), dict(g._times))
+    with pytest.raises(ProtocolError) as err:
+        g.step([], [key], cap + 1)
+    assert str(err.value) == (f"guest-1: test[epoch 1, batch 0] requested again (round {cap + 1}); refused: it was "
+                              f"released {cap} time{'s' if cap != 1 else ''} and --max-test-requests {cap} allows "
+                              f"no more (each repeat is another noisy copy of the same records)")
+    assert (len(g.ledger), g.ledger.epsilon(), g.draws, dict(g.released), dict(g._times)) == spent
+    g.step([], [K1], cap + 2)  # the party is unchanged and serves the next request
+    assert g.ledger.releases_per_record() == cap and g._times[K1] == 1
+
+
+def test_max_test_requests_is_checked():
+    from fl_split.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--max-test-requests: got 0; allowed: an integer >= 1"):
+        RunConfig(**BASE, max_test_requests=0)
 
 
 def test_a_batch_awaiting_its_gradient_is_still_refused():
@@ -208,7 +239,8 @@ def test_the_budget_bounds_the_repetitions():
     probe = _guest(RunConfig(**BASE, defense="gaussian", sigma=50.0))
     probe.step([], [key], 1)
     budget = 4 * probe.ledger.epsilon()  # room for a few releases of the batch, not for 999
-    g = _guest(RunConfig(**BASE, defense="gaussian", sigma=50.0, budget=budget))
+    # without the cap on test requests (issue 25; here lifted): the budget still bounds them
+    g = _guest(RunConfig(**BASE, defense="gaussian", sigma=50.0, budget=budget, max_test_requests=10 ** 6))
     released = 0
     with pytest.raises(BudgetExceeded):
         for r in range(1, 1000):
