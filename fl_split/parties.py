@@ -34,14 +34,18 @@ by the batch, a peer that asks for one batch again would get the same noise twic
 batch asked again after its gradient came back (one that awaits its gradient is refused) — is
 released again with fresh, independent noise, charged to the ledger as another release of those
 records (so ``--budget`` bounds the repetitions), and one warning names the batch and how often it
-was released (``docs/accounting.md``, "Threat model").
+was released (``docs/accounting.md``, "Threat model"). A guest releases one *test* batch at most
+``--max-test-requests`` times (default 1): a request beyond that is refused before anything is
+charged or drawn (issue 25).
 
 **Resume.** A party restored from a checkpoint re-makes the releases its write-ahead log recorded
 after it. A re-made release may use the counter the log recorded for it only when its value is
 bit-identical to the logged one (nothing new leaves: not charged again); otherwise the value made
 with the old counter is discarded, never sent, and the release is drawn with a counter beyond every
 one the log ever recorded, and charged (:meth:`_Party.resume_draws`). No counter is ever used for
-two different released values. DP-SGD steps follow the same rule (a step whose parameters differ
+two different released values. From that floor on every draw is also keyed by a fresh salt of the
+resume (OS entropy), so a log restored from an older copy cannot make the party repeat noise it
+released after that copy (issue 25; the counters the old log records keep their keys). DP-SGD steps follow the same rule (a step whose parameters differ
 from the logged ones is undone and taken again with a fresh counter).
 
 **Hostile peers** (``docs/robustness.md``). Before any state changes a party checks a request and
