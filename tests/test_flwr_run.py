@@ -73,8 +73,9 @@ def test_fit_data_plane_rules():
     relay = _cfg(data_plane="flower")
     assert fit_data_plane(relay, cap) == (relay, None)
     assert fit_data_plane(_cfg(), None) == (_cfg(), None)
-    with pytest.raises(ConfigError, match=r"^--num-cpus: got 2.0 \(the direct data plane runs all 3 ClientApps"):
-        fit_data_plane(_cfg(on_guest_failure="pad"), cap)
+    for needs_direct in ({"on_guest_failure": "pad"}, {"engine": "flower", "checkpoint_dir": "/tmp/x"}):
+        with pytest.raises(ConfigError, match=r"^--num-cpus: got 2.0 \(the direct data plane runs all 3 ClientApps"):
+            fit_data_plane(_cfg(**needs_direct), cap)
     cfg, line = fit_data_plane(_cfg(guests=3), R.dumps({"num_cpus": 0.5, "num_gpus": 0.0, "nodes": [{"CPU": 1.0}]}))
     assert cfg.data_plane == "flower" and "fits 2 of the 4 ClientApps" in line and "init-args-num-cpus=4" in line
 

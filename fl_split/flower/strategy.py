@@ -155,7 +155,8 @@ def fit_data_plane(cfg: RunConfig, capacity) -> tuple[RunConfig, str | None]:
     ClientApp at a time, the same rounds and results, slower). Returns the configuration to run and
     the one line that says so (``None``: unchanged). ``capacity``: the host's role reply (its Ray
     actor's reservation and the cluster; ``None`` outside a simulation — a deployment runs one
-    ClientApp per SuperNode). ``--on-guest-failure pad`` needs the direct plane: refused as before."""
+    ClientApp per SuperNode). What needs the direct plane (``--on-guest-failure pad``, checkpoints) is
+    refused as before, with the capacity message."""
     from fl_split.errors import ConfigError
     from fl_split.flower import records as R
     from fl_split.flower.resources import check_capacity, check_worker_threads, pool_widened_here, slots
@@ -168,14 +169,17 @@ def fit_data_plane(cfg: RunConfig, capacity) -> tuple[RunConfig, str | None]:
         if not pool_widened_here():
             check_worker_threads(cfg.guests)
     except ConfigError as exc:
-        if cfg.on_guest_failure == "pad":
-            raise
+        try:  # what needs the direct plane (pad, checkpoints) keeps the capacity message
+            relay = cfg.replace(data_plane="flower")
+            check_options(relay)
+        except ConfigError:
+            raise exc from None
         parties = cfg.guests + 1
         fit = slots(cap["nodes"], float(cap["num_cpus"]), float(cap["num_gpus"]))
         cpus = sum(n.get("CPU", 0) for n in cap["nodes"])
         why = (f"Flower's federation fits {fit} of the {parties} ClientApps at once ({float(cap['num_cpus']):g} CPU "
                f"each, Ray has {cpus:g})" if fit < parties else exc.reason)
-        return cfg.replace(data_plane="flower"), (
+        return relay, (
             f"fl_split: relay data plane (--data-plane flower, one ClientApp at a time, same results, slower): {why}; "
             f"for the direct data plane run `fl-split flwr-run` or give each ClientApp fewer CPUs "
             f"(--federation-config \"client-resources-num-cpus=1 init-args-num-cpus={parties}\")")
