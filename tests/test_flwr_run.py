@@ -111,6 +111,22 @@ def _copy_of_the_repository(dest: Path) -> Path:
     return dest
 
 
+#: flwr 1.41 gives the local SuperLink it starts 15 s to answer (``LOCAL_SUPERLINK_STARTUP_TIMEOUT``,
+#: not configurable), then kills it; on this shared 2-core machine under load that happens
+SUPERLINK_SLOW = "Failed to start local SuperLink within"
+
+
+def _flwr_run(argv: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """``flwr ARGV`` as typed; started again (at most twice) only when Flower's own 15 s start-up
+    limit for its local SuperLink ran out (it then starts nothing else)."""
+    for _ in range(3):
+        proc = subprocess.run([str(Path(sys.executable).parent / "flwr"), *argv], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        if SUPERLINK_SLOW not in proc.stdout + proc.stderr:
+            return proc
+    return proc
+
+
 @pytest.mark.slow
 def test_flwr_run_as_typed_with_the_default_federation(tmp_path):
     """``flwr run . --stream`` from a copy of the repository, with nothing configured: Flower creates
@@ -125,11 +141,9 @@ def test_flwr_run_as_typed_with_the_default_federation(tmp_path):
     app = _copy_of_the_repository(tmp_path / "fl_split")
     home = FlwrRunHome()
     env = dict(home.env, PYTHONPATH=str(app), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-    flwr = str(Path(sys.executable).parent / "flwr")
     try:
         # pad needs the direct data plane, which does not fit: refused, as one line
-        bad = subprocess.run([flwr, "run", ".", "--stream", "--run-config", "on-guest-failure='pad' epochs=1"],
-                             cwd=app, env=env, capture_output=True, text=True, timeout=400)
+        bad = _flwr_run(["run", ".", "--stream", "--run-config", "on-guest-failure='pad' epochs=1"], app, env, 400)
         text = bad.stdout + bad.stderr
         assert "Traceback" not in text, text[-4000:]
         ours = [ln for ln in text.splitlines() if "fl_split stopped the run" in ln]
@@ -137,8 +151,7 @@ def test_flwr_run_as_typed_with_the_default_federation(tmp_path):
         assert bad.returncode == 0  # Flower's CLI: a failed run still exits 0 (README, next to fl-split flwr-run)
         assert home.ours(), "flwr run left its SuperLink running (measured in flwr 1.41)"
 
-        proc = subprocess.run([flwr, "run", ".", "--stream"], cwd=app, env=env, capture_output=True, text=True,
-                              timeout=900)
+        proc = _flwr_run(["run", ".", "--stream"], app, env, 900)
         text = proc.stdout + proc.stderr
         assert proc.returncode == 0 and "Traceback" not in text, text[-4000:]
         assert "(2 simulated SuperNodes)" in text  # Flower's default federation
