@@ -83,7 +83,9 @@ def private_seed_from_args(ns: argparse.Namespace, on_argv: bool = True):
 
     text, path = getattr(ns, "private_seed", None), getattr(ns, "private_seed_file", None)
     insecure = getattr(ns, "insecure_private_seed", False)
-    if insecure and text is not None and str(text).strip() != "-" and not str(text).strip().isdigit():
+    digits = "" if text is None else str(text).strip()
+    # >= 32 digits (or any letter): a hex seed, patterned or not; fewer digits: an integer N
+    if insecure and digits not in ("", "-") and (len(digits) >= 32 or not digits.isdigit()):
         seed = PrivateSeed.insecure_hex(text)  # a patterned hex seed (a short or non-hex one: refused)
         print("fl-split: warning: --insecure-private-seed: a patterned private seed can be guessed by anyone who "
               "receives a release, who can then rebuild every party's initial weights and noise; this run is for "

@@ -116,9 +116,17 @@ def test_insecure_flag_accepts_a_patterned_hex_seed_reproducibly(tmp_path, capsy
         runs.append(json.loads(out.read_text()))
     assert {r["private_randomness"] for r in runs[0]["privacy"].values()} == {"insecure-private-seed"}
     assert _strip(runs[0]) == _strip(runs[1])
-    # the same material as a hex seed would derive (HKDF), only reported as insecure
-    seed = PrivateSeed.insecure_hex("5eed" * 8)
-    assert seed.party_key("host") == PrivateSeed.parse("5eed" * 8, allow_pattern=True).party_key("host")
+    # the same material as a hex seed would derive (HKDF), only reported as insecure — also for 32 decimal
+    # digits (experiments/audit_table.py's committed seed), which are a hex seed, not an integer N
+    import argparse
+
+    from fl_split.cli import private_seed_from_args
+
+    for text in ("5eed" * 8, "20261124" * 4):
+        seed = private_seed_from_args(argparse.Namespace(private_seed=text, private_seed_file=None,
+                                                         insecure_private_seed=True))
+        assert seed.source == "insecure-private-seed"
+        assert seed.party_key("host") == PrivateSeed.parse(text, allow_pattern=True).party_key("host")
 
 
 def test_insecure_flag_accepts_a_small_integer_with_a_warning_every_run(tmp_path, capsys):
