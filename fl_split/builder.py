@@ -317,7 +317,7 @@ def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = N
                       mechanisms=_mechanisms(plan, lambda i: privacy_factory.forward_mechanism(cfg, width, i)),
                       secret=secret, ledger=make_ledger(cfg, name), sample_rate=plan.sample_rate,
                       grad_postprocess=privacy_factory.postprocess(cfg, "backward"), importance=importance,
-                      device=dev,
+                      device=dev, max_test_requests=int(cfg.max_test_requests),
                       host_mechanisms=_mechanisms(plan, lambda i: privacy_factory.backward_mechanism(cfg, width, i)))
 
 

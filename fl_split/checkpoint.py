@@ -39,7 +39,9 @@ format ``fl_split.wal/2``). :func:`restore_party` gives the restored party the c
 after its checkpoint with their digests, and the floor one beyond every counter the log holds
 (:meth:`~fl_split.parties.GuestParty.resume_draws`): a re-made release may use a logged counter
 only for the bit-identical value; a different value made with it is discarded, never sent, and
-drawn again beyond the floor (then charged, by the rule above). No counter ever serves two
+drawn again beyond the floor (then charged, by the rule above); from the floor on, draws are keyed
+by a fresh salt of the resume as well, so a log rolled back to an older copy (whose floor is too low)
+cannot bring old noise back (issue 25). No counter ever serves two
 different released values — else a host that made the resumed run diverge (other gradients after
 the restart) would get the old noise on a new value and subtract it.
 

@@ -71,8 +71,9 @@ def _add_private_seed(p: argparse.ArgumentParser) -> None:
                           "a file the group or others can read is refused")
     g.add_argument("--insecure-private-seed", dest="insecure_private_seed", action="store_true", default=False,
                    help="INSECURE, research reproduction only: accept a small integer --private-seed N (anyone "
-                        "can search it and rebuild every party's noise); stretched with PBKDF2, warned about "
-                        "on every run, recorded as private_randomness = insecure-private-seed")
+                        "can search it and rebuild every party's noise; stretched with PBKDF2) or a patterned "
+                        "hex seed (000…0, 0123…, abab…: refused without this flag); warned about on every run, "
+                        "recorded as private_randomness = insecure-private-seed")
 
 
 def private_seed_from_args(ns: argparse.Namespace, on_argv: bool = True):
@@ -84,9 +85,19 @@ def private_seed_from_args(ns: argparse.Namespace, on_argv: bool = True):
 
     text, path = getattr(ns, "private_seed", None), getattr(ns, "private_seed_file", None)
     insecure = getattr(ns, "insecure_private_seed", False)
+    digits = "" if text is None else str(text).strip()
+    # >= 32 digits (or any letter): a hex seed, patterned or not; fewer digits: an integer N
+    if insecure and digits not in ("", "-") and (len(digits) >= 32 or not digits.isdigit()):
+        seed = PrivateSeed.insecure_hex(text)  # a patterned hex seed (a short or non-hex one: refused)
+        print("fl-split: warning: --insecure-private-seed: a patterned private seed can be guessed by anyone who "
+              "receives a release, who can then rebuild every party's initial weights and noise; this run is for "
+              "reproducing research numbers only (recorded as private_randomness = insecure-private-seed)",
+              file=sys.stderr)
+        return seed
     if insecure:
         if text is None or not str(text).strip().isdigit():
-            raise PrivateSeedError(f"--insecure-private-seed: needs --private-seed N with an integer N >= 0, got "
+            raise PrivateSeedError(f"--insecure-private-seed: needs --private-seed N (an integer N >= 0, or a "
+                                   f"patterned hex seed), got "
                                    f"{'no --private-seed' if text is None else '<hidden>'}; without the flag "
                                    f"allowed: {SEED_ALLOWED}")
         print(f"fl-split: warning: --insecure-private-seed: the private seed {int(text)} can be searched in "

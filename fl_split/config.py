@@ -301,6 +301,10 @@ class RunConfig:
                        kind="float_or_auto", allowed="'auto' or a number > 0", group="privacy")
     amplification: bool = _opt(False, "account with subsampling amplification (off: the host knows "
                                       "batch IDs, so amplification is doubtful)", group="privacy")
+    max_test_requests: int = _opt(1, "how many times a guest releases one test batch; a request for it beyond "
+                                     "that is refused with nothing spent (each repeat is another noisy copy of "
+                                     "the same records: five cut the effective noise from 50 to 22)",
+                                  check=_positive_int, allowed="an integer >= 1", group="privacy")
     one_shot: bool = _opt(False, "002 workflow: frozen pretrained guest bottoms release each record once",
                           group="privacy")
     public_fraction: float = _opt(0.2, "one-shot: fraction of the training IDs treated as public data, "

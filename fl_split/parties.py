@@ -34,14 +34,18 @@ by the batch, a peer that asks for one batch again would get the same noise twic
 batch asked again after its gradient came back (one that awaits its gradient is refused) — is
 released again with fresh, independent noise, charged to the ledger as another release of those
 records (so ``--budget`` bounds the repetitions), and one warning names the batch and how often it
-was released (``docs/accounting.md``, "Threat model").
+was released (``docs/accounting.md``, "Threat model"). A guest releases one *test* batch at most
+``--max-test-requests`` times (default 1): a request beyond that is refused before anything is
+charged or drawn (issue 25).
 
 **Resume.** A party restored from a checkpoint re-makes the releases its write-ahead log recorded
 after it. A re-made release may use the counter the log recorded for it only when its value is
 bit-identical to the logged one (nothing new leaves: not charged again); otherwise the value made
 with the old counter is discarded, never sent, and the release is drawn with a counter beyond every
 one the log ever recorded, and charged (:meth:`_Party.resume_draws`). No counter is ever used for
-two different released values. DP-SGD steps follow the same rule (a step whose parameters differ
+two different released values. From that floor on every draw is also keyed by a fresh salt of the
+resume (OS entropy), so a log restored from an older copy cannot make the party repeat noise it
+released after that copy (issue 25; the counters the old log records keep their keys). DP-SGD steps follow the same rule (a step whose parameters differ
 from the logged ones is undone and taken again with a fresh counter).
 
 **Hostile peers** (``docs/robustness.md``). Before any state changes a party checks a request and
@@ -337,6 +341,9 @@ class _Party:
         #: it may only re-make the value the write-ahead log recorded for it (``_logged``: counter -> digest)
         self._draw_floor = 0
         self._logged: dict[int, str] = {}
+        #: resume salts ``[(from counter, 32 random bytes)]``: a draw at counter ``c`` is keyed by the
+        #: salt of the last segment starting at or below ``c`` (none before the first resume)
+        self._salts: list[tuple[int, bytes]] = []
         #: how many times each batch was released by this party (a repeat is warned about); the
         #: batches in order of first release, as two lists that export without a per-message sort
         self._times: dict[BatchKey, int] = {}
@@ -430,7 +437,14 @@ class _Party:
         Never keyed by the batch: a repeated request for a batch gets independent noise."""
         c = self.draws
         self.draws = c + 1
-        return self.secret.torch_generator(purpose, c, device=self.device), c
+        return self._generator(purpose, c), c
+
+    def _generator(self, purpose: str, c: int) -> torch.Generator:
+        """The private generator of draw ``c``: ``HMAC(secret, purpose | c)``, and after a resume, from
+        the resume floor on, ``HMAC(secret, purpose | c | resume salt)`` (:meth:`resume_draws`)."""
+        salt = next((s for start, s in reversed(self._salts) if start <= c), None)
+        parts = (purpose, c) if salt is None else (purpose, c, "resume", salt.hex())
+        return self.secret.torch_generator(*parts, device=self.device)
 
     def _gen(self, purpose: str) -> torch.Generator:
         """A fresh private generator for ``purpose`` (a draw whose value never leaves as such)."""
@@ -458,6 +472,13 @@ class _Party:
         self._logged = {int(c): str(d) for c, d in logged.items() if int(c) >= self.draws}
         if self._draw_floor == self.draws:
             self._logged = {}
+        # the log may be an older copy (a backup, a VM snapshot): counters at or beyond its floor may
+        # have keyed releases it no longer records. From the floor on, every draw is keyed by a fresh
+        # salt from OS entropy as well, so no later draw repeats noise that left before (issue 25)
+        import secrets
+
+        self._salts = [seg for seg in self._salts if seg[0] < self._draw_floor]
+        self._salts.append((self._draw_floor, secrets.token_bytes(32)))
 
     def _release(self, mech: Mechanism, value: torch.Tensor, encode_: Callable[[Any], bytes]
                  ) -> tuple[Any, bytes, int | None]:
@@ -583,6 +604,7 @@ class _Party:
                 "ledger": self.ledger.export_state() if self.ledger is not None else None,
                 "draws": {"next": int(self.draws), "floor": int(self._draw_floor),
                           "logged": [[int(c), d] for c, d in sorted(self._logged.items())],
+                          "salts": [[int(c), salt.hex()] for c, salt in self._salts],
                           "released": {"epoch": np.asarray(self._first[0], dtype=np.int64),
                                        "slot": np.asarray(self._first[1], dtype=np.int64)},
                           "repeats": [[list(k.as_tuple()), n] for k, n in self._times.items() if n > 1]},
@@ -598,6 +620,7 @@ class _Party:
         self.draws = int(draws["next"])
         self._draw_floor = int(draws["floor"])
         self._logged = {int(c): str(d) for c, d in draws["logged"]}
+        self._salts = [(int(c), bytes.fromhex(str(h))) for c, h in draws.get("salts", [])]
         epochs = np.asarray(draws["released"]["epoch"]).reshape(-1).tolist()
         slots = np.asarray(draws["released"]["slot"]).reshape(-1).tolist()
         self._first = ([int(e) for e in epochs], [int(x) for x in slots])
@@ -631,8 +654,11 @@ class GuestParty(_Party):
                  cut_shape: tuple[int, ...], mechanisms: MechanismSchedule, secret: PartySecret,
                  ledger: "Ledger | None" = None, sample_rate: float = 1.0,
                  grad_postprocess: PostProcess | None = None, importance: Importance | None = None,
-                 device: torch.device | str = "cpu", host_mechanisms: MechanismSchedule | None = None) -> None:
+                 device: torch.device | str = "cpu", host_mechanisms: MechanismSchedule | None = None,
+                 max_test_requests: int | None = None) -> None:
         super().__init__(name, data, schedule, secret, ledger, sample_rate, device)
+        #: ``--max-test-requests``: how many times one test batch is released (``None``: no cap)
+        self.max_test_requests = max_test_requests
         #: what this guest checks of the host's gradients: the public range of the host's backward
         #: mechanism (``host_mechanisms``, from the public configuration), else their running scale
         self.trust = PeerTrust(name, "gradients", {"host": host_mechanisms} if host_mechanisms is not None else {})
@@ -664,6 +690,12 @@ class GuestParty(_Party):
         for key in keys:
             if key.phase == "train" and key in self._pending:
                 raise ProtocolError(f"{self.name}: {key} was already released and awaits its gradient")
+            n = self._times.get(key, 0)
+            if key.phase == "test" and self.max_test_requests is not None and n >= self.max_test_requests:
+                # before anything is charged or computed: a refused request spends nothing (issue 25)
+                raise ProtocolError(f"{self.name}: {key} requested again (round {round_}); refused: it was released "
+                                    f"{n} time{'s' if n != 1 else ''} and --max-test-requests {self.max_test_requests} "
+                                    f"allows no more (each repeat is another noisy copy of the same records)")
         costs = [self.mechanisms(key).cost() for key in keys]
         # an importance allocation released at a key is charged before that key's release
         alloc = self.importance.plan(keys, updates_per_key=0) if self.importance is not None else set()

@@ -13,7 +13,8 @@
 By default the directory is ``$FL_SPLIT_RUNS/<UTC time>-<dataset>-<defense>`` (``$FL_SPLIT_RUNS``
 unset: ``./runs``); ``--run-dir DIR`` names it, ``--no-run-dir`` writes none. Every file is written
 atomically (temporary file + rename) and only after the run ended, so a failed or interrupted run
-leaves no half-written file; the directory is created only then. A name already taken gets a
+leaves no half-written file; the directory is created only then, owner-only (mode 0700, each file
+0600: the results name the run's data, model and privacy settings). A name already taken gets a
 ``-2``, ``-3`` … suffix: a run never overwrites another's directory by default.
 
 Everything here is derived from the results the coordinator already holds (the host's declared
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_split.results import write_bytes_atomic, write_json_atomic
+from fl_split.secure_files import private_dir
 
 COLUMNS = ("epoch", "train_loss", "test_metric", "test_loss", "epoch_time_s")
 
@@ -147,6 +149,8 @@ def write_run_dir(results: dict[str, Any], directory: str | os.PathLike) -> Path
     returns it. Each file is rendered in memory first and then written atomically."""
     directory = Path(directory).expanduser()
     csv_text, png = epochs_csv(results), curves_png(results)
+    # owner-only (issue 25): 0700, and each file 0600 (mkstemp's mode, kept by the rename)
+    private_dir(directory)
     write_json_atomic(directory / "results.json", results)
     write_bytes_atomic(directory / "epochs.csv", csv_text.encode("utf-8"))
     write_bytes_atomic(directory / "curves.png", png)

@@ -8,6 +8,7 @@ side by side in ``tensorboard --logdir DIR``):
 * ``epsilon/<party>`` for each party whose releases are perturbed, at step = epoch: its ledger's
   epsilon after that epoch's releases (``epsilon_by_epoch``; the final epsilon at the last epoch).
 
+The run's folder is owner-only (0700, its event files 0600; ``DIR`` too when this creates it).
 They are written from the results after the run, so a tracker sees exactly what the results JSON
 says and nothing more (the host's declared aggregates and the parties' public reports); a run whose
 host keeps its metrics (``--report-metrics none``) logs no metric scalars.
@@ -40,7 +41,12 @@ def log_tensorboard(results: dict[str, Any], directory: str, name: str | None = 
 
     from fl_split.rundir import epsilons_per_epoch, final_epsilons, run_name, task_columns
 
-    folder = Path(directory).expanduser() / (name or run_name(results))
+    from fl_split.secure_files import make_owner_only, private_dir
+
+    root = Path(directory).expanduser()
+    if not root.exists():
+        private_dir(root)  # created here: owner-only (an existing one keeps the mode its owner gave it)
+    folder = private_dir(root / (name or run_name(results)))  # 0700 before any event file exists in it
     metric = results["final"]["metric"]
     tags = {"test_metric": f"test/{metric}", "test_loss": "test/loss", "train_loss": "train/loss",
             "epoch_time_s": "time/epoch_s", **{k: "test/" + k[5:] for k in task_columns(results)}}
@@ -61,4 +67,5 @@ def log_tensorboard(results: dict[str, Any], directory: str, name: str | None = 
                 writer.add_scalar(f"epsilon/{party}", float(values[epoch]), global_step=epoch)
     finally:
         writer.close()
+        make_owner_only(folder)  # TensorBoard writes its event files 0644: 0600 (never readable: the folder is 0700)
     return folder

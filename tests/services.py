@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fl_split.flower.processes import descendants, process_table
 
-__all__ = ["LocalSuperLink", "LoopbackRayCluster", "descendants", "free_port", "process_table", "session_pids",
+__all__ = ["FlwrRunHome", "LocalSuperLink", "LoopbackRayCluster", "descendants", "free_port", "process_table", "session_pids",
            "stop_session"]
 
 
@@ -252,3 +252,34 @@ class LocalSuperLink(_Service):
 def _children_sessions(ppid: int) -> list[int]:
     """Session IDs of direct children of ``ppid`` that lead their own session."""
     return [pid for pid, (_, parent, sid, _) in process_table().items() if parent == ppid and sid == pid]
+
+
+class FlwrRunHome(_Service):
+    """A private home for the SuperLink that ``flwr run .`` starts *itself* (the ``local`` connection
+    of Flower's default ``config.toml``): ``HOME`` and ``FLWR_HOME`` in a temporary directory, its
+    HTTP and Control API on ports the OS picks (``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``,
+    ``FLWR_LOCAL_CONTROL_API_PORT``, flwr 1.41). ``flwr run`` detaches that SuperLink (a session of
+    its own) and leaves it running; :meth:`stop` ends exactly the sessions of the SuperLink listening
+    on our port and of the SuperExec it started — found by that port in their command lines."""
+
+    def __init__(self) -> None:
+        super().__init__("flwrrun")
+        self.port, self.control_port = free_port(), free_port()
+        bindir = str(Path(sys.executable).parent)
+        self.env = dict(os.environ, HOME=str(self.tmp), FLWR_HOME=str(self.tmp / ".flwr"),
+                        FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
+                        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(self.port),
+                        FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port),
+                        PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+
+    def ours(self) -> list[int]:
+        """Session IDs of the processes serving or using our SuperLink's port."""
+        marks = (f" --port {self.port} ", f" 127.0.0.1:{self.port} ")  # the SuperLink's; the SuperExec's
+        return sorted({sid for _, (state, _, sid, cmd) in process_table(cmdline=True).items()
+                       if state != "Z" and "flower-super" in cmd and any(m in cmd + " " for m in marks)})
+
+    def stop(self, grace: float = 10.0) -> list[int]:
+        signalled: list[int] = []
+        for sid in self.ours():
+            signalled += stop_session(sid, grace)
+        return signalled

@@ -177,7 +177,7 @@ def test_r3elu_rerequest_released_elements_do_not_repeat():
 
 
 def test_a_repeated_test_request_is_released_fresh_charged_and_warned(caplog):
-    cfg = RunConfig(**BASE, defense="gaussian", sigma=5.0)
+    cfg = RunConfig(**BASE, defense="gaussian", sigma=5.0, max_test_requests=3)  # the cap allows three
     g = _guest(cfg)
     key = BatchKey("test", 1, 0)
     with caplog.at_level(logging.WARNING, logger="fl_split.party"):
@@ -190,6 +190,37 @@ def test_a_repeated_test_request_is_released_fresh_charged_and_warned(caplog):
     assert len(warned) == 2 and all(str(key) in w for w in warned)
     assert "released 2 times" in warned[0] and "released 3 times" in warned[1]
     assert g.ledger.releases_per_record() == 3
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_test_requests_beyond_the_cap_are_refused_with_nothing_spent(cap):
+    """Issue 25: a host asking for one test batch again and again averages its noise away (five
+    releases cut σ = 50 to an effective 22). ``--max-test-requests N`` (default 1): the guest
+    releases a test batch at most N times; the next request is refused with one line, before
+    anything is charged, drawn or released — and the party goes on (another batch is served)."""
+    from fl_split.errors import ProtocolError
+
+    cfg = RunConfig(**BASE, defense="gaussian", sigma=50.0, **({} if cap == 1 else {"max_test_requests": cap}))
+    g = _guest(cfg)
+    key = BatchKey("test", 1, 0)
+    for r in range(1, cap + 1):
+        g.step([], [key], r)
+    spent = (len(g.ledger), g.ledger.epsilon(), g.draws, dict(g.released), dict(g._times))
+    with pytest.raises(ProtocolError) as err:
+        g.step([], [key], cap + 1)
+    assert str(err.value) == (f"guest-1: test[epoch 1, batch 0] requested again (round {cap + 1}); refused: it was "
+                              f"released {cap} time{'s' if cap != 1 else ''} and --max-test-requests {cap} allows "
+                              f"no more (each repeat is another noisy copy of the same records)")
+    assert (len(g.ledger), g.ledger.epsilon(), g.draws, dict(g.released), dict(g._times)) == spent
+    g.step([], [K1], cap + 2)  # the party is unchanged and serves the next request
+    assert g.ledger.releases_per_record() == cap and g._times[K1] == 1
+
+
+def test_max_test_requests_is_checked():
+    from fl_split.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--max-test-requests: got 0; allowed: an integer >= 1"):
+        RunConfig(**BASE, max_test_requests=0)
 
 
 def test_a_batch_awaiting_its_gradient_is_still_refused():
@@ -208,7 +239,8 @@ def test_the_budget_bounds_the_repetitions():
     probe = _guest(RunConfig(**BASE, defense="gaussian", sigma=50.0))
     probe.step([], [key], 1)
     budget = 4 * probe.ledger.epsilon()  # room for a few releases of the batch, not for 999
-    g = _guest(RunConfig(**BASE, defense="gaussian", sigma=50.0, budget=budget))
+    # without the cap on test requests (issue 25; here lifted): the budget still bounds them
+    g = _guest(RunConfig(**BASE, defense="gaussian", sigma=50.0, budget=budget, max_test_requests=10 ** 6))
     released = 0
     with pytest.raises(BudgetExceeded):
         for r in range(1, 1000):
@@ -340,6 +372,44 @@ def test_resume_with_other_gradients_never_reuses_a_counter_for_another_value(tm
     assert len(draws3) == 5 and len(set(draws3)) == 5 and draws3[-1] > draws2[-1]
 
 
+def test_a_rolled_back_log_does_not_repeat_noise(tmp_path):
+    """Issue 25: the guest's write-ahead log is restored from an older copy (a backup, a VM snapshot)
+    that lacks its last release, and the run is resumed. The log's floor is then below a counter
+    that already keyed a release; the host sends another gradient, so the re-made batch has another
+    value. Without the resume salt the guest would draw that counter's noise again, and the host
+    would subtract it (σ = 50 cancels exactly); with it the new noise is independent of the old. A
+    release the old log does record is still re-made bit-identically (not charged again)."""
+    import shutil
+
+    cfg, directory, run, g, wal = _resume_setup(tmp_path, defense="gaussian", sigma=50.0)
+    zeros = torch.zeros(32, *g.cut_shape)
+    crafted = 0.5 * torch.randn(32, *g.cut_shape, generator=torch.Generator().manual_seed(4))
+    first = g.step([], [K1], 1)
+    shutil.copy(wal_path(directory, "guest-1"), tmp_path / "old.wal")  # the backup: K1's release only
+    mech1, seen1 = _record_inputs(g, K2)
+    released = decode(g.step([_gradient(g, K1, 1, zeros)], [K2], 2)[0]).tensor  # counter 1: it left
+    noise_old = (released - seen1[-1].clamp(-mech1.bound, mech1.bound)).flatten().double()
+    wal.close()
+    shutil.copy(tmp_path / "old.wal", wal_path(directory, "guest-1"))  # roll the log back
+    assert _counters(directory, "guest-1")[0] == [0]  # it no longer knows that counter 1 keyed a release
+
+    g2, wal2 = _restored(cfg, directory, run, 0)
+    assert g2.step([], [K1], 1) == first and g2.ledger.pending_replays == 0  # logged: re-made identically
+    mech, seen = _record_inputs(g2, K2)
+    again = decode(g2.step([_gradient(g2, K1, 1, crafted)], [K2], 2)[0]).tensor
+    wal2.close()
+    assert _counters(directory, "guest-1")[0] == [0, 1]  # the same counter, ...
+    signal = seen[-1].clamp(-mech.bound, mech.bound)
+    assert not torch.equal(signal, seen1[-1].clamp(-mech1.bound, mech1.bound))  # (another value)
+    # ... which without the salt keys the old noise again: the host would subtract it exactly
+    unsalted = mech.release(seen[-1], g2.secret.torch_generator("release", 1)).value
+    assert torch.allclose((unsalted - signal).flatten().double(), noise_old, atol=1e-3)
+    # with it: the new release's noise is independent of the old one's, their difference as noisy as two draws
+    noise_new = (again - signal).flatten().double()
+    assert abs(float(torch.corrcoef(torch.stack([noise_new, noise_old]))[0, 1])) < 5 / math.sqrt(noise_new.numel())
+    assert float((noise_new - noise_old).std()) > 1.2 * mech.sigma  # ≈ √2·σ; 0 if the noise repeated
+
+
 def test_resume_dpsgd_step_remade_differently_is_undone_and_drawn_fresh(tmp_path):
     cfg, directory, run, g, wal = _resume_setup(tmp_path, defense="none", dp_sgd="guest", norm="none")
     assert isinstance(g.update, DpSgdUpdate)
@@ -370,6 +440,7 @@ def test_resume_dpsgd_step_remade_differently_is_undone_and_drawn_fresh(tmp_path
     ref, _ = _restored(cfg, directory, run, 1)
     ref.ledger.attach_wal(None)
     ref.resume_draws(0, {})  # no log: steps with counters from the checkpoint on
+    ref._salts = list(g2._salts)  # ... keyed by g2's resume salt (fresh per resume: issue 25)
     ref.draws = draws2[-1]
     ref.apply_gradients([_gradient(ref, K1, 1, crafted)], 2)
     assert ref._params_digest() == g2._params_digest()

@@ -353,7 +353,7 @@ def _keys(o) -> set:
 def test_cli_attack_writes_json(tmp_path, capsys):
     out = tmp_path / "attack.json"
     code, stdout, stderr = _cli(["attack", "--attack", "label-direction", "--dataset", "breast-cancer", "--epochs", "2",
-                                 "--no-progress", "--private-seed", "5eed" * 8, "--defense", "laplace", "--epsilon", "50",
+                                 "--no-progress", "--private-seed", "5eed0c4f9a2e7b13d86f1a0b3c5e7d92", "--defense", "laplace", "--epsilon", "50",
                                  "--out", str(out)], capsys)
     assert code == 0, stderr
     res = json.loads(out.read_text())

@@ -70,6 +70,18 @@ def _summary(res: dict) -> tuple:
     return res["final"]["value"], res["final"]["train_loss"], priv, hist, res["wire"]
 
 
+def _resumed_like(res: dict, ref: dict) -> None:
+    """What a resumed run reproduces of the uninterrupted one: every release re-made up to the crash
+    is the same, so the accounting (epsilon, releases, per-record releases), the wire counts and the
+    epochs evaluated before its checkpoint are equal. From the logs' last draw counter on, a resumed
+    party draws with a fresh resume salt (issue 25: a log rolled back to an older copy must not repeat
+    noise), so the numbers after the crash come from other, independent noise and are not compared."""
+    got, want = _summary(res), _summary(ref)
+    assert got[2] == want[2] and got[4] == want[4]
+    done = res["checkpoint"]["resumed_from_round"] // (res["wire"]["rounds"] // len(res["history"]))
+    assert got[3][:done] == want[3][:done]
+
+
 # -- files -------------------------------------------------------------------------------------------
 def test_checkpoint_file_round_trip_and_refusals(tmp_path):
     arrays = {"a": np.arange(6, dtype=np.int64).reshape(2, 3), "b": np.array([1.5, -2.0], dtype=np.float32),
@@ -124,7 +136,7 @@ def test_crash_and_resume_equals_an_uninterrupted_run(tmp_path, kw, every, crash
     state = load_coordinator(cfg.checkpoint_dir)
     assert 0 <= state.round < crash_at and state.finished is None
     res = LocalEngine(cfg.replace(resume=True), PS).run()
-    assert _summary(res) == _summary(ref)
+    _resumed_like(res, ref)
     ck = res["checkpoint"]
     assert ck["resumed_from_round"] == state.round
     assert sum(ck["replayed"].values()) > 0  # releases made after the checkpoint were replayed ...
@@ -192,10 +204,10 @@ def _released_after_checkpoint(ck: Path) -> bool:
 @pytest.mark.slow
 def test_sigkill_and_resume_from_the_command_line(tmp_path):
     """``fl-split train --checkpoint-dir`` in its own process group, SIGKILLed mid-run, then
-    ``--resume``: the same final metric and epsilon as an uninterrupted run with the same seeds."""
+    ``--resume``: the same releases and epsilon as an uninterrupted run with the same seeds."""
     ck = tmp_path / "ck"
     args = ["--dataset", "digits", "--guests", "2", "--epochs", "3", "--defense", "gaussian", "--sigma", "0.7",
-            "--denoise", "scale", "--no-progress", "--private-seed", "5eed" * 8, "--checkpoint-every", "10"]
+            "--denoise", "scale", "--no-progress", "--private-seed", "5eed0c4f9a2e7b13d86f1a0b3c5e7d92", "--checkpoint-every", "10"]
     env = dict(os.environ, FL_SPLIT_NO_DOWNLOAD="1", OMP_NUM_THREADS="1")
     killed_out = tmp_path / "killed.json"
     proc = subprocess.Popen([sys.executable, "-m", "fl_split.cli", "train", *args, "--checkpoint-dir", str(ck),
@@ -235,7 +247,9 @@ def test_sigkill_and_resume_from_the_command_line(tmp_path):
     resume_s = time.monotonic() - t0
     assert main(["train", *args, "--out", str(tmp_path / "ref.json")]) == 0
     res, ref = (json.loads((tmp_path / f).read_text()) for f in ("res.json", "ref.json"))
-    assert res["final"] == ref["final"]
+    # after the crash the resumed parties draw with a fresh resume salt (issue 25): other noise, so the
+    # final metric is not compared; the accounting is the uninterrupted run's
+    assert {p: r["releases"] for p, r in res["privacy"].items()} == {p: r["releases"] for p, r in ref["privacy"].items()}
     assert {p: r["epsilon"] for p, r in res["privacy"].items()} == {p: r["epsilon"] for p, r in ref["privacy"].items()}
     assert res["checkpoint"]["resumed_from_round"] == state.round
     assert sum(res["checkpoint"]["replayed"].values()) > 0 and not any(res["checkpoint"]["pending_replays"].values())
@@ -286,7 +300,7 @@ def test_bad_resumes_are_refused(tmp_path):
         LocalEngine(cfg.replace(resume=True), PS).run()
     wal.write_bytes(text + b'0000abcd {"seq": 9')  # torn while being written: that release never left
     res = LocalEngine(cfg.replace(resume=True), PS).run()
-    assert _summary(res) == _summary(run_experiment(_cfg(), private_seed=PS))
+    _resumed_like(res, run_experiment(_cfg(), private_seed=PS))
     assert read_wal(wal)[2] == len(wal.read_bytes())  # the torn tail was cut off before appending
 
 
@@ -346,7 +360,7 @@ def test_guest_failure_stop_names_it_checkpoints_and_resumes(tmp_path):
     assert state.guest_failures[0]["guest"] == "guest-2" and state.finished is None
     # guest-1 released round 12 before the stop: logged, replayed and deduplicated on resume
     res = LocalEngine(cfg.replace(resume=True), PS).run()
-    assert _summary(res) == _summary(ref)
+    _resumed_like(res, ref)
     assert res["checkpoint"]["replayed"]["guest-1"] >= 2
     assert res["guest_failures"][0]["action"] == "stop"
 
@@ -368,7 +382,7 @@ def test_guest_failure_pad_goes_on_with_a_zero_embedding(tmp_path):
     with pytest.raises(Crash):
         LocalEngine(ck, PS, transport=lambda t: CrashAfterGuests(GuestDiesAt(t, "guest-2", 7), 17)).run()
     again = LocalEngine(ck.replace(resume=True), PS).run()
-    assert _summary(again) == _summary(res)
+    _resumed_like(again, res)
     assert again["guest_failures"] == res["guest_failures"]
 
 

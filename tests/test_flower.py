@@ -47,7 +47,7 @@ from fl_split.seeding import PrivateSeed
 
 ROOT = Path(__file__).resolve().parents[1]
 #: every equivalence below runs both sides with this private seed (the parties' secrets derive from it)
-PS_HEX = "5eed" * 8  # a 128-bit private seed (the CLI takes it as --private-seed HEX)
+PS_HEX = "5eed0c4f9a2e7b13d86f1a0b3c5e7d92"  # a 128-bit private seed (the CLI takes it as --private-seed HEX)
 PS = PrivateSeed.parse(PS_HEX)
 
 

@@ -21,7 +21,7 @@ from fl_split.deploy import ProcessGroup
 from fl_split.flower.processes import process_table
 from fl_split.seeding import PrivateSeed
 
-PS_HEX = "5eed" * 8  # a 128-bit private seed: the same on the command line and in the local reference
+PS_HEX = "5eed0c4f9a2e7b13d86f1a0b3c5e7d92"  # a 128-bit private seed: the same on the command line and in the local reference
 
 # --limit 600: four times the rounds of --limit 150, so epoch 2 lasts long enough for the kill to
 # land inside it on a loaded machine
@@ -40,7 +40,7 @@ def test_flower_checkpoints_refused_where_not_supported():
 
 
 @pytest.mark.slow
-def test_flower_run_killed_mid_epoch_resumes_to_the_same_metric_and_epsilon(tmp_path):
+def test_flower_run_killed_mid_epoch_resumes_to_the_same_accounting(tmp_path):
     directory = tmp_path / "ckpt"
     cmd = [sys.executable, "-m", "fl_split.cli", "train", "--engine", "flower", "--num-cpus", "0.5", *ARGS,
            "--private-seed", PS_HEX, "--checkpoint-dir", str(directory)]
@@ -89,8 +89,11 @@ def test_flower_run_killed_mid_epoch_resumes_to_the_same_metric_and_epsilon(tmp_
     from fl_split.engine import run_experiment
 
     local = run_experiment(config_from_args(build_parser().parse_args(["train", *ARGS])), private_seed=PrivateSeed.parse(PS_HEX))
-    assert res["final"]["value"] == local["final"]["value"]
-    assert res["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)
+    # epoch 1 (checkpointed) and the releases re-made after it are the local run's; from the logs' last
+    # draw counter on, the resumed parties draw with a fresh resume salt (issue 25: a rolled-back log
+    # must not repeat noise), so epoch 2's numbers are those of other noise and are not compared
+    assert res["history"][0]["test_metric"] == local["history"][0]["test_metric"]
+    assert res["history"][0]["train_loss"] == pytest.approx(local["history"][0]["train_loss"], rel=1e-6)
     for party, rep in local["privacy"].items():
         assert res["privacy"][party]["epsilon"] == rep["epsilon"]
         assert res["privacy"][party]["releases"] == rep["releases"]

@@ -33,7 +33,7 @@ from fl_split.parties import export_flat
 from fl_split.seeding import PrivateSeed
 
 ROOT = Path(__file__).resolve().parents[1]
-PS = PrivateSeed.parse("5eed" * 8)
+PS = PrivateSeed.parse("5eed0c4f9a2e7b13d86f1a0b3c5e7d92")
 
 
 def _cfg(**kw) -> RunConfig:
@@ -154,8 +154,8 @@ from fl_split.seeding import PrivateSeed
 after_import = sorted(m for m in {HEAVY!r} if m in sys.modules)
 cfg = RunConfig.from_mapping(json.load(open("cfg.json")))
 handoff = Handoff({{data_key(cfg): {{"guest-1": pickle.load(open("slice.pkl", "rb"))}}}})
-make_client_app(PrivateSeed.parse("5eed" * 8), handoff)
-party, _ = build_party(cfg, NodeRole("guest-1", "guest", 1, "simulation"), PrivateSeed.parse("5eed" * 8),
+make_client_app(PrivateSeed.parse("5eed0c4f9a2e7b13d86f1a0b3c5e7d92"), handoff)
+party, _ = build_party(cfg, NodeRole("guest-1", "guest", 1, "simulation"), PrivateSeed.parse("5eed0c4f9a2e7b13d86f1a0b3c5e7d92"),
                        handoff=handoff)
 party.update.zero_grad()
 party.update.state_dict()

@@ -320,8 +320,12 @@ def test_a_run_crashed_on_one_path_resumes_on_the_other(tmp_path, crashed_codec,
     # the releases made after the last checkpoint were re-made bit for bit and not charged again
     assert res["checkpoint"]["replayed"] and all(n == 0 for n in res["checkpoint"]["pending_replays"].values())
     got = _comparable(res)
-    for k in ("history", "final", "wire", "privacy"):
+    for k in ("wire", "privacy"):
         assert got[k] == ref[k], k
+    # the epochs evaluated before the crash too; later draws carry the resume salt (issue 25: other,
+    # independent noise), so later numbers are not compared
+    done = res["checkpoint"]["resumed_from_round"] // (res["wire"]["rounds"] // len(res["history"]))
+    assert got["history"][:done] == ref["history"][:done]
 
 
 # -- on a GPU: the tensors stay there ---------------------------------------------------------------------------

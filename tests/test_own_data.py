@@ -60,7 +60,7 @@ def data_flags(paths: dict[str, str]) -> list[str]:
 
 def _run(tmp_path, name: str, args: list[str]) -> dict:
     out = tmp_path / f"{name}.json"
-    assert main(["train", *args, *OPTS, "--private-seed", "11" * 16, "--out", str(out)]) == 0
+    assert main(["train", *args, *OPTS, "--private-seed", "8c9e2d44d0ce787253e1ed754fe13786", "--out", str(out)]) == 0
     return json.loads(out.read_text())
 
 
@@ -265,7 +265,7 @@ def test_deploy_local_party_files_from_own_tables(tmp_path):
     from fl_split.seeding import PrivateSeed
 
     # a seed value on deploy's command line is refused (every local user could read it): a seed file
-    seed = write_private(tmp_path / "seed", PrivateSeed.parse("7" * 32).file_text().encode())
+    seed = write_private(tmp_path / "seed", PrivateSeed.parse("fc59556bdbeef23121425c140d4e06b2").file_text().encode())
     run = ["--guests", "2", "--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed-file", str(seed)]
     workdir, out = tmp_path / "dep", tmp_path / "dep.json"
     proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", *run,

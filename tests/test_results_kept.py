@@ -7,15 +7,18 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import stat
 
 import pytest
 
 from fl_split.config import RunConfig
 from fl_split.errors import ConfigError
 from fl_split.results import jsonable, write_json_atomic
+from fl_split.secure_files import readable_by_others
 from tests.helpers import run_cli
 
-SEED = "5eed" * 8  # 128-bit private seed (small integers are refused)
+SEED = "5eed0c4f9a2e7b13d86f1a0b3c5e7d92"  # 128-bit private seed (small integers are refused)
 TINY = ["--dataset", "breast-cancer", "--epochs", "2", "--no-progress", "--private-seed", SEED]
 
 
@@ -127,7 +130,14 @@ def _check_run_dir(folder, epochs):
     return data
 
 
-def test_train_without_out_writes_a_run_directory(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_train_without_out_writes_a_run_directory(tmp_path, monkeypatch, capsys, umask_022):
     monkeypatch.setenv("FL_SPLIT_RUNS", str(tmp_path / "runs"))
     code, stdout, _ = _run(["train", *TINY, "--defense", "laplace", "--epsilon", "50"], capsys)
     assert code == 0
@@ -136,6 +146,9 @@ def test_train_without_out_writes_a_run_directory(tmp_path, monkeypatch, capsys)
     data = _check_run_dir(folder, 2)
     assert data["final"]["value"] == data["history"][-1]["test_metric"]
     assert f"run directory: {folder}" in stdout
+    # owner-only (issue 25) under the common umask 022: the directory 0700, every file 0600
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and readable_by_others(folder) == []
+    assert {stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {0o600}
     # each perturbing party's epsilon after each epoch: ε = 50 per epoch (each record once), composed;
     # pld reports the per-element (ε, δ), below the pure 50 and 100 (tight accounting, issue 26)
     per_epoch = data["privacy"]["guest-1"]["epsilon_by_epoch"]
@@ -164,7 +177,7 @@ def test_out_alone_writes_no_run_directory_and_run_dir_is_never_overwritten(tmp_
     assert not (tmp_path / "runs").exists()
 
 
-def test_tensorboard_scalars_per_epoch_and_epsilon(tmp_path, capsys):
+def test_tensorboard_scalars_per_epoch_and_epsilon(tmp_path, capsys, umask_022):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -175,6 +188,10 @@ def test_tensorboard_scalars_per_epoch_and_epsilon(tmp_path, capsys):
     data = json.loads((tmp_path / "run" / "results.json").read_text())
     (folder,) = tb.iterdir()
     assert folder.name == "run"  # named after the run directory
+    # owner-only (issue 25): TensorBoard itself writes 0755 folders and 0644 event files
+    assert stat.S_IMODE(tb.stat().st_mode) == 0o700 and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert readable_by_others(tb) == [] and readable_by_others(tmp_path / "run") == []
+    assert [stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()] == [0o600]
     acc = EventAccumulator(str(folder))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])

@@ -336,7 +336,7 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
         role = node_role(dict(context.node_config))
         who = role.party
         if mtype == R.MSG_ROLE:
-            return _reply(message, role=R.dumps(role.to_json()))
+            return _reply(message, role=R.dumps(role.to_json()), **_role_capacity(role))
         if mtype == R.MSG_SETUP:
             expected = str(req.get("party", role.party))
             if expected != role.party:
@@ -387,6 +387,16 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
         # the live object may be half-updated: forget it; context.state still holds the last good state
         _PARTIES.pop(key, None)
         return Message(R.error_record(exc, who, None if round_ < 0 else round_), reply_to=message)
+
+
+def _role_capacity(role: NodeRole) -> dict[str, str]:
+    """A simulated node's answer to the role query also says what its Ray actor reserved and what
+    the cluster has (machine facts), so that the coordinator picks a data plane that fits before
+    any party is set up (:func:`fl_split.flower.strategy.fit_data_plane`)."""
+    from fl_split.flower.resources import capacity_here
+
+    cap = capacity_here() if role.mode == "simulation" else None
+    return {} if cap is None else {"capacity": R.dumps(cap)}
 
 
 def _dataplane_setup(cfg: RunConfig, role: NodeRole, node_config: dict, state) -> dict[str, str]:

@@ -60,8 +60,12 @@ class VerticalSplitStrategy:
     (``server_start``, ``nodes_registered``, ``setup_done``, ``training_start``, ``training_end``,
     ``reports_done``): the start-up breakdown of ``experiments/bench_flower.py``."""
 
-    def __init__(self, cfg: RunConfig, poll_interval: float = POLL_INTERVAL, timeline: dict | None = None) -> None:
+    def __init__(self, cfg: RunConfig, poll_interval: float = POLL_INTERVAL, timeline: dict | None = None,
+                 fit_resources: bool = False) -> None:
         self.cfg = cfg
+        #: ``flwr run .``: fit the data plane to the federation Flower gives (:func:`fit_data_plane`)
+        #: instead of stopping when the direct data plane's ClientApps cannot all run at once
+        self.fit_resources = fit_resources
         self.poll_interval = poll_interval
         self.transport: FlowerTransport | None = None
         self.plan = None
@@ -81,6 +85,11 @@ class VerticalSplitStrategy:
         self.transport = discover(grid, self.cfg, self.poll_interval, on_registered=lambda: self._mark("nodes_registered"))
         self._mark("roles_answered")
         log.info("federation: %s", ", ".join(f"{p} = node {n}" for p, n in self.transport.nodes.items()))
+        if self.fit_resources:
+            host_role = self.transport.role_replies.get("host")
+            self.cfg, line = fit_data_plane(self.cfg, host_role.get("capacity") if host_role is not None else None)
+            if line:
+                log.warning("%s", line)
         from fl_split.flower.alignment import align_nodes, uses_node_tables
 
         if uses_node_tables(self.cfg):  # each node its own table: align the IDs between the nodes first
@@ -138,6 +147,45 @@ class VerticalSplitStrategy:
         return results
 
 
+def fit_data_plane(cfg: RunConfig, capacity) -> tuple[RunConfig, str | None]:
+    """``flwr run .`` with the federation Flower creates by default (2 SuperNodes reserving 2 CPUs
+    each) runs one ClientApp at a time on a 2-core machine, and the direct data plane needs all
+    ``G + 1`` at once. The ServerApp cannot change the federation's resources, so it changes what
+    it runs: the relay data plane (``--data-plane flower``: every tensor in a Flower message, one
+    ClientApp at a time, the same rounds and results, slower). Returns the configuration to run and
+    the one line that says so (``None``: unchanged). ``capacity``: the host's role reply (its Ray
+    actor's reservation and the cluster; ``None`` outside a simulation — a deployment runs one
+    ClientApp per SuperNode). What needs the direct plane (``--on-guest-failure pad``, checkpoints) is
+    refused as before, with the capacity message."""
+    from fl_split.errors import ConfigError
+    from fl_split.flower import records as R
+    from fl_split.flower.resources import check_capacity, check_worker_threads, pool_widened_here, slots
+
+    if cfg.data_plane != "direct" or not capacity:
+        return cfg, None
+    cap = R.loads(str(capacity))
+    try:
+        check_capacity(cfg.guests, cap, " (measured by the host's ClientApp)")
+        if not pool_widened_here():
+            check_worker_threads(cfg.guests)
+    except ConfigError as exc:
+        try:  # what needs the direct plane (pad, checkpoints) keeps the capacity message
+            relay = cfg.replace(data_plane="flower")
+            check_options(relay)
+        except ConfigError:
+            raise exc from None
+        parties = cfg.guests + 1
+        fit = slots(cap["nodes"], float(cap["num_cpus"]), float(cap["num_gpus"]))
+        cpus = sum(n.get("CPU", 0) for n in cap["nodes"])
+        why = (f"Flower's federation fits {fit} of the {parties} ClientApps at once ({float(cap['num_cpus']):g} CPU "
+               f"each, Ray has {cpus:g})" if fit < parties else exc.reason)
+        return relay, (
+            f"fl_split: relay data plane (--data-plane flower, one ClientApp at a time, same results, slower): {why}; "
+            f"for the direct data plane run `fl-split flwr-run` or give each ClientApp fewer CPUs "
+            f"(--federation-config \"client-resources-num-cpus=1 init-args-num-cpus={parties}\")")
+    return cfg, None
+
+
 def privacy_line(party: str, rep: dict[str, Any]) -> str:
     """One log line of a party's privacy report: mechanism, epsilon, delta, accountant, releases."""
     from fl_split.privacy.disclosure import snr_bound
@@ -178,19 +226,41 @@ def flwr_run_app() -> ServerApp:
     def main(grid: Grid, context: Context) -> None:
         _log_through_flower()
         cfg = config_from_context(context)
-        VerticalSplitStrategy(cfg).run(grid, write_out=True)
+        VerticalSplitStrategy(cfg, fit_resources=True).run(grid, write_out=True)
 
     return app
 
 
 def _log_through_flower() -> None:
-    """Send fl_split's INFO logs to Flower's handlers (they reach ``flwr run --stream`` / ``flwr log``)."""
+    """Send fl_split's INFO logs to Flower's handlers (they reach ``flwr run --stream`` / ``flwr log``),
+    and make Flower log an fl_split error as one line (:class:`OneLineErrors`)."""
     ours, flwr_logger = logging.getLogger("fl_split"), logging.getLogger("flwr")
     ours.setLevel(logging.INFO)
     for h in flwr_logger.handlers:
         if h not in ours.handlers:
             ours.addHandler(h)
     ours.propagate = False
+    if not any(isinstance(f, OneLineErrors) for f in flwr_logger.filters):
+        flwr_logger.addFilter(OneLineErrors())
+
+
+class OneLineErrors(logging.Filter):
+    """Flower logs an exception that ends the ServerApp with its traceback (``Simulation raised an
+    exception``, ``ServerApp raised an exception``; flwr 1.41). For the errors fl_split raises on
+    purpose (:class:`~fl_split.errors.FlSplitError`: bad options, data, a party's error reply, a
+    refused release) the message already names the flag, the party or the round: this filter on
+    Flower's logger turns such a record into that one line. Any other exception keeps its traceback
+    (a bug). Flower's own exit-code lines follow (not ours to change)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from fl_split.errors import FlSplitError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, FlSplitError):
+            text = " ".join(str(exc).split())  # one line, whatever the message's line breaks
+            record.msg, record.args = "fl_split stopped the run: %s: %s", (type(exc).__name__, text)
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 def make_server_app(cfg: RunConfig | list[RunConfig], sink: dict[str, Any], poll_interval: float = POLL_INTERVAL,

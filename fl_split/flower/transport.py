@@ -65,6 +65,8 @@ class FlowerTransport:
         self.stats = ExchangeStats()
         #: every party's reply to ``setup`` (the host's says where its data plane is)
         self.setup_replies: dict[str, Any] = {}
+        #: ``{party: reply to the role query}`` (a simulated node's carries its ``capacity``)
+        self.role_replies: dict[str, Any] = {}
 
     # -- one exchange ----------------------------------------------------------------------------
     def exchange(self, requests: dict[str, tuple[str, RecordDict]], round_: int | None,
@@ -253,6 +255,9 @@ def discover(grid, cfg: RunConfig, poll: float = POLL_INTERVAL, on_registered=No
     nodes = validate_federation(roles, cfg.guests)
     transport = FlowerTransport(grid, nodes, cfg.node_timeout, poll)
     transport.stats.workers |= probe.stats.workers
+    by_node = {n: p for p, n in nodes.items()}
+    transport.role_replies = {by_node[int(p.split("-", 1)[1])]: rec for p, rec in answers.items()
+                              if int(p.split("-", 1)[1]) in by_node}
     return transport
 
 
