@@ -19,7 +19,7 @@ from fl_split.data.encoding import ColumnEncoder, parse_encode
 from fl_split.errors import ConfigError, DataError
 
 SEED = 3
-OPTS = ["--seed", str(SEED), "--epochs", "2", "--batch-size", "32", "--no-progress", "--private-seed", "5a" * 16]
+OPTS = ["--seed", str(SEED), "--epochs", "2", "--batch-size", "32", "--no-progress", "--private-seed", "a7c31e95d04b68f2e1d9073b5c8a46e2"]
 #: which party holds which rows (ID % k != 0): partly overlapping ID sets
 KEEP = {"host": 5, "guest-1": 7, "guest-2": 11}
 

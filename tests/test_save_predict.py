@@ -27,7 +27,7 @@ from fl_split.errors import DataError
 from fl_split.predict import predict
 from fl_split.seeding import PrivateSeed
 
-PS_HEX = "5eed" * 8
+PS_HEX = "6e2b94d17a03c8f5b19e4d72c05a83f1"
 PS = PrivateSeed.parse(PS_HEX)
 
 
@@ -224,7 +224,7 @@ def test_flower_nodes_save_their_own_parts_like_the_local_engine(tmp_path):
 
     cfg = _cfg(guests=1, save_model=str(tmp_path / "flower"))
     VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(2), fresh_process=True))
-    LocalEngine(cfg.replace(save_model=str(tmp_path / "local")), PrivateSeed.parse("5eed" * 8)).run()
+    LocalEngine(cfg.replace(save_model=str(tmp_path / "local")), PrivateSeed.parse(PS_HEX)).run()
     for p in ("host", "guest-1"):
         a, b = _state_keys(tmp_path / "flower" / p / "model.pt"), _state_keys(tmp_path / "local" / p / "model.pt")
         assert a.keys() == b.keys()
