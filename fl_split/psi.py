@@ -140,6 +140,12 @@ def read_list(blob: object, sender: str, receiver: str) -> tuple[int, int, np.nd
     return origin, hop, np.frombuffer(payload, np.uint8, offset=pos).reshape(-1, POINT)
 
 
+def fresh_secret() -> bytes:
+    """32 bytes from the OS's CSPRNG: a party's key or permutation seed (one place, which tests
+    watch)."""
+    return os.urandom(32)
+
+
 def _ring(parties: list[str], i: int) -> str:
     return parties[i % len(parties)]
 
@@ -156,8 +162,8 @@ class PsiParty:
         self.party, self.parties = party, list(parties)
         self.me, self.n = self.parties.index(party), len(self.parties)
         self._own = np.unique(np.asarray(ids, np.int64))
-        self._key = os.urandom(POINT) if key is None and rnd < self.n else key
-        self._perm_seed = perm_seed or os.urandom(32)
+        self._key = fresh_secret() if key is None and rnd < self.n else key
+        self._perm_seed = perm_seed or fresh_secret()
         #: 0: not started; r: rounds 1 … r-1 done; n: every round done; n + 1: finished
         self.round = rnd
         self.tick = tick
@@ -309,7 +315,7 @@ def run_psi(route: PsiRoute, parties: list[str],
         log("list", p, to, blob)
         frames[i] = blob
     for r in range(1, n):
-        at = {(i + r) % n: i for i in range(n)}  # the party holding origin i's list in round r
+        at = {j: (j - r) % n for j in range(n)}  # party j holds the list of origin j - r in round r
         outs = route.hop({parties[j]: frames[i] for j, i in at.items()})
         for j, i in at.items():
             p, to = parties[j], (COORDINATOR if r + 1 == n else _ring(parties, j + 1))
