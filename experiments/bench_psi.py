@@ -16,7 +16,10 @@ Two parties with ``n`` IDs each, half of them shared (random 63-bit IDs), for ea
   reading and writing CSV files as its API does; the time is the slower rank's ``psi_execute``.
 
 Both run on the same machine in the same run, alternating per size, so the ratio is meaningful even
-on a busy machine (this VM's timings vary by ±30 % between identical runs).
+on a busy machine (this VM's timings vary by ±30 % between identical runs, more when other jobs
+share its 2 cores); the CPU seconds each used (``getrusage``: ours the aligning process, SecretFlow
+both ranks) are recorded too — the work done, which a busy machine stretches far less than the wall
+time.
 
 Run: ``python experiments/bench_psi.py --spu-python /tmp/spuvenv/bin/python`` (with a Python that has
 ``fl-split[psi]``) → ``experiments/results/bench_psi.json``.
@@ -51,11 +54,14 @@ universe = rng.choice(2**62, size=n + n // 2, replace=False).astype(np.int64)
 ids = {"host": universe[:n], "guest-1": universe[n // 2:]}
 stats = {}
 rss_before = int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024  # MB, after the imports
+use0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 shared = align_by_psi(ids, stats=stats)
 dt = time.perf_counter() - t0
+use = resource.getrusage(resource.RUSAGE_SELF)
+cpu = use.ru_utime + use.ru_stime - use0.ru_utime - use0.ru_stime
 assert len(shared) == n // 2 and np.array_equal(shared, np.sort(universe[n // 2:n]))
-print(json.dumps({"seconds": dt, "shared": int(len(shared)), "backend": backend(), "messages": stats["messages"],
+print(json.dumps({"seconds": dt, "cpu_s": cpu, "shared": int(len(shared)), "backend": backend(), "messages": stats["messages"],
                   "bytes": stats["bytes"], "rss_before_mb": rss_before, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -100,7 +106,9 @@ def spu(python: str, n: int, protocol: str, work: Path) -> dict:
         return {"error": " | ".join(o[1].strip().splitlines()[-1] if o[1].strip() else "" for o in outs)}
     reports = [json.loads([ln for ln in o[0].splitlines() if ln.startswith("SPU_RESULT ")][-1][11:]) for o in outs]
     assert all(r["intersection"] == n // 2 for r in reports), reports
-    return {"seconds": max(r["seconds"] for r in reports), "process_seconds": wall, "shared": reports[0]["intersection"]}
+    return {"seconds": max(r["seconds"] for r in reports), "cpu_s": sum(r["cpu_s"] for r in reports),
+            "peak_rss_mb": [r["peak_rss_mb"] for r in reports], "process_seconds": wall,
+            "shared": reports[0]["intersection"]}
 
 
 def main() -> None:
@@ -115,7 +123,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             row: dict = {"n_per_party": n, "ours": ours(n, None)}
-            print(f"n={n:>9,}  ours ({row['ours']['backend']}): {row['ours']['seconds']:7.2f} s, "
+            print(f"n={n:>9,}  ours ({row['ours']['backend']}): {row['ours']['seconds']:7.2f} s "
+                  f"({row['ours']['cpu_s']:.1f} CPU s), "
                   f"peak RSS {row['ours']['peak_rss_mb']:.0f} MB ({row['ours']['rss_before_mb']:.0f} MB after the imports)",
                   flush=True)
             if args.portable and n < 1_000_000:
@@ -125,7 +134,8 @@ def main() -> None:
                 for proto in ("ecdh", "rr22"):
                     row[f"spu_{proto}"] = r = spu(args.spu_python, n, proto, Path(tmp))
                     print(f"             SecretFlow {proto.upper():4}: "
-                          + (f"{r['seconds']:7.2f} s" if "seconds" in r else r["error"]), flush=True)
+                          + (f"{r['seconds']:7.2f} s ({r['cpu_s']:.1f} CPU s, both ranks)" if "seconds" in r
+                             else r["error"]), flush=True)
             rows.append(row)
     spu_version = ""
     if args.spu_python:
@@ -134,6 +144,8 @@ def main() -> None:
     doc = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                        "load_average_at_end": os.getloadavg()},
+           "peak_rss_note": "ours: one process holding both parties and the coordinator (fl_split imports torch first: "
+                            "see rss_before_mb); SecretFlow: each rank's process",
            "spu_version": spu_version, "overlap": "half of each party's IDs are shared", "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")

@@ -3,9 +3,11 @@
 Run with the Python of a venv holding ``spu`` (``pip install spu``; it is not a dependency of
 fl_split): ``python spu_psi_peer.py RANK PORT0 PORT1 PROTOCOL IN.csv OUT.csv``. Both ranks talk
 over brpc on the loopback (one process each, as two organisations would run it); prints one JSON
-line: the seconds ``psi_execute`` took at this rank and its report's counts."""
+line: the seconds ``psi_execute`` took at this rank, the CPU seconds and peak resident memory of the
+process, and its report's counts."""
 
 import json
+import resource
 import sys
 import time
 
@@ -33,6 +35,8 @@ config = psi.PsiExecuteConfig(
 t0 = time.perf_counter()
 report = psi.psi_execute(config, lctx)
 dt = time.perf_counter() - t0
+use = resource.getrusage(resource.RUSAGE_SELF)
 lctx.stop_link()
-print("SPU_RESULT " + json.dumps({"rank": rank, "seconds": dt, "original": report.original_count,
+print("SPU_RESULT " + json.dumps({"rank": rank, "seconds": dt, "cpu_s": use.ru_utime + use.ru_stime,
+                                  "peak_rss_mb": use.ru_maxrss / 1024, "original": report.original_count,
                   "intersection": report.intersection_count}))
