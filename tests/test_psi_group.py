@@ -83,3 +83,23 @@ def test_small_order_and_non_canonical_values_are_refused(backend):
             blind(pts, k, "peer")
     with pytest.raises(ProtocolError, match="32-byte points"):
         blind(np.zeros((3, 31), np.uint8), k, "peer")
+
+
+def test_bench_psi_runs_and_records(tmp_path):
+    """experiments/bench_psi.py at a small size (ours only): the intersection is checked inside, and
+    the JSON holds time, CPU time, memory and the backend."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, str(root / "experiments" / "bench_psi.py"), "--sizes", "2000",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    ours = row["ours"]
+    assert row["n_per_party"] == 2000 and ours["shared"] == 1000 and ours["messages"] == 6
+    assert ours["seconds"] > 0 and ours["cpu_s"] > 0 and ours["peak_rss_mb"] >= ours["rss_before_mb"] > 0
+    assert ours["backend"] in ("crypto_mb", "cryptography")
