@@ -22,7 +22,8 @@ expose it and libsodium's Edwards scalar multiplication is no faster than the la
   ``mbx_x25519_mb8``: eight ladders at once in AVX-512 IFMA lanes (SecretFlow's ECDH-PSI uses the
   same library). Measured on this project's 2-core Xeon: 10.7 µs per X25519 on one core, 6.0 µs with
   two threads (ctypes releases the GIL) — against 67 µs for one ``cryptography`` / libsodium call;
-* ``cryptography`` (a dependency of the package): OpenSSL's X25519, one call per point, on any CPU.
+* ``cryptography`` (a dependency of the package): OpenSSL's X25519, one call per point, on any CPU
+  (about 7-9× slower than crypto_mb in ``experiments/bench_psi.py``).
 
 :func:`backend` picks ``crypto_mb`` where it loads and the CPU has IFMA, else ``cryptography``;
 ``FL_SPLIT_PSI_BACKEND=cryptography`` forces the portable one (tests compare the two).
@@ -157,7 +158,9 @@ def _ossl_part(key: bytes, src: np.ndarray, dst: np.ndarray) -> int:
 def blind(pts: np.ndarray, key: bytes, what: str, tick: Callable[[int], None] | None = None,
           threads: int | None = None) -> np.ndarray:
     """``X25519(key, u)`` for each row ``u`` of ``pts`` (validated first, :func:`check_points`),
-    in chunks over a thread pool (both backends release the GIL); ``tick(n)`` after each chunk.
+    in chunks over a thread pool (ctypes releases the GIL around each ``mbx_x25519_mb8`` call, so
+    crypto_mb uses every core; the ``cryptography`` binding holds it for most of a call, so the
+    portable backend gains little from the threads); ``tick(n)`` after each chunk.
     :class:`ProtocolError` when a row is not of the group or gives the all-zero output (a
     small-order point)."""
     check_points(pts, what)
