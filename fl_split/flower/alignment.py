@@ -91,6 +91,9 @@ class FlowerPsiRoute:
         self.commit = commit or {}
         #: each node's start frame, from its ``open`` answer (one Flower round trip saved)
         self.started: dict[str, bytes] = {}
+        #: ``say(line)`` after each round (a deployment's progress: its rounds take seconds to minutes)
+        self.say = lambda line: None
+        self._rounds = 0
 
     def _ask(self, requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return self.transport.exchange({p: (MSG_ALIGN, R.content(config=self.config_json, **v))
@@ -100,7 +103,11 @@ class FlowerPsiRoute:
         return {p: self.started[p] for p in parties if p in self.started}
 
     def hop(self, frames):
+        t0 = time.perf_counter()
         rep = self._ask({p: {"op": "psi-blind", "frame": b} for p, b in frames.items()})
+        self._rounds += 1
+        self.say(f"alignment: PSI round {self._rounds} of {len(frames) - 1} done "
+                 f"({time.perf_counter() - t0:.1f} s)")
         return {p: _frame(rep[p], "frame", p) for p in frames}
 
     def finish(self, frames):
@@ -127,6 +134,7 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
     config_json = R.dumps(cfg.to_flower())
     parties = ["host", *transport.guests]
     route = FlowerPsiRoute(transport, config_json)
+    route.say = say
     t0 = time.perf_counter()
     opened = route._ask({p: {"op": "open", "psi-start": cfg.align == "psi"} for p in parties})
     owner: dict[str, str] = {}
