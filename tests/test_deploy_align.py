@@ -333,9 +333,11 @@ def test_deploy_local_aligns_own_tables_between_the_nodes(tmp_path):
     seed = write_private(tmp_path / "seed", PrivateSeed.generate().file_text().encode())
     run = ["--guests", "2", "--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed-file", str(seed)]
     workdir, out = tmp_path / "dep", tmp_path / "dep.json"
+    # --node-timeout: each round of the alignment starts a ClientApp process per node at once, which a
+    # loaded 2-core machine can stretch past the default 120 s
     proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", *data_flags(paths),
-                           "--align", "psi", *run, "--workdir", str(workdir), "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
+                           "--align", "psi", *run, "--node-timeout", "600", "--workdir", str(workdir), "--out",
+                           str(out)], capture_output=True, text=True, timeout=1500)
     left = _deployment_pids(workdir)
     _kill(left)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
