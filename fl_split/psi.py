@@ -153,8 +153,9 @@ def _ring(parties: list[str], i: int) -> str:
 class PsiParty:
     """One party's side (module docstring): its own IDs, a fresh key and permutation per alignment.
 
-    ``parties``: every party in index order (host first). ``secrets``: the key and the
-    permutation's seed when restored in a fresh process (:meth:`export_state`); fresh otherwise."""
+    ``parties``: every party in index order (host first). ``key``, ``perm_seed``, ``rnd``: its
+    state when restored in a fresh process (:meth:`import_state`); fresh secrets otherwise. The
+    permutation is PCG64's, seeded with 256 secret bits: its order means nothing to the others."""
 
     def __init__(self, party: str, ids: np.ndarray, parties: list[str], *, key: bytes | None = None,
                  perm_seed: bytes | None = None, rnd: int = 0,
