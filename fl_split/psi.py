@@ -1,83 +1,108 @@
-"""Private set intersection of the parties' ID lists (ECDH-PSI), for ``--align psi``.
+"""Private set intersection of the parties' ID lists, for ``--align psi``: an N-party ECDH-PSI that
+reveals only the intersection.
 
 Own data (:mod:`fl_split.data.own`) comes as one table per party, each with its own ID set. With
-``--align public`` the host's ID list is the shared list, published to every party (the
-assumption of the built-in datasets: the ID set is public). With ``--align psi`` no party learns
-another's IDs outside the intersection: the parties run the ECDH-PSI protocol of
-``openmined-psi`` (PyVertical's choice; SecretFlow's default is ECDH-PSI too) — every ID is hashed
-to a curve point (P-256) and blinded with a party's secret scalar; blinding commutes, so
-``H(x)^(ab)`` can be compared without either side seeing the other's ``H(x)^a`` unblinded.
+``--align public`` the host's ID list is published to every party. With ``--align psi`` the
+``N = G + 1`` parties (host = 0, guest-g = g) run a multi-party ECDH-PSI (the commutative-blinding
+protocol of Huberman, Franklin, Hogg 1999 / Meadows 1986, SecretFlow's ECDH-PSI, extended to N
+parties with a key-less coordinator) in the group of :mod:`fl_split.psi_group` (X25519, hash
+straight to a u-coordinate: twist security is argued there).
 
-**Who is who, who learns what** (G guests; ``I = H ∩ G1 ∩ … ∩ GG``):
+**The protocol** (``k_i``: party i's fresh secret scalar, ``π_i`` its fresh random permutation, both
+made per alignment and never sent; ``H``: hash to the group; ``+`` on party indices is mod N):
 
-1. for ``g = 1 … G`` in order the host is the PSI *client* with a fresh key per guest, guest-g
-   the *server* with a fresh key: the host sends ``request`` (its current candidates ``C_{g-1}``
-   blinded: ``C_0`` = its own IDs), guest-g answers ``setup`` (its own IDs blinded with its key,
-   in random order) and ``response`` (the request re-blinded with its key). The host unblinds and
-   keeps ``C_g = C_{g-1} ∩ G_g``;
-2. the host sends ``shared-ids`` (``I = C_G``, sorted) to every guest, which checks ``I ⊆`` its
-   own IDs and aligns its rows to it.
+1. *start* — party i sends ``L_i = π_i([H(x)^{k_i} for x in X_i])`` (one hop done);
+2. *round r = 1 … N-1* — the list of origin i is at party ``i + r``, which raises every element to its
+   own key keeping the order, and passes it on to ``i + r + 1``; all N lists move in the same round
+   (a ring: every party receives from ``i - 1`` and sends to ``i + 1``), so the protocol costs N + 1
+   rounds of messages, not N² sequential hops. After round N-1 the list
+   ``F_i = π_i([H(x)^{k_0 k_1 … k_{N-1}}])`` goes to the coordinator (from party ``i - 1``, never back
+   to i);
+3. *finish* — the coordinator, which holds no key and no ID, computes ``I* = ∩_i F_i`` and sends
+   party i the positions ``{p : F_i[p] ∈ I*}``; party i maps them through ``π_i`` to its IDs:
+   ``I = X_0 ∩ … ∩ X_{N-1}``, sorted. Each party answers with a digest of its ``I``
+   (:func:`ids_digest`); the coordinator checks that all agree.
 
-* guest-g learns ``|C_{g-1}|`` (the size of the request) and ``I``; no ID of another party outside
-  ``I``.
-* the host learns ``|G_g|`` (the size of the setup) and the chain ``C_1 ⊇ C_2 ⊇ … ⊇ I``: which of
-  *its own* IDs guest-1 (guest-1 and guest-2, …) hold. It learns no ID it does not hold. This is
-  the price of building a G+1-party intersection from two-party PSI; the last guest's membership
-  is revealed only within ``I``. With one guest the host learns exactly ``I``.
-* the coordinator (which routes the messages) sees blinded points and ``I``, which every party
-  learns anyway: after alignment ``I`` is the run's *public* shared ID list, and the accounting's
-  public-ID assumption (docs/accounting.md) covers ``I`` only.
+**Who learns what.**
+
+* party i learns ``I`` and the set sizes ``|X_j|`` (the lengths of the lists it blinds). The lists it
+  receives carry key sets ``{i-r, …, i-1}`` (never ``k_i``): under DDH they are unlinkable to the
+  values it can compute from its own IDs (``H(x)``, ``H(x)^{k_i}``). It produces one fully blinded
+  list, ``F_{i+1}`` (another party's), and never sees its own ``F_i`` — that is why ``F_i`` does not
+  come back to i: holding both it could compare them and learn which of its IDs party i+1 holds.
+  So with two or more guests the host learns exactly ``I`` and no sub-intersection
+  (``tests/test_own_data.py`` checks it on the message transcript).
+* the coordinator (the router in process; the ServerApp, and the SuperLink that stores the
+  messages, in a deployment) sees only blinded values: the set sizes and the sizes of the
+  intersections of any sub-family of the ``F_i`` (how many pseudonyms guest-1 and the host share,
+  …), no ID and not ``I`` itself (only ``|I|`` and the digests).
+* **collusion** is not covered: the coordinator together with party j learns, for j's IDs, every
+  sub-intersection (j maps the positions of ``F_j`` in any sub-intersection the coordinator
+  computes); two parties together learn the pairwise intersections of their own lists' members. The
+  deployment trusts its coordinator to route honestly (as it trusts it with the run configuration).
+
+**What each party enforces** (a party cannot be made an oracle beyond the protocol): it blinds its
+own list once (*start*) and then exactly one list per round, rounds 1 … N-1 in order, each from its
+ring predecessor with the origin and hop the round implies (never its own list); every value it
+blinds must be a canonical group element that does not give the all-zero output
+(:func:`fl_split.psi_group.blind`); its key is dropped after its last round; *finish* is accepted
+once, after the last round, with positions that are sorted, unique and inside its own list. So each
+party raises at most ``Σ_j |X_j|`` values to its key per alignment, each list once. The coordinator
+checks that every hop keeps the list's length, origin and hop count and that no ``F_i`` repeats a
+value.
 
 **Over the run's channels.** Each message is one framed ``bytes`` blob (:func:`encode` /
-:func:`decode`: ``b"P1" | kind | sender | receiver | payload``) with the sender and receiver
-checked by the receiver, bounded in size. :func:`run_psi` is the protocol — the order of the steps
-and the router's checks — over a :class:`PsiRoute`, which delivers each step to the party that
-performs it:
+:func:`decode`: ``b"P2" | kind | sender | receiver | payload``, ``0`` = the coordinator, ``i + 1`` =
+party i) with sender and receiver checked by the receiver, bounded in size. :func:`run_psi` is the
+coordinator — the order of the steps and its checks — over a :class:`PsiRoute`:
 
-* :class:`LocalRoute` (:func:`align_by_psi`): between :class:`PsiParty` objects in one process,
-  each holding only its own party's IDs (the local engine and the in-process Flower simulation
-  prepare every party's data in one process);
+* :class:`LocalRoute` (:func:`align_by_psi`): between :class:`PsiParty` objects in one process
+  (the local engine and the in-process Flower simulation prepare every party's data in one process);
 * :class:`fl_split.flower.alignment.FlowerPsiRoute`: a Flower deployment's ServerApp sends each step
-  to the party's SuperNode as a Flower message, each SuperNode reading only its own table
-  (``data = "node-tables"``). The host's state between its messages (candidates, the key of its open
-  request: :meth:`PsiParty.export_host`) stays in its node's ``context.state``, never in a message.
+  to the party's SuperNode as a Flower message; what a party keeps between steps (its key while it
+  has rounds to blind, its permutation's seed, its round) stays in its node's ``context.state``
+  (:meth:`PsiParty.export_state`), never in a message.
 
-Either way the coordinator's view is the one above, and each party learns what it says.
+After alignment ``I`` is the run's shared ID list, public among the parties: the accounting's
+public-ID assumption (docs/accounting.md) covers exactly ``I``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import time
 from collections.abc import Callable
+from functools import reduce
 from typing import Protocol
 
 import numpy as np
 
 from fl_split.errors import DataError, ProtocolError
 from fl_split.protocol import _read_varint, _varint, party_index, party_name
+from fl_split.psi_group import POINT, blind, hash_ids
 
-MAGIC = b"P1"
-KINDS = ("request", "setup", "response", "shared-ids")
-#: at most this many bytes per PSI frame: ~ 10 million IDs of 33-byte compressed points
+MAGIC = b"P2"
+KINDS = ("list", "positions")
+COORDINATOR = "coordinator"
+#: at most this many bytes per PSI frame: ~ 16 million IDs of 32-byte points
 MAX_PSI_FRAME = 512 * 1024 * 1024
+#: a progress bar from this many X25519 operations on (fewer take well under a second)
+PROGRESS_FROM = 100_000
 
 
-#: how to install the PSI library (``--no-deps``: openmined-psi pins a protobuf older than Flower's;
-#: docs/datasets.md, "openmined-psi and protobuf")
-PSI_INSTALL = 'pip install --no-deps "openmined-psi>=2.0.6"'
+def _who(name: str) -> int:
+    return 0 if name == COORDINATOR else party_index(name) + 1
 
 
-def _psi():
-    try:
-        import private_set_intersection.python as psi
-    except ImportError as exc:  # a dependency of the optional extra fl-split[psi]
-        raise DataError(f"--align psi needs the openmined-psi package ({PSI_INSTALL})") from exc
-    return psi
+def _name(index: int) -> str:
+    return COORDINATOR if index == 0 else party_name(index - 1)
 
 
 def encode(kind: str, sender: str, receiver: str, payload: bytes) -> bytes:
     """One PSI frame."""
-    return MAGIC + bytes([KINDS.index(kind)]) + _varint(party_index(sender), "sender") \
-        + _varint(party_index(receiver), "receiver") + payload
+    return MAGIC + bytes([KINDS.index(kind)]) + _varint(_who(sender), "sender") + _varint(_who(receiver), "receiver") \
+        + payload
 
 
 def decode(blob: object, *, kind: str, sender: str, receiver: str) -> bytes:
@@ -94,215 +119,266 @@ def decode(blob: object, *, kind: str, sender: str, receiver: str) -> bytes:
         raise ProtocolError(f"PSI message of kind {blob[2]}, expected {kind!r}")
     s, pos = _read_varint(blob, 3, "sender")
     r, pos = _read_varint(blob, pos, "receiver")
-    if (s, r) != (party_index(sender), party_index(receiver)):
-        raise ProtocolError(f"PSI {kind} from {party_name(s)} to {party_name(r)}, expected {sender} to {receiver}")
+    if (s, r) != (_who(sender), _who(receiver)):
+        raise ProtocolError(f"PSI {kind} from {_name(s)} to {_name(r)}, expected {sender} to {receiver}")
     return blob[pos:]
 
 
+def list_frame(sender: str, receiver: str, origin: int, hop: int, pts: np.ndarray) -> bytes:
+    """A ``list`` frame: the list of party ``origin`` after ``hop`` blindings."""
+    return encode("list", sender, receiver, _varint(origin, "origin") + _varint(hop, "hop")
+                  + np.ascontiguousarray(pts, np.uint8).tobytes())
+
+
+def read_list(blob: object, sender: str, receiver: str) -> tuple[int, int, np.ndarray]:
+    """``(origin, hop, points)`` of a ``list`` frame (:class:`ProtocolError` when malformed)."""
+    payload = decode(blob, kind="list", sender=sender, receiver=receiver)
+    origin, pos = _read_varint(payload, 0, "origin")
+    hop, pos = _read_varint(payload, pos, "hop")
+    if (len(payload) - pos) % POINT:
+        raise ProtocolError(f"PSI list from {sender}: {len(payload) - pos} bytes of points, not a multiple of {POINT}")
+    return origin, hop, np.frombuffer(payload, np.uint8, offset=pos).reshape(-1, POINT)
+
+
+def _sorted_unique(ids) -> np.ndarray:
+    """``np.unique`` by sorting (numpy's hash-based unique is several times slower at 1M IDs)."""
+    a = np.sort(np.asarray(ids, np.int64))
+    return a[np.concatenate([[True], a[1:] != a[:-1]])] if len(a) else a
+
+
+def fresh_secret() -> bytes:
+    """32 bytes from the OS's CSPRNG: a party's key or permutation seed (one place, which tests
+    watch)."""
+    return os.urandom(32)
+
+
+def _ring(parties: list[str], i: int) -> str:
+    return parties[i % len(parties)]
+
+
 class PsiParty:
-    """One party's side of the intersection: it holds only its own IDs and fresh ECDH keys."""
+    """One party's side (module docstring): its own IDs, a fresh key and permutation per alignment.
 
-    def __init__(self, party: str, ids: np.ndarray) -> None:
-        self.party = party
-        self._own = np.unique(np.asarray(ids, np.int64))
-        self._candidates = self._own  # host: C_g
-        self._clients: dict[str, object] = {}
+    ``parties``: every party in index order (host first). ``key``, ``perm_seed``, ``rnd``: its
+    state when restored in a fresh process (:meth:`import_state`); fresh secrets otherwise. The
+    permutation is PCG64's, seeded with 256 secret bits: its order means nothing to the others."""
 
-    @staticmethod
-    def _items(ids: np.ndarray) -> list[str]:
-        return [str(int(i)) for i in ids]
+    def __init__(self, party: str, ids: np.ndarray, parties: list[str], *, key: bytes | None = None,
+                 perm_seed: bytes | None = None, rnd: int = 0,
+                 tick: Callable[[int], None] | None = None) -> None:
+        self.party, self.parties = party, list(parties)
+        self.me, self.n = self.parties.index(party), len(self.parties)
+        self._own = _sorted_unique(ids)
+        self._key = fresh_secret() if key is None and rnd < self.n else key
+        self._perm_seed = perm_seed or fresh_secret()
+        #: 0: not started; r: rounds 1 … r-1 done; n: every round done; n + 1: finished
+        self.round = rnd
+        self.tick = tick
+        self._shared: np.ndarray | None = None
 
-    # -- host (PSI client) ------------------------------------------------------------------
-    def request(self, guest: str) -> bytes:
-        """Host: its current candidates, blinded with a fresh key for ``guest``."""
-        psi = _psi()
-        client = psi.client.CreateWithNewKey(True)
-        self._clients[guest] = client
-        req = client.CreateRequest(self._items(self._candidates))
-        return encode("request", self.party, guest, req.SerializeToString())
+    def _order(self) -> np.ndarray:
+        """``π_i`` applied to the own IDs: position → ID (from the secret seed: a fresh process
+        rebuilds it)."""
+        seed = int.from_bytes(hashlib.blake2b(self._perm_seed, digest_size=32).digest(), "little")
+        return np.random.Generator(np.random.PCG64(seed)).permutation(self._own)
 
-    def receive(self, guest: str, setup_blob: bytes, response_blob: bytes) -> int:
-        """Host: keep the candidates ``guest`` holds too; returns how many remain."""
-        psi = _psi()
-        client = self._clients.pop(guest, None)
-        if client is None:
-            raise ProtocolError(f"{self.party}: a PSI answer from {guest} without a request")
-        setup, response = psi.ServerSetup(), psi.Response()
-        try:
-            setup.ParseFromString(decode(setup_blob, kind="setup", sender=guest, receiver=self.party))
-            response.ParseFromString(decode(response_blob, kind="response", sender=guest, receiver=self.party))
-            idx = np.asarray(sorted(client.GetIntersection(setup, response)), np.int64)
-        except ProtocolError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a peer's malformed protobuf
-            raise ProtocolError(f"{self.party}: a malformed PSI answer from {guest} ({type(exc).__name__})") from None
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self._candidates)):
-            raise ProtocolError(f"{self.party}: PSI answer from {guest} out of range")
-        self._candidates = self._candidates[idx]
-        return len(self._candidates)
+    def _next(self, hop: int) -> str:
+        return COORDINATOR if hop == self.n else _ring(self.parties, self.me + 1)
 
-    def shared_ids(self, guest: str) -> bytes:
-        """Host: the intersection ``I`` for ``guest`` (int64, sorted)."""
-        return encode("shared-ids", self.party, guest, np.ascontiguousarray(self._candidates, "<i8").tobytes())
+    def start(self) -> bytes:
+        """Step 1: the own list, hashed, blinded with the own key, permuted."""
+        if self.round != 0:
+            raise ProtocolError(f"{self.party}: a second PSI start in this alignment")
+        pts = blind(hash_ids(self._order()), self._key, f"{self.party}: its own IDs", self.tick)
+        self.round = 1
+        return list_frame(self.party, self._next(1), self.me, 1, pts)
+
+    def hop(self, blob: bytes) -> bytes:
+        """Step 2, round ``self.round``: blind the list of origin ``me - round`` from the ring
+        predecessor, keep its order, pass it on. One list per round, rounds in order."""
+        r = self.round
+        if not 1 <= r < self.n:
+            raise ProtocolError(f"{self.party}: a PSI list to blind in round {r} of {self.n - 1}; a party blinds "
+                                f"one list per round, after its start")
+        prev = _ring(self.parties, self.me - 1)
+        origin, hop, pts = read_list(blob, prev, self.party)
+        want = (self.me - r) % self.n
+        if (origin, hop) != (want, r):
+            raise ProtocolError(f"{self.party}: PSI list of origin {origin} after {hop} hop(s) in round {r}; "
+                                f"expected origin {want} after {r}")
+        out = blind(pts, self._key, f"{self.party}: the list from {prev}", self.tick)
+        self.round = r + 1
+        if self.round == self.n:
+            self._key = None  # the last list is blinded: the key is of no further use
+        return list_frame(self.party, self._next(r + 1), origin, r + 1, out)
+
+    def finish(self, blob: bytes) -> np.ndarray:
+        """Step 3: the positions of the own list in ``I*`` → the intersection ``I`` (sorted)."""
+        if self.round != self.n:
+            raise ProtocolError(f"{self.party}: PSI positions before its last round (round {self.round} of "
+                                f"{self.n - 1}) or a second time")
+        payload = decode(blob, kind="positions", sender=COORDINATOR, receiver=self.party)
+        if len(payload) % 4:
+            raise ProtocolError(f"{self.party}: PSI positions of {len(payload)} bytes are not uint32s")
+        pos = np.frombuffer(payload, "<u4").astype(np.int64)
+        if pos.size and (pos[-1] >= len(self._own) or (pos.size > 1 and not np.all(np.diff(pos) > 0))):
+            raise ProtocolError(f"{self.party}: PSI positions not sorted, unique and inside its list of "
+                                f"{len(self._own)}")
+        self.round = self.n + 1
+        self._shared = np.sort(self._order()[pos])
+        return self._shared.copy()
 
     @property
     def intersection(self) -> np.ndarray:
-        return self._candidates.copy()
+        if self._shared is None:
+            raise ProtocolError(f"{self.party}: the PSI has not finished")
+        return self._shared.copy()
 
-    @property
-    def pending(self) -> list[str]:
-        """Host: the guests whose answer it still waits for (a request is open)."""
-        return list(self._clients)
-
-    def export_host(self) -> dict[str, bytes]:
-        """Host: what it must keep between two messages when each may run in a fresh process (a
-        Flower deployment node keeps it in its own ``context.state``, never in a message): its
-        candidates ``C_g`` (its own IDs) and the secret key of each request still unanswered."""
-        out = {"candidates": np.ascontiguousarray(self._candidates, "<i8").tobytes()}
-        out.update({f"key.{g}": bytes(c.GetPrivateKeyBytes()) for g, c in self._clients.items()})
+    def export_state(self) -> dict[str, object]:
+        """What it keeps between two messages when each may run in a fresh process (a deployment
+        node keeps it in its own ``context.state``, never in a message): its round, its
+        permutation's seed and, while it has a list left to blind, its key."""
+        out: dict[str, object] = {"round": int(self.round), "perm-seed": self._perm_seed}
+        if self._key is not None:
+            out["key"] = self._key
         return out
 
     @classmethod
-    def import_host(cls, party: str, ids: np.ndarray, state: dict[str, bytes]) -> "PsiParty":
-        """Host: the party :meth:`export_host` saved (``ids``: its own IDs, read again from its table).
-        Candidates that are not its own IDs are refused (a damaged state)."""
-        me = cls(party, ids)
-        raw = bytes(state.get("candidates", b""))
-        if len(raw) % 8:
-            raise ProtocolError(f"{party}: damaged PSI state (candidates of {len(raw)} bytes)")
-        cand = np.frombuffer(raw, "<i8").astype(np.int64)
-        if not np.isin(cand, me._own).all() or (cand.size > 1 and not np.all(np.diff(cand) > 0)):
-            raise ProtocolError(f"{party}: damaged PSI state (candidates that are not its own sorted IDs)")
-        me._candidates = cand
-        for key, value in state.items():
-            if key.startswith("key."):
-                me._clients[key[4:]] = _psi().client.CreateFromKey(bytes(value), True)
-        return me
-
-    # -- guest (PSI server) -----------------------------------------------------------------
-    def answer(self, request_blob: bytes, host: str = "host") -> tuple[bytes, bytes]:
-        """Guest: ``(setup, response)`` for the host's request, with a fresh key (dropped after)."""
-        psi = _psi()
-        req = psi.Request()
+    def import_state(cls, party: str, ids: np.ndarray, parties: list[str], state: dict) -> "PsiParty":
+        """The party :meth:`export_state` saved (``ids``: its own IDs, read again from its table)."""
         try:
-            req.ParseFromString(decode(request_blob, kind="request", sender=host, receiver=self.party))
-        except ProtocolError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise ProtocolError(f"{self.party}: a malformed PSI request ({type(exc).__name__})") from None
-        server = psi.server.CreateWithNewKey(True)
-        items = self._items(np.random.default_rng().permutation(self._own))  # no order to read
-        setup = server.CreateSetupMessage(1e-9, max(len(req.encrypted_elements), 1), items, psi.DataStructure.RAW)
-        try:
-            response = server.ProcessRequest(req)
-        except Exception as exc:  # noqa: BLE001
-            raise ProtocolError(f"{self.party}: a malformed PSI request ({type(exc).__name__})") from None
-        return (encode("setup", self.party, host, setup.SerializeToString()),
-                encode("response", self.party, host, response.SerializeToString()))
-
-    def receive_shared(self, blob: bytes, host: str = "host") -> np.ndarray:
-        """Guest: the intersection from the host, refused unless sorted, unique and ⊆ its own IDs."""
-        payload = decode(blob, kind="shared-ids", sender=host, receiver=self.party)
-        if len(payload) % 8:
-            raise ProtocolError(f"{self.party}: shared-ids payload of {len(payload)} bytes is not int64s")
-        ids = np.frombuffer(payload, "<i8").astype(np.int64)
-        if ids.size > 1 and not np.all(np.diff(ids) > 0):
-            raise ProtocolError(f"{self.party}: the shared IDs from {host} are not sorted and unique")
-        if not np.isin(ids, self._own).all():
-            raise ProtocolError(f"{self.party}: {host} sent {int((~np.isin(ids, self._own)).sum())} shared ID(s) "
-                                f"this party does not hold; not an intersection")
-        return ids
+            rnd, seed = int(state["round"]), bytes(state["perm-seed"])
+            key = bytes(state["key"]) if "key" in state else None
+        except (KeyError, TypeError, ValueError):
+            raise ProtocolError(f"{party}: damaged PSI state") from None
+        if not 0 <= rnd <= len(parties) + 1 or len(seed) != 32 or (key is None) != (rnd >= len(parties)) \
+                or (key is not None and len(key) != POINT):
+            raise ProtocolError(f"{party}: damaged PSI state (round {rnd})")
+        return cls(party, ids, parties, key=key, perm_seed=seed, rnd=rnd)
 
 
 class PsiRoute(Protocol):
-    """How the protocol's steps reach the parties: each method delivers one step to the party that
-    performs it and returns the frames that party sends back. :class:`LocalRoute` calls
-    :class:`PsiParty` objects in this process; a Flower deployment's ServerApp sends each step to the
-    party's node as a Flower message (:mod:`fl_split.flower.alignment`). The order of the steps and
-    the checks between them are :func:`run_psi`'s, the same for every route."""
+    """How the protocol's steps reach the parties: each method delivers one step to the parties
+    named and returns what they send back. :class:`LocalRoute` calls :class:`PsiParty` objects in
+    this process; a Flower deployment's ServerApp sends Flower messages
+    (:mod:`fl_split.flower.alignment`). The order of the steps and the checks between them are
+    :func:`run_psi`'s, the same for every route."""
 
-    def request(self, guest: str) -> bytes: ...                                  # host
-    def answer(self, guest: str, request: bytes) -> tuple[bytes, bytes]: ...      # guest
-    def receive(self, guest: str, setup: bytes, response: bytes) -> None: ...     # host
-    def shared(self, guests: list[str]) -> dict[str, bytes]: ...                  # host
-    def accept(self, frames: dict[str, bytes]) -> dict[str, str]: ...             # each guest: ids_digest of I
+    def start(self, parties: list[str]) -> dict[str, bytes]: ...          # every party: its list
+    def hop(self, frames: dict[str, bytes]) -> dict[str, bytes]: ...      # each receiver: its output
+    def finish(self, frames: dict[str, bytes]) -> dict[str, str]: ...     # each party: ids_digest of I
 
 
 class LocalRoute:
-    """:class:`PsiRoute` between :class:`PsiParty` objects in one process (the local engine and the
-    in-process Flower simulation, which prepare every party's data in one process)."""
+    """:class:`PsiRoute` between :class:`PsiParty` objects in one process."""
 
-    def __init__(self, ids: dict[str, np.ndarray]) -> None:
-        self.parties = {p: PsiParty(p, v) for p, v in ids.items()}
+    def __init__(self, ids: dict[str, np.ndarray], tick: Callable[[int], None] | None = None) -> None:
+        order = sorted(ids, key=party_index)
+        self.parties = {p: PsiParty(p, ids[p], order, tick=tick) for p in order}
 
-    def request(self, guest):
-        return self.parties["host"].request(guest)
+    def start(self, parties):
+        return {p: self.parties[p].start() for p in parties}
 
-    def answer(self, guest, request):
-        return self.parties[guest].answer(request)
+    def hop(self, frames):
+        return {p: self.parties[p].hop(b) for p, b in frames.items()}
 
-    def receive(self, guest, setup, response):
-        self.parties["host"].receive(guest, setup, response)
-
-    def shared(self, guests):
-        return {g: self.parties["host"].shared_ids(g) for g in guests}
-
-    def accept(self, frames):
-        return {g: ids_digest(self.parties[g].receive_shared(b)) for g, b in frames.items()}
+    def finish(self, frames):
+        return {p: ids_digest(self.parties[p].finish(b)) for p, b in frames.items()}
 
 
 def ids_digest(ids: np.ndarray) -> str:
-    """A digest of an ID list (int64, in order): how a guest tells the router which intersection it
-    accepted without sending it back."""
-    import hashlib
-
+    """A digest of an ID list (int64, in order): how a party tells the coordinator which
+    intersection it found without sending it."""
     return hashlib.blake2b(np.ascontiguousarray(np.asarray(ids), "<i8").tobytes(), digest_size=16).hexdigest()
 
 
-def run_psi(route: PsiRoute, guests: list[str],
-            transcript: Callable[[str, str, str, bytes], None] | None = None) -> np.ndarray:
-    """The protocol of the module docstring over ``route``: for each guest in order the host's
-    ``request``, the guest's ``setup`` and ``response``, the host's update; then ``shared-ids`` to
-    every guest. Returns the intersection ``I`` (sorted), which the router reads from the
-    ``shared-ids`` frames (the coordinator's view: blinded points and ``I``).
+def _as_keys(pts: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(pts).view("S32").ravel()
 
-    ``transcript(kind, sender, receiver, blob)`` sees every message. Raises :class:`DataError` when
-    the intersection is empty or a guest accepted another intersection than the host sent, and
-    :class:`ProtocolError` for a malformed frame, before ``I`` reaches any guest."""
+
+def run_psi(route: PsiRoute, parties: list[str],
+            transcript: Callable[[str, str, str, bytes], None] | None = None) -> int:
+    """The coordinator of the module docstring over ``route`` (``parties`` in index order, host
+    first): start, N-1 rounds of hops, positions. Returns ``|I|``; it never sees ``I``.
+
+    ``transcript(kind, sender, receiver, blob)`` sees every frame (the start and hop outputs as the
+    coordinator receives them, the positions it sends). Raises :class:`ProtocolError` for a malformed
+    frame or a hop that changed a list's length, :class:`DataError` when the intersection is empty or
+    the parties found different intersections."""
     log = transcript or (lambda *a: None)
-    for g in guests:
-        req = route.request(g)
-        log("request", "host", g, req)
-        setup, response = route.answer(g, req)
-        log("setup", g, "host", setup)
-        log("response", g, "host", response)
-        route.receive(g, setup, response)
-    frames = route.shared(list(guests))
-    if set(frames) != set(guests):
-        raise ProtocolError(f"host: shared-ids for {sorted(frames)}, expected {list(guests)}")
-    views = {g: decode(frames[g], kind="shared-ids", sender="host", receiver=g) for g in guests}
-    shared = np.frombuffer(views[guests[0]], "<i8").astype(np.int64) if guests else np.zeros(0, np.int64)
-    if any(v != views[guests[0]] for v in views.values()):
-        raise ProtocolError("host: the shared-ids differ between guests; every guest gets the same intersection")
-    if not len(shared):
-        raise DataError(f"--align psi: the parties' ID sets have no ID in common (host, {', '.join(guests)}); "
+    n = len(parties)
+    if n < 2 or [party_index(p) for p in parties] != list(range(n)):
+        raise ValueError(f"PSI parties {parties}: host, guest-1, … in order")
+    sizes: dict[int, int] = {}
+    held = route.start(list(parties))  # origin index → the frame now on its way
+    frames: dict[int, bytes] = {}
+    for i, p in enumerate(parties):
+        to = _ring(parties, i + 1)
+        blob = held.get(p)
+        origin, hop, pts = read_list(blob, p, to)
+        if (origin, hop) != (i, 1):
+            raise ProtocolError(f"{p}: its PSI list says origin {origin}, hop {hop}; expected {i}, 1")
+        sizes[i] = len(pts)
+        log("list", p, to, blob)
+        frames[i] = blob
+    for r in range(1, n):
+        at = {j: (j - r) % n for j in range(n)}  # party j holds the list of origin j - r in round r
+        outs = route.hop({parties[j]: frames[i] for j, i in at.items()})
+        for j, i in at.items():
+            p, to = parties[j], (COORDINATOR if r + 1 == n else _ring(parties, j + 1))
+            blob = outs.get(p)
+            origin, hop, pts = read_list(blob, p, to)
+            if (origin, hop, len(pts)) != (i, r + 1, sizes[i]):
+                raise ProtocolError(f"{p}: PSI list of origin {origin} after {hop} hop(s) with {len(pts)} values; "
+                                    f"expected origin {i} after {r + 1} with {sizes[i]}")
+            log("list", p, to, blob)
+            frames[i] = blob
+    full = {i: _as_keys(read_list(frames[i], parties[(i - 1) % n], COORDINATOR)[2]) for i in range(n)}
+    ordered = {i: np.sort(f) for i, f in full.items()}  # sort-based: numpy's hash unique is slow on S32
+    for i, f in ordered.items():
+        if len(f) > 1 and bool((f[1:] == f[:-1]).any()):
+            raise ProtocolError(f"{parties[i]}'s fully blinded PSI list repeats a value; refused")
+    star = reduce(lambda a, b: np.intersect1d(a, b, assume_unique=True), ordered.values())
+    if not len(star):
+        raise DataError(f"--align psi: the parties' ID sets have no ID in common ({', '.join(parties)}); "
                         f"nothing to train on")
-    for g in guests:
-        log("shared-ids", "host", g, frames[g])
-    accepted = route.accept(frames)
-    want = ids_digest(shared)
-    for g in guests:
-        if accepted.get(g) != want:
-            raise DataError(f"--align psi: {g} received another intersection than the host computed")
-    return shared
+    pos = {parties[i]: encode("positions", COORDINATOR, parties[i],
+                              np.flatnonzero(np.isin(f, star, assume_unique=True)).astype("<u4").tobytes()) for i, f in full.items()}
+    for p in parties:
+        log("positions", COORDINATOR, p, pos[p])
+    digests = route.finish(pos)
+    if len({digests.get(p) for p in parties}) != 1:
+        raise DataError("--align psi: the parties found different intersections; refused")
+    return int(len(star))
 
 
-def align_by_psi(ids: dict[str, np.ndarray],
-                 transcript: Callable[[str, str, str, bytes], None] | None = None) -> np.ndarray:
-    """Route the PSI messages between one :class:`PsiParty` per party (``ids``: each party's own
-    IDs, ``host`` first) and return the intersection every party agreed on (sorted):
-    :func:`run_psi` over a :class:`LocalRoute`.
+def align_by_psi(ids: dict[str, np.ndarray], transcript: Callable[[str, str, str, bytes], None] | None = None,
+                 progress: bool = False, stats: dict | None = None) -> np.ndarray:
+    """:func:`run_psi` over a :class:`LocalRoute` between one :class:`PsiParty` per party (``ids``:
+    each party's own IDs) and the intersection every party agreed on (sorted).
 
-    ``transcript(kind, sender, receiver, blob)`` sees every message (tests scan it). Raises
-    :class:`DataError` when the intersection is empty or the guests' views disagree."""
-    return run_psi(LocalRoute(ids), [p for p in ids if p != "host"], transcript)
+    ``transcript(kind, sender, receiver, blob)`` sees every message (tests scan it); ``progress``:
+    a progress bar over the X25519 operations when there are many (``PROGRESS_FROM``); ``stats``
+    gets ``time_s``, ``messages`` and ``bytes``. Raises :class:`DataError` when the intersection is
+    empty or the parties disagree."""
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    counts = {"messages": 0, "bytes": 0}
+
+    def log(kind, sender, receiver, blob):
+        counts["messages"] += 1
+        counts["bytes"] += len(blob)
+        if transcript is not None:
+            transcript(kind, sender, receiver, blob)
+
+    route = LocalRoute(ids)
+    total = len(ids) * sum(len(party._own) for party in route.parties.values())  # X25519 operations
+    with tqdm(total=total, desc="private set intersection", unit="pt", unit_scale=True, leave=False,
+              dynamic_ncols=True, disable=not progress or total < PROGRESS_FROM) as bar:
+        for party in route.parties.values():
+            party.tick = bar.update
+        run_psi(route, list(route.parties), log)
+    if stats is not None:
+        stats.update(time_s=round(time.perf_counter() - t0, 3), **counts)
+    return route.parties["host"].intersection

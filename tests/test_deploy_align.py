@@ -86,27 +86,30 @@ pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 @pytest.fixture
 def psi_keys(monkeypatch):
-    """Every ECDH key openmined-psi makes in this process (host: client, guests: server)."""
-    import private_set_intersection.python as psi
+    """Every PSI secret (key, permutation seed) a party makes in this process."""
+    import fl_split.psi as psi
 
     keys: list[bytes] = []
-    for side in (psi.client, psi.server):
-        made = side.CreateWithNewKey
+    made = psi.fresh_secret
 
-        def create(reveal, _made=made):
-            obj = _made(reveal)
-            keys.append(bytes(obj.GetPrivateKeyBytes()))
-            return obj
+    def fresh():
+        keys.append(made())
+        return keys[-1]
 
-        monkeypatch.setattr(side, "CreateWithNewKey", create)
+    monkeypatch.setattr(psi, "fresh_secret", fresh)
     return keys
+
+
+def _timeless(alignment: dict) -> dict:
+    return {k: v for k, v in alignment.items() if k != "time_s"}
 
 
 def test_psi_between_deployment_nodes_trains_on_the_intersection_like_the_local_engine(tmp_path, psi_keys):
     """Acceptance (issue 17): three tables with partly overlapping IDs, each node reading only its own,
     PSI routed by the ServerApp: the run trains on exactly the intersection, with the same numbers as
-    ``fl-split train --data … --align psi`` (local engine, same seeds); no message holds an ID outside
-    the intersection or a PSI key; no key is left in any node's state."""
+    ``fl-split train --data … --align psi`` (local engine, same seeds); no message holds an ID (the
+    intersection neither: each node maps its positions itself) or a PSI secret; no secret is left in
+    any node's state."""
     from fl_split.engine import run_experiment
 
     paths, inter, outside = _overlapping(tmp_path)
@@ -114,29 +117,27 @@ def test_psi_between_deployment_nodes_trains_on_the_intersection_like_the_local_
     grid = RecordingGrid(_nodes(tmp_path, paths, seed), fresh_process=True)
     cfg = RunConfig(data="node-tables", align="psi", engine="flower", data_plane="flower", **RUN)
     dep = VerticalSplitStrategy(cfg).run(grid)
-    keys = list(psi_keys)  # the deployment's: one per request (host) and per answer (guests)
+    keys = list(psi_keys)  # the deployment's: a key and a permutation seed per node
 
     spec = ";".join(f"{p}={v}" for p, v in paths.items())
     local = run_experiment(RunConfig(data=spec, align="psi", **RUN), private_seed=seed)
-    assert dep["alignment"] == local["alignment"]
-    assert dep["alignment"]["shared_ids"] == len(inter) and dep["alignment"]["psi_messages"] == 8
+    assert _timeless(dep["alignment"]) == _timeless(local["alignment"])
+    assert dep["alignment"]["time_s"] > 0 and local["alignment"]["time_s"] > 0
+    # N (N + 1) frames for N = 3: 3 starts, 3 lists in each of 2 rounds, 3 position lists
+    assert dep["alignment"]["shared_ids"] == len(inter) and dep["alignment"]["psi_messages"] == 12
     assert dep["plan"]["n_train"] + dep["plan"]["n_test"] == len(inter)
     a, b = _strip(dep), _strip(local)
     for res in (a, b):
         res["config"].pop("data")
     assert a["history"] == b["history"] and a["final"] == b["final"] and a["privacy"] == b["privacy"]
-    # the protocol's steps, in order, each at the party that performs it
-    # (a guest's answer reaches the host with its next step; the widths after each party's encoding
-    # are known once the lists are agreed: 2G + 3 round trips)
-    assert grid.ops == [("host", "open"), ("guest-1", "open"), ("guest-2", "open"),
-                        ("host", "psi-request"), ("guest-1", "psi-answer"),
-                        ("host", "psi-request"), ("guest-2", "psi-answer"),
-                        ("host", "psi-shared"), ("guest-1", "psi-accept"), ("guest-2", "psi-accept"),
-                        ("host", "shapes"), ("guest-1", "shapes"), ("guest-2", "shapes")]
+    # the protocol's rounds, each one message to every node (the start rides on 'open'), then the widths
+    # after each party's own encoding (known once the list is agreed): G + 3 round trips
+    every = ("host", "guest-1", "guest-2")
+    assert grid.ops == [(p, op) for op in ("open", "psi-blind", "psi-blind", "psi-finish", "shapes") for p in every]
     wire = b"".join(grid.wire)
-    assert _scan(wire, outside) == []
-    assert _scan(wire, inter[:20]) != []  # the scan finds what is there: I is sent to the guests
-    assert len(keys) == 4 and all(len(k) >= 16 and k not in wire and k.hex().encode() not in wire for k in keys)
+    assert _scan(wire, outside) == [] and _scan(wire, inter) == []
+    assert _scan(np.asarray(inter[:3], "<i8").tobytes(), inter[:3]) != []  # the scan finds what is there
+    assert len(keys) == 6 and all(len(k) >= 16 and k not in wire and k.hex().encode() not in wire for k in keys)
     for ctx in grid.contexts.values():
         assert PSI_STATE not in ctx.state.config_records
         state = recorddict_to_proto(ctx.state).SerializeToString()
@@ -218,78 +219,93 @@ def _req(cfg, **values):
     return R.request_of(R.content(config=R.dumps(cfg.to_flower()), **values))
 
 
-def _shared_frame(host_role, cfg, inter):
-    from fl_split.psi import encode
-
-    return encode("shared-ids", "host", "guest-1", np.ascontiguousarray(inter, "<i8").tobytes())
-
-
 def test_nodes_enforce_the_protocols_order(tmp_path):
-    """A node answers the alignment steps only in the protocol's order: the host requests from the
-    guests in turn and gives out the intersection only after every guest answered; a guest answers one
-    request and accepts one intersection; nothing is accepted after the list is agreed."""
-    from fl_split.psi import PsiParty
+    """A node takes the PSI steps only in the protocol's order: one start (with 'open'), one list per
+    round from its ring predecessor, the positions once after its last round; its state between
+    messages holds its key only until its last round; nothing is accepted after the list is agreed."""
+    from fl_split.psi import COORDINATOR, encode, list_frame
 
     paths, inter, _ = _overlapping(tmp_path)
     cfg = RunConfig(data="node-tables", align="psi", engine="flower", data_plane="flower", **RUN)
-    host_role = NodeRole("host", "host", 0, "deployment", paths["host"])
-    g1_role = NodeRole("guest-1", "guest", 1, "deployment", paths["guest-1"])
-    host, g1 = _ctx({}), _ctx({})
-    with pytest.raises(ProtocolError, match="out of order"):
-        handle_align(cfg, host_role, _req(cfg, op="psi-request", guest="guest-2"), host.state)
-    with pytest.raises(ProtocolError, match="before every guest answered"):
-        handle_align(cfg, host_role, _req(cfg, op="psi-shared"), host.state)
-    with pytest.raises(ProtocolError, match="is for a guest"):
-        handle_align(cfg, host_role, _req(cfg, op="psi-answer", frame=b"x"), host.state)
-    req = handle_align(cfg, host_role, _req(cfg, op="psi-request", guest="guest-1"), host.state)["frame"]
-    with pytest.raises(ProtocolError, match="out of order"):  # one request at a time
-        handle_align(cfg, host_role, _req(cfg, op="psi-request", guest="guest-1"), host.state)
-    ans = handle_align(cfg, g1_role, _req(cfg, op="psi-answer", frame=req), g1.state)
-    with pytest.raises(ProtocolError, match="a guest answers one"):
-        handle_align(cfg, g1_role, _req(cfg, op="psi-answer", frame=req), g1.state)
-    # the host's state between messages: its candidates and, while a request is open, its key only
-    assert set(host.state.config_records[PSI_STATE]) == {"candidates", "done", "key.guest-1"}
-    with pytest.raises(ProtocolError, match="without a request"):  # an answer from a guest it did not ask
-        handle_align(cfg, host_role, _req(cfg, op="psi-request", guest="guest-2", **{"receive-guest": "guest-2"},
-                                          setup=ans["setup"], response=ans["response"]), host.state)
-    handle_align(cfg, host_role, _req(cfg, op="psi-request", guest="guest-2", **{"receive-guest": "guest-1"},
-                                      setup=ans["setup"], response=ans["response"]), host.state)
-    assert set(host.state.config_records[PSI_STATE]) == {"candidates", "done", "key.guest-2"}
+    roles = {p: NodeRole(p, "host" if p == "host" else "guest", i, "deployment", paths[p])
+             for i, p in enumerate(PARTIES)}
+    ctx = {p: _ctx({}) for p in PARTIES}
+
+    def step(p, op, **kw):
+        return handle_align(cfg, roles[p], _req(cfg, op=op, **kw), ctx[p].state)
+
+    with pytest.raises(ProtocolError, match="before this node's PSI start"):
+        step("host", "psi-blind", frame=b"x")
     with pytest.raises(ProtocolError, match="'shapes' before this node agreed"):
-        handle_align(cfg, g1_role, _req(cfg, op="shapes", **{"input-shapes": R.dumps({})}), g1.state)
-    with pytest.raises(ProtocolError, match="not int64s|does not hold|not sorted"):
-        handle_align(cfg, g1_role, _req(cfg, op="psi-accept", frame=PsiParty("host", [1]).shared_ids("guest-1")),
-                     g1.state)
+        step("guest-1", "shapes", **{"input-shapes": R.dumps({})})
+    frames = {p: step(p, "open", **{"psi-start": True})["frame"] for p in PARTIES}
+    assert set(ctx["host"].state.config_records[PSI_STATE]) == {"round", "perm-seed", "key"}
+    with pytest.raises(ProtocolError, match="second PSI start"):
+        step("host", "open", **{"psi-start": True})
+    with pytest.raises(ProtocolError, match="before its last round"):
+        step("host", "psi-finish", frame=encode("positions", COORDINATOR, "host", b""), **{"input-shapes": "{}"})
+    # round 1: the host blinds guest-2's list (its ring predecessor's), not guest-1's
+    with pytest.raises(ProtocolError, match="expected guest-2 to host"):
+        step("host", "psi-blind", frame=frames["guest-1"])
+    out = step("host", "psi-blind", frame=frames["guest-2"])["frame"]
+    g1 = step("guest-1", "psi-blind", frame=frames["host"])["frame"]
+    # a replayed start list of the host (origin 0, hop 1) is not guest-1's round-2 list
+    with pytest.raises(ProtocolError, match="expected origin 2 after 2"):
+        step("guest-1", "psi-blind", frame=list_frame("host", "guest-1", 0, 1, np.zeros((3, 32), np.uint8)))
+    # a value of small order (u = 0) or not canonical (bit 255 set) is refused
+    with pytest.raises(ProtocolError, match="small order"):
+        step("guest-1", "psi-blind", frame=list_frame("host", "guest-1", 2, 2, np.zeros((3, 32), np.uint8)))
+    with pytest.raises(ProtocolError, match="not canonical"):
+        step("guest-1", "psi-blind", frame=list_frame("host", "guest-1", 2, 2, np.full((3, 32), 0xFF, np.uint8)))
+    step("guest-1", "psi-blind", frame=out)
+    assert set(ctx["guest-1"].state.config_records[PSI_STATE]) == {"round", "perm-seed"}  # its key is gone
+    with pytest.raises(ProtocolError, match="one list per round"):  # a third list: no oracle
+        step("guest-1", "psi-blind", frame=g1)
+    with pytest.raises(ProtocolError, match="not sorted, unique and inside"):
+        step("guest-1", "psi-finish", frame=encode("positions", COORDINATOR, "guest-1",
+                                                  np.asarray([10**6], "<u4").tobytes()), **{"input-shapes": "{}"})
     # a node reading a party file (not its own table) takes no alignment step
     with pytest.raises(ProtocolError, match="node-tables"):
-        handle_align(RunConfig(**{**RUN, "id_column": "id", "label_column": "label"}), host_role,
+        handle_align(RunConfig(**{**RUN, "id_column": "id", "label_column": "label"}), roles["host"],
                      _req(cfg, op="open"), _ctx({}).state)
-    assert ALIGNED not in g1.state.config_records
-    # the accept answers with the width of the guest's own encoding; the coordinator's list must agree
-    shape = R.loads(handle_align(cfg, g1_role, _req(cfg, op="psi-accept", frame=_shared_frame(host_role, cfg, inter)),
-                                 g1.state)["input-shape"])
-    assert len(shape) == 1 and shape[0] > 0
-    with pytest.raises(ProtocolError, match=r"lists input shape \[1\] for this party"):
-        handle_align(cfg, g1_role, _req(cfg, op="shapes", **{"input-shapes": R.dumps({"guest-1": [1]})}), g1.state)
-    handle_align(cfg, g1_role, _req(cfg, op="shapes", **{"input-shapes": R.dumps({"guest-1": shape})}), g1.state)
-    with pytest.raises(ProtocolError, match="'shapes' again after"):
-        handle_align(cfg, g1_role, _req(cfg, op="shapes", **{"input-shapes": R.dumps({"guest-1": shape})}), g1.state)
+    assert ALIGNED not in ctx["guest-1"].state.config_records
 
 
-def test_host_psi_state_survives_a_fresh_process():
-    """The host's candidates and its pending key restored from its exported state give the same
-    intersection as the live object (what a fresh ClientApp process of a deployment node does)."""
-    from fl_split.psi import PsiParty, align_by_psi
+def test_psi_state_survives_a_fresh_process():
+    """Each party restored from its exported state after every step (what a fresh ClientApp process
+    of a deployment node does) finds the same intersection as the live objects."""
+    from fl_split.psi import PsiParty, align_by_psi, ids_digest, run_psi
 
-    host_ids, guest_ids = np.arange(0, 60), np.arange(30, 90)
-    live = PsiParty("host", host_ids)
-    req = live.request("guest-1")
-    restored = PsiParty.import_host("host", host_ids, live.export_host())
-    setup, response = PsiParty("guest-1", guest_ids).answer(req)
-    assert restored.receive("guest-1", setup, response) == 30
-    np.testing.assert_array_equal(restored.intersection, align_by_psi({"host": host_ids, "guest-1": guest_ids}))
+    ids = {"host": np.arange(0, 60), "guest-1": np.arange(30, 90), "guest-2": np.arange(20, 50)}
+    order = list(ids)
+    state: dict[str, dict] = {}
+
+    class Restarting:
+        found: dict[str, np.ndarray] = {}
+
+        def _run(self, p, step, blob=None):
+            party = PsiParty.import_state(p, ids[p], order, state[p]) if p in state else PsiParty(p, ids[p], order)
+            out = step(party) if blob is None else step(party, blob)
+            state[p] = party.export_state()
+            return out
+
+        def start(self, parties):
+            return {p: self._run(p, PsiParty.start) for p in parties}
+
+        def hop(self, frames):
+            return {p: self._run(p, PsiParty.hop, b) for p, b in frames.items()}
+
+        def finish(self, frames):
+            self.found = {p: self._run(p, PsiParty.finish, b) for p, b in frames.items()}
+            return {p: ids_digest(v) for p, v in self.found.items()}
+
+    route = Restarting()
+    assert run_psi(route, order) == 20
+    for p in order:
+        np.testing.assert_array_equal(route.found[p], np.arange(30, 50))
+    np.testing.assert_array_equal(align_by_psi(ids), np.arange(30, 50))
     with pytest.raises(ProtocolError, match="damaged PSI state"):
-        PsiParty.import_host("host", host_ids, {"candidates": np.asarray([5, 500], "<i8").tobytes()})
+        PsiParty.import_state("host", ids["host"], order, {"round": 1, "perm-seed": b"x" * 32})  # its key is due
 
 
 def test_node_tables_is_for_a_deployment(tmp_path):
@@ -320,9 +336,11 @@ def test_deploy_local_aligns_own_tables_between_the_nodes(tmp_path):
     seed = write_private(tmp_path / "seed", PrivateSeed.generate().file_text().encode())
     run = ["--guests", "2", "--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed-file", str(seed)]
     workdir, out = tmp_path / "dep", tmp_path / "dep.json"
+    # --node-timeout: each round of the alignment starts a ClientApp process per node at once, which a
+    # loaded 2-core machine can stretch past the default 120 s
     proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", *data_flags(paths),
-                           "--align", "psi", *run, "--workdir", str(workdir), "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
+                           "--align", "psi", *run, "--node-timeout", "600", "--workdir", str(workdir), "--out",
+                           str(out)], capture_output=True, text=True, timeout=1500)
     left = _deployment_pids(workdir)
     _kill(left)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -336,7 +354,8 @@ def test_deploy_local_aligns_own_tables_between_the_nodes(tmp_path):
 
     assert main(["train", *data_flags(paths), "--align", "psi", *run, "--no-progress", "--out", str(local_out)]) == 0
     local = json.loads(local_out.read_text())
-    assert dep["alignment"] == local["alignment"] and dep["alignment"]["shared_ids"] == len(inter)
+    assert _timeless(dep["alignment"]) == _timeless(local["alignment"])
+    assert dep["alignment"]["shared_ids"] == len(inter)
     assert dep["plan"]["n_train"] + dep["plan"]["n_test"] == len(inter)
     assert dep["final"]["value"] == local["final"]["value"]
     assert dep["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)

@@ -344,14 +344,16 @@ def test_a_tab_or_semicolon_separated_csv_gets_a_hint(tmp_path, capsys, sep, nam
     assert f"guest-1: guest-1.csv looks {name}-separated" in err and "fl-split reads comma-separated .csv" in err
 
 
-def test_the_psi_install_hint_is_the_readmes(monkeypatch):
-    from fl_split import psi
+def test_psi_needs_no_package_outside_the_install(monkeypatch):
+    """The old hint (``pip install openmined-psi``) downgraded protobuf below Flower's: --align psi now
+    runs on the package's own dependencies (X25519 from ``cryptography``), the fast backend is the
+    optional extra, and no install line of the README names openmined-psi."""
+    from fl_split.psi import align_by_psi
 
-    assert psi.PSI_INSTALL == 'pip install --no-deps "openmined-psi>=2.0.6"'
-    assert psi.PSI_INSTALL in (ROOT / "README.md").read_text()
-    monkeypatch.setitem(sys.modules, "private_set_intersection.python", None)  # not installed
-    with pytest.raises(DataError, match=re.escape(f"--align psi needs the openmined-psi package ({psi.PSI_INSTALL})")):
-        psi.PsiParty("host", np.arange(3)).request("guest-1")
+    monkeypatch.setenv("FL_SPLIT_PSI_BACKEND", "cryptography")
+    shared = align_by_psi({"host": np.arange(0, 20), "guest-1": np.arange(10, 30), "guest-2": np.arange(5, 15)})
+    assert list(shared) == list(range(10, 15))
+    assert "openmined" not in (ROOT / "README.md").read_text() and "openmined" not in (ROOT / ".ci" / "run").read_text()
 
 
 def test_python_version_matches_flowers():

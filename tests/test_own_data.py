@@ -15,7 +15,7 @@ from fl_split.cli import main
 from fl_split.config import RunConfig
 from fl_split.data.base import partition
 from fl_split.data.registry import load_dataset
-from fl_split.errors import ConfigError, DataError
+from fl_split.errors import ConfigError, DataError, ProtocolError
 
 SEED = 5
 #: the shared run options of every comparison (small: the 2-core machine)
@@ -190,20 +190,17 @@ def test_psi_trains_on_exactly_the_intersection_and_leaks_no_other_id(tmp_path, 
     for p, d in loaded["parties"].items():
         assert np.isin(d.train_ids, inter).all() and np.isin(d.test_ids, inter).all(), p
         assert d.x_train.shape[0] + d.x_test.shape[0] == len(inter), p
-    # the messages: who sent what to whom, and no ID outside the intersection in them, as a
-    # 64-bit integer or as text (what is blinded is a hash of the text)
-    assert [m[:3] for m in transcript] == [
-        ("request", "host", "guest-1"), ("setup", "guest-1", "host"), ("response", "guest-1", "host"),
-        ("request", "host", "guest-2"), ("setup", "guest-2", "host"), ("response", "guest-2", "host"),
-        ("shared-ids", "host", "guest-1"), ("shared-ids", "host", "guest-2")]
+    # the messages: who sent what to whom (the ring host → guest-1 → guest-2 → host, the fully
+    # blinded lists to the coordinator, then each party's positions), and no ID in them, in or outside
+    # the intersection, as a 64-bit integer or as text (what is blinded is a hash of the integer)
+    ring = [("list", "host", "guest-1"), ("list", "guest-1", "guest-2"), ("list", "guest-2", "host")]
+    final = [("list", "host", "coordinator"), ("list", "guest-1", "coordinator"), ("list", "guest-2", "coordinator")]
+    assert [m[:3] for m in transcript] == ring + ring + final + [
+        ("positions", "coordinator", p) for p in ("host", "guest-1", "guest-2")]
+    assert loaded["alignment"]["psi_messages"] == len(transcript) and loaded["alignment"]["time_s"] > 0
     blobs = b"".join(m[3] for m in transcript)
-    for i in outside:
+    for i in np.concatenate([outside, inter]):
         assert int(i).to_bytes(8, "little", signed=True) not in blobs and str(int(i)).encode() not in blobs
-    from fl_split.psi import decode
-
-    for kind, sender, receiver, blob in transcript[-2:]:
-        np.testing.assert_array_equal(np.frombuffer(decode(blob, kind=kind, sender=sender, receiver=receiver), "<i8"),
-                                      inter)
 
     out = tmp_path / "psi.json"
     assert main(["train", *data_flags(paths), "--align", "psi", *OPTS, "--out", str(out)]) == 0
@@ -282,39 +279,117 @@ def test_deploy_local_party_files_from_own_tables(tmp_path):
 
 
 def test_psi_messages_from_a_hostile_peer_are_refused():
-    """DESIGN "Privacy principles" 7: a party checks each PSI frame (kind, sender, receiver, size) and
-    a guest accepts as the intersection only IDs it holds itself; nothing else escapes."""
-    from fl_split.errors import ProtocolError
-    from fl_split.psi import PsiParty, decode, encode
+    """DESIGN "Privacy principles" 7: a party checks each PSI frame (kind, sender, receiver, origin,
+    hop, size, values of the group) and blinds one list per round; the coordinator checks that every
+    hop keeps its list; nothing else escapes."""
+    from fl_split.psi import COORDINATOR, LocalRoute, PsiParty, decode, encode, list_frame, read_list, run_psi
 
-    host, guest = PsiParty("host", np.arange(0, 50)), PsiParty("guest-1", np.arange(25, 80))
-    req = host.request("guest-1")
-    setup, response = guest.answer(req)
-    with pytest.raises(ProtocolError, match="request from host to guest-1, expected host to guest-2"):
-        PsiParty("guest-2", np.arange(10)).answer(req)  # another guest's request
-    with pytest.raises(ProtocolError, match="expected 'request'"):
-        guest.answer(setup)
-    for junk in (b"", b"P1", b"XX\x00\x00\x01", encode("request", "host", "guest-1", b"\xff" * 40), "text"):
+    order = ["host", "guest-1"]
+    host, guest = PsiParty("host", np.arange(0, 50), order), PsiParty("guest-1", np.arange(25, 80), order)
+    mine = host.start()
+    with pytest.raises(ProtocolError, match="list from host to guest-1, expected guest-1 to host"):
+        PsiParty("host", np.arange(3), order, rnd=1).hop(mine)  # its own list back
+    for junk in (b"", b"P2", b"XX\x00\x00\x01", encode("list", "host", "guest-1", b"\x00\x01" + b"\x07" * 33),
+                 encode("positions", "host", "guest-1", b""), "text"):
         with pytest.raises(ProtocolError):
-            guest.answer(junk)
-    with pytest.raises(ProtocolError):
-        host.receive("guest-1", setup, encode("response", "guest-1", "host", b"\x01\x02garbage"))
-    with pytest.raises(ProtocolError, match="without a request"):
-        host.receive("guest-1", setup, response)  # the request was consumed by the failed answer above
-    host = PsiParty("host", np.arange(0, 50))
-    setup, response = guest.answer(host.request("guest-1"))
-    assert host.receive("guest-1", setup, response) == 25
-    np.testing.assert_array_equal(host.intersection, np.arange(25, 50))
-    np.testing.assert_array_equal(guest.receive_shared(host.shared_ids("guest-1")), np.arange(25, 50))
-    # a host that claims IDs the guest does not hold (probing its membership) is refused
-    probe = encode("shared-ids", "host", "guest-1", np.asarray([1, 30], "<i8").tobytes())
-    with pytest.raises(ProtocolError, match="does not hold"):
-        guest.receive_shared(probe)
+            PsiParty("guest-1", np.arange(3), order, rnd=1).hop(junk)
+    guest.start()
+    blinded = guest.hop(mine)
+    origin, hop, pts = read_list(blinded, "guest-1", COORDINATOR)
+    assert (origin, hop, len(pts)) == (0, 2, 50)
+    with pytest.raises(ProtocolError, match="round 2 of 1"):  # blinding a second list: refused
+        guest.hop(mine)
+    with pytest.raises(ProtocolError, match="not uint32s"):
+        guest.finish(encode("positions", COORDINATOR, "guest-1", b"\x00" * 5))
     with pytest.raises(ProtocolError, match="not sorted"):
-        guest.receive_shared(encode("shared-ids", "host", "guest-1", np.asarray([31, 30], "<i8").tobytes()))
-    with pytest.raises(ProtocolError, match="not int64s"):
-        guest.receive_shared(encode("shared-ids", "host", "guest-1", b"\x00" * 9))
-    assert decode(encode("setup", "guest-1", "host", b"abc"), kind="setup", sender="guest-1", receiver="host") == b"abc"
+        guest.finish(encode("positions", COORDINATOR, "guest-1", np.asarray([3, 1], "<u4").tobytes()))
+    with pytest.raises(ProtocolError, match="expected coordinator to guest-1"):
+        guest.finish(encode("positions", "host", "guest-1", b""))
+
+    class Shrinking(LocalRoute):  # a party that drops values from a list it passes on
+        def hop(self, frames):
+            out = super().hop(frames)
+            o, h, pts = read_list(out["guest-1"], "guest-1", COORDINATOR)
+            out["guest-1"] = list_frame("guest-1", COORDINATOR, o, h, pts[1:])
+            return out
+
+    with pytest.raises(ProtocolError, match="with 49 values; expected origin 0 after 2 with 50"):
+        run_psi(Shrinking({"host": np.arange(0, 50), "guest-1": np.arange(25, 80)}), order)
+
+    class Repeating(LocalRoute):  # a party that repeats a value (to inflate a position count)
+        def hop(self, frames):
+            out = super().hop(frames)
+            o, h, pts = read_list(out["guest-1"], "guest-1", COORDINATOR)
+            out["guest-1"] = list_frame("guest-1", COORDINATOR, o, h, np.concatenate([pts[:-1], pts[:1]]))
+            return out
+
+    with pytest.raises(ProtocolError, match="repeats a value"):
+        run_psi(Repeating({"host": np.arange(0, 50), "guest-1": np.arange(25, 80)}), order)
+    assert decode(encode("list", "guest-1", "host", b"abc"), kind="list", sender="guest-1", receiver="host") == b"abc"
+
+
+def test_the_hosts_view_of_psi_with_two_guests_is_exactly_the_intersection(monkeypatch):
+    """Issue 23: with two guests the host learns I and nothing about which of its IDs only some guests
+    hold. On the message transcript, with the parties' secret keys (read here, never sent):
+
+    * every value the host receives or sends is blinded with a key set it cannot complete for its own
+      IDs: none equals ``H(x)`` or ``H(x)^{k_host}`` of any of its IDs ``x``, and no fully blinded value
+      of its own IDs (``F_host``) reaches it (the chained two-party design sent it back);
+    * the one fully blinded list it produces is guest-1's, never its own;
+    * what it receives about its own IDs is its positions: through its permutation exactly ``I``;
+    * two worlds with the same set sizes and the same ``I`` but different sub-intersections (guest-1
+      holding the host's IDs outside ``I`` or not) give the host messages of the same kinds and sizes
+      and the same ``I``."""
+    import fl_split.psi as psi
+    from fl_split.psi import COORDINATOR, LocalRoute, decode, read_list, run_psi
+    from fl_split.psi_group import blind, hash_ids
+
+    secrets: list[bytes] = []
+    made = psi.fresh_secret
+    monkeypatch.setattr(psi, "fresh_secret", lambda: secrets.append(made()) or secrets[-1])
+
+    host_ids = np.arange(1000, 1100)
+    inter = host_ids[:30]
+
+    def world(g1_extra):
+        ids = {"host": host_ids, "guest-1": np.concatenate([inter, g1_extra]),
+               "guest-2": np.concatenate([inter, np.arange(5000, 5040)])}
+        secrets.clear()
+        route, seen = LocalRoute(ids), []
+        run_psi(route, ["host", "guest-1", "guest-2"], lambda *m: seen.append(m))
+        return route, seen
+
+    # world A: guest-1 holds 50 more of the host's IDs (outside I, since guest-2 lacks them)
+    route, seen = world(host_ids[30:80])
+    keys = dict(zip(route.parties, secrets[::2]))  # each party: its key, then its permutation's seed
+    to_host = [m for m in seen if m[2] == "host"]
+    by_host = [m for m in seen if m[1] == "host"]
+    assert [m[0] for m in to_host] == ["list", "list", "positions"] and [m[0] for m in by_host] == ["list"] * 3
+    # the values the host handles for the others: the lists it receives (one per round) and what it
+    # makes of them (its first list is its own start, H(x)^{k_host})
+    received = [read_list(m[3], "guest-2", "host")[2] for m in seen if m[1:3] == ("guest-2", "host")]
+    sent = [read_list(m[3], "host", m[2])[2] for m in by_host]
+    assert len(received) == 2
+    handled = {bytes(v) for arr in received + sent[1:] for v in arr}
+    h = hash_ids(host_ids)
+    own = {bytes(v) for v in h} | {bytes(v) for v in blind(h, keys["host"], "test")}
+    full_own = blind(blind(blind(h, keys["host"], "t"), keys["guest-1"], "t"), keys["guest-2"], "t")
+    assert not handled & own
+    # F_host never reaches the host (the guest-1 list it completes shares values with F_host, for the
+    # IDs both hold: that is why F_host does not come back to it)
+    assert not {bytes(v) for arr in received for v in arr} & {bytes(v) for v in full_own}
+    # the host's last list is guest-1's, fully blinded; the host's own final list went from guest-2
+    assert read_list(by_host[-1][3], "host", COORDINATOR)[0] == 1
+    assert read_list([m for m in seen if m[1:3] == ("guest-2", COORDINATOR)][0][3], "guest-2", COORDINATOR)[0] == 0
+    positions = np.frombuffer(decode(to_host[-1][3], kind="positions", sender=COORDINATOR, receiver="host"), "<u4")
+    np.testing.assert_array_equal(np.sort(route.parties["host"]._order()[positions]), inter)
+    np.testing.assert_array_equal(route.parties["host"].intersection, inter)
+
+    # world B: the same sizes and I, but guest-1 holds none of the host's other IDs
+    route_b, seen_b = world(np.arange(9000, 9050))
+    view = [(m[0], m[1], m[2], len(m[3])) for m in seen if m[2] == "host"]
+    assert view == [(m[0], m[1], m[2], len(m[3])) for m in seen_b if m[2] == "host"]
+    np.testing.assert_array_equal(route_b.parties["host"].intersection, inter)
 
 
 def test_psi_with_no_common_id_is_one_line(tmp_path, capsys):

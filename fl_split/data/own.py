@@ -553,17 +553,11 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
     else:
         from fl_split.psi import align_by_psi
 
-        counts = {"messages": 0, "bytes": 0}
-
-        def log(kind, sender, receiver, blob):
-            counts["messages"] += 1
-            counts["bytes"] += len(blob)
-            if transcript is not None:
-                transcript(kind, sender, receiver, blob)
-
-        shared = align_by_psi({p: tables[p].slice.ids for p in cfg.parties}, log)
-        alignment = {"align": "psi", "shared_ids": int(len(shared)), "psi_messages": counts["messages"],
-                     "psi_bytes": counts["bytes"]}
+        stats: dict[str, Any] = {}
+        shared = align_by_psi({p: tables[p].slice.ids for p in cfg.parties}, transcript, progress=cfg.progress,
+                              stats=stats)
+        alignment = {"align": "psi", "shared_ids": int(len(shared)), "psi_messages": stats["messages"],
+                     "psi_bytes": stats["bytes"], "time_s": stats["time_s"]}
 
     host = align_own(cfg, tables["host"], shared)
     parties = {"host": host, **{g: align_own(cfg, tables[g], shared) for g in cfg.parties[1:]}}

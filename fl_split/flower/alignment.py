@@ -11,44 +11,47 @@ run config says ``data = "node-tables"``. Before ``setup`` the ServerApp
 1. ``open`` to every node: it reads and checks its table and answers with its feature column names
    and its file's name (public metadata in VFL: the coordinator refuses a column name claimed by two
    parties, and an ``--encode`` entry naming no party's column, as ``--data`` does in one process);
+   with ``--align psi`` the node also makes its PSI start (its own list, hashed, blinded, permuted)
+   and sends it with the answer;
 2. the alignment:
 
-   * ``--align psi``: :func:`fl_split.psi.run_psi` over a :class:`FlowerPsiRoute` — the protocol
-     steps of :mod:`fl_split.psi` (``psi-request`` and ``psi-shared`` at the host, ``psi-answer`` and
-     ``psi-accept`` at each guest; a guest's answer reaches the host with the host's next step, so
-     the host's update costs no round trip of its own), each :mod:`fl_split.psi` frame a ``bytes``
-     field of a Flower message. The ServerApp (and the SuperLink, which stores the messages) sees
-     blinded points and the intersection ``I``: the coordinator's view of ``fl_split/psi.py``;
+   * ``--align psi``: :func:`fl_split.psi.run_psi` (the coordinator) over a :class:`FlowerPsiRoute` —
+     the rounds of :mod:`fl_split.psi`, each one ``psi-blind`` message to every node at once (node i
+     blinds the list it gets from its ring predecessor), then ``psi-finish`` (its positions in the
+     intersection) to every node; each :mod:`fl_split.psi` frame a ``bytes`` field of a Flower
+     message. The ServerApp (and the SuperLink, which stores the messages) sees blinded values only:
+     the coordinator's view of ``fl_split/psi.py`` (sizes of sub-intersections of pseudonyms, ``|I|``,
+     no ID, not ``I``);
    * ``--align public``: the host publishes its sorted ID list (``public-ids``), the ServerApp
      sends it to every guest (``public-accept``), which checks it holds each ID;
 
-3. at the step that agrees a node's shared list (``psi-shared`` / ``psi-accept``, ``public-ids`` /
-   ``public-accept``) the node aligns its rows to the list, splits it with ``--seed`` and encodes its
-   raw columns, fitted on its own training rows (:func:`fl_split.data.own.align_own`,
+3. at the step that agrees a node's shared list (``psi-finish``, ``public-ids`` / ``public-accept``)
+   the node aligns its rows to the list, splits it with ``--seed`` and encodes its raw columns, fitted
+   on its own training rows (:func:`fl_split.data.own.align_own`,
    :class:`~fl_split.data.encoding.ColumnEncoder`), exactly as the in-process pipeline does, and
    answers with its **input shape** (how many encoded columns: one per training category and missing
    indicator — known only now, public metadata like the column names);
 4. ``shapes`` to every node: every feature holder's input shape (each node checks its own), from which
-   each builds its plan. So the run then equals ``fl-split train --data …`` on the same tables. With G
-   guests the phase costs 2G + 3 Flower round trips (``open``, then per guest the host's step and the
-   guest's answer, then the accepts, then the shapes); a deployment may start a ClientApp process per
-   message, so round trips, not bytes, are its cost.
+   each builds its plan. So the run then equals ``fl-split train --data …`` on the same tables. With
+   G guests the PSI phase costs G + 3 Flower round trips (``open`` with the start, G rounds of
+   ``psi-blind``, ``psi-finish``, ``shapes``: N + 1 protocol rounds for N = G + 1 parties, and the
+   widths); a deployment may start a ClientApp process per message, so round trips, not bytes, are
+   its cost.
 
-**What stays on a node.** Its table and its IDs; the host's PSI state between its messages (its
-candidates ``C_g`` — its own IDs — and the secret key of a request not yet answered) and every
-party's shared list and widths live in the node's ``context.state``, which its SuperNode keeps and
-never sends (as the party's own secret and data-plane key); the host's PSI key is dropped when the
-guest's answer is processed, a guest's is created and dropped within its ``psi-answer``. No message
-carries a key (``tests/test_deploy_align.py`` scans every message). Replies: counts of nothing,
-names and widths, frames, digests of the accepted list.
+**What stays on a node.** Its table and its IDs; its PSI state between its messages (its round, its
+permutation's seed and, until its last round, its key: :meth:`fl_split.psi.PsiParty.export_state`)
+and its shared list and widths live in the node's ``context.state``, which its SuperNode keeps and
+never sends (as the party's own secret and data-plane key); the key is dropped after the node's last
+round, the rest at ``psi-finish``. No message carries a key (``tests/test_deploy_align.py`` scans
+every message). Replies: names and widths, frames, digests of the found list.
 
-**The coordinator's honesty.** Each node enforces the protocol's order: the host requests from
-guest-1, guest-2, … in turn, one request at a time, and gives out ``shared-ids`` only once every
-guest has answered; a guest answers one request and accepts one intersection per run (only IDs it
-holds). Frames are not signed: a coordinator that forged a request could learn which of IDs *it*
-chooses a guest holds (once per guest and run, and the host's alignment would then fail). The
-deployment trusts its coordinator to route honestly (as it trusts it with the run configuration);
-docs/datasets.md says so.
+**The coordinator's honesty.** Each node enforces the protocol's order (fl_split/psi.py, "What each
+party enforces"): one start, one list per round from its ring predecessor, rounds in order, one
+finish after the last round. Frames are not signed: a coordinator that forged a list could have a
+node blind values of *its* choosing (at most one list per round), and a coordinator colluding with
+a party learns that party's sub-intersections. The deployment trusts its coordinator to route
+honestly (as it trusts it with the run configuration); docs/datasets.md and docs/threat-model.md
+say so.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +72,9 @@ from fl_split.flower import records as R
 
 #: the Flower message type of the alignment phase (one type; the step is the request's ``op``)
 MSG_ALIGN = "query.align"
-#: context.state keys of a node: the shared list and widths (``ALIGNED``), the host's PSI state (``PSI``)
+#: context.state keys of a node: the shared list and widths (``ALIGNED``), its PSI state (``PSI_STATE``)
 ALIGNED = "fl_split.aligned"
 PSI_STATE = "fl_split.psi"
-#: context.state key: this guest has answered its one PSI request of the run
-ANSWERED = "fl_split.psi-answered"
 
 
 def uses_node_tables(cfg: RunConfig) -> bool:
@@ -85,47 +87,38 @@ def uses_node_tables(cfg: RunConfig) -> bool:
 # -- the coordinator ---------------------------------------------------------------------------------
 class FlowerPsiRoute:
     """:class:`fl_split.psi.PsiRoute` over a :class:`~fl_split.flower.transport.FlowerTransport`: each
-    step one ``query.align`` message to the party that performs it (the accepts go to every guest at
-    once)."""
+    protocol round one ``query.align`` message to every node at once; the start travels with the
+    ``open`` answers (:attr:`started`)."""
 
     def __init__(self, transport, config_json: str) -> None:
         self.transport, self.config_json = transport, config_json
         #: each party's input shape, from its reply to the step that agreed its shared list
         self.shapes: dict[str, list[int]] = {}
-        #: the guest's answer the host has not processed yet: it travels with the host's next step
-        #: (one Flower round trip per protocol step saved; a deployment may start a process per message)
-        self._receive: dict[str, Any] | None = None
+        #: each node's start frame, from its ``open`` answer (one Flower round trip saved)
+        self.started: dict[str, bytes] = {}
+        #: ``say(line)`` after each round (a deployment's progress: its rounds take seconds to minutes)
+        self.say = lambda line: None
+        self._rounds = 0
 
     def _ask(self, requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return self.transport.exchange({p: (MSG_ALIGN, R.content(config=self.config_json, **v))
                                         for p, v in requests.items()}, None)
 
-    def _host(self, values: dict[str, Any]):
-        pending, self._receive = self._receive or {}, None
-        return self._ask({"host": {**pending, **values}})["host"]
+    def start(self, parties):
+        return {p: self.started[p] for p in parties if p in self.started}
 
-    def request(self, guest):
-        return _frame(self._host({"op": "psi-request", "guest": guest}), "frame", "host")
+    def hop(self, frames):
+        t0 = time.perf_counter()
+        rep = self._ask({p: {"op": "psi-blind", "frame": b} for p, b in frames.items()})
+        self._rounds += 1
+        self.say(f"alignment: PSI round {self._rounds} of {len(frames) - 1} done "
+                 f"({time.perf_counter() - t0:.1f} s)")
+        return {p: _frame(rep[p], "frame", p) for p in frames}
 
-    def answer(self, guest, request):
-        rep = self._ask({guest: {"op": "psi-answer", "frame": request}})[guest]
-        return _frame(rep, "setup", guest), _frame(rep, "response", guest)
-
-    def receive(self, guest, setup, response):
-        self._receive = {"receive-guest": guest, "setup": setup, "response": response}
-
-    def shared(self, guests):
-        rep = self._host({"op": "psi-shared"})
-        self.shapes["host"] = _shape(rep, "host")
-        frames = R.blob_list(rep, "frames")
-        if len(frames) != len(guests):
-            raise ProtocolError(f"host: {len(frames)} shared-ids frames for {len(guests)} guests")
-        return dict(zip(guests, frames))
-
-    def accept(self, frames):
-        rep = self._ask({g: {"op": "psi-accept", "frame": b} for g, b in frames.items()})
-        self.shapes.update({g: _shape(r, g) for g, r in rep.items()})
-        return {g: str(r.get("digest", "")) for g, r in rep.items()}
+    def finish(self, frames):
+        rep = self._ask({p: {"op": "psi-finish", "frame": b} for p, b in frames.items()})
+        self.shapes.update({p: _shape(r, p) for p, r in rep.items()})
+        return {p: str(r.get("digest", "")) for p, r in rep.items()}
 
 
 def _shape(rec, party: str) -> list[int]:
@@ -157,10 +150,14 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
     config_json = R.dumps(cfg.to_flower())
     parties = ["host", *transport.guests]
     route = FlowerPsiRoute(transport, config_json)
-    opened = route._ask({p: {"op": "open"} for p in parties})
+    route.say = say
+    t0 = time.perf_counter()
+    opened = route._ask({p: {"op": "open", "psi-start": cfg.align == "psi"} for p in parties})
     owner: dict[str, str] = {}
     columns: dict[str, list[str]] = {}
     for p in parties:
+        if cfg.align == "psi":
+            route.started[p] = _frame(opened[p], "frame", p)
         info = R.loads(str(opened[p]["table"]))
         columns[p] = [str(c) for c in info["columns"]]
         check_column_owner(owner, f"{p} ({info['file']})", p, columns[p])
@@ -173,9 +170,9 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
             counts["messages"] += 1
             counts["bytes"] += len(blob)
 
-        shared_n = len(run_psi(route, transport.guests, count))
+        shared_n = run_psi(route, parties, count)
         alignment: dict[str, Any] = {"align": "psi", "shared_ids": int(shared_n), "psi_messages": counts["messages"],
-                                     "psi_bytes": counts["bytes"]}
+                                     "psi_bytes": counts["bytes"], "time_s": round(time.perf_counter() - t0, 3)}
         say(f"alignment: private set intersection of {len(parties)} parties: {shared_n} shared IDs "
             f"({counts['messages']} PSI messages, {counts['bytes']} bytes)")
     else:
@@ -189,7 +186,7 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
             if str(digests[g].get("digest", "")) != want:
                 raise DataError(f"--align public: {g} accepted another ID list than the host published")
         shared_n = len(host_ids) // 8
-        alignment = {"align": "public", "shared_ids": int(shared_n)}
+        alignment = {"align": "public", "shared_ids": int(shared_n), "time_s": round(time.perf_counter() - t0, 3)}
         say(f"alignment: the host's {shared_n} IDs published to every guest (--align public)")
     # each party fitted its encoder on its training rows: its width is known now, and every node needs
     # every feature holder's (the plan's shapes)
@@ -229,7 +226,10 @@ def handle_align(cfg: RunConfig, role, req, state) -> dict[str, Any]:
     table = own_table(cfg, role)
     aligned = state.config_records.get(ALIGNED)
     if op == "open":
-        return {"table": R.dumps({"columns": table.slice.columns, "file": Path(role.data_path).name})}
+        reply: dict[str, Any] = {"table": R.dumps({"columns": table.slice.columns, "file": Path(role.data_path).name})}
+        if bool(req.get("psi-start", False)) and aligned is None:
+            reply["frame"] = _psi_step(cfg, role, state, "psi-start", None, table)
+        return reply
     if op == "shapes":
         if aligned is None or "input-shapes" in aligned:
             raise ProtocolError(f"{role.party}: 'shapes' {'before' if aligned is None else 'again after'} this "
@@ -258,14 +258,13 @@ def handle_align(cfg: RunConfig, role, req, state) -> dict[str, Any]:
 
 
 def _align_step(cfg: RunConfig, role, req, state, op: str, table) -> dict[str, Any]:
-    from fl_split.psi import PsiParty, ids_digest
+    from fl_split.psi import ids_digest
 
     is_host = role.role == "host"
-    if op in ("psi-request", "psi-shared", "public-ids") and not is_host:
+    if op == "public-ids" and not is_host:
         raise ProtocolError(f"{role.party}: '{op}' is for the host")
-    if op in ("psi-answer", "psi-accept", "public-accept") and is_host:
+    if op == "public-accept" and is_host:
         raise ProtocolError(f"{role.party}: '{op}' is for a guest")
-    guests = [f"guest-{i}" for i in range(1, cfg.guests + 1)]
     ids = table.slice.ids
     if op == "public-ids":
         if cfg.align != "public":
@@ -287,47 +286,39 @@ def _align_step(cfg: RunConfig, role, req, state, op: str, table) -> dict[str, A
         check_public(table, shared)
         _keep(state, shared)
         return {"digest": ids_digest(shared)}
-    if cfg.align != "psi":
-        raise ProtocolError(f"{role.party}: '{op}' but the run aligns with --align {cfg.align}")
-    if op == "psi-answer":
-        if ANSWERED in state.config_records:
-            raise ProtocolError(f"{role.party}: a second PSI request in this run; a guest answers one")
-        state[ANSWERED] = ConfigRecord({"psi": True})
-        setup, response = PsiParty(role.party, ids).answer(_bytes(req, "frame", role.party))
-        return {"setup": setup, "response": response}
-    if op == "psi-accept":
-        shared = PsiParty(role.party, ids).receive_shared(_bytes(req, "frame", role.party))
+    if op == "psi-finish":
+        shared = _psi_step(cfg, role, state, op, _bytes(req, "frame", role.party), table)
         _keep(state, shared)
         return {"digest": ids_digest(shared)}
-    # the host: its candidates and pending key survive between messages in its own context.state
+    if op == "psi-blind":
+        return {"frame": _psi_step(cfg, role, state, op, _bytes(req, "frame", role.party), table)}
+    raise ProtocolError(f"{role.party}: unknown alignment step {op!r}")
+
+
+def _psi_step(cfg: RunConfig, role, state, op: str, frame: bytes | None, table):
+    """One PSI step of this node (start, blind, finish), its state restored from and saved to its
+    own ``context.state`` (a fresh ClientApp process continues from there)."""
+    from fl_split.psi import PsiParty
+
+    if cfg.align != "psi":
+        raise ProtocolError(f"{role.party}: '{op}' but the run aligns with --align {cfg.align}")
+    parties = ["host", *(f"guest-{i}" for i in range(1, cfg.guests + 1))]
     rec = state.config_records.get(PSI_STATE)
-    saved = {k: bytes(v) for k, v in rec.items() if isinstance(v, (bytes, bytearray))} if rec is not None else {}
-    done = json.loads(str(rec["done"])) if rec is not None else []
-    host = PsiParty.import_host(role.party, ids, saved) if saved else PsiParty(role.party, ids)
-    if "receive-guest" in req:  # the previous guest's answer, delivered with this step
-        guest = str(req["receive-guest"])
-        host.receive(guest, _bytes(req, "setup", role.party), _bytes(req, "response", role.party))
-        done.append(guest)
-    if op == "psi-request":
-        guest = str(req.get("guest", ""))
-        if host.pending or len(done) >= len(guests) or guest != guests[len(done)]:
-            raise ProtocolError(f"{role.party}: PSI request for {guest!r} out of order (answered: {done}, "
-                                f"pending: {host.pending}); the host runs the guests in turn")
-        frame = host.request(guest)
-        reply = {"frame": frame}
-    elif op == "psi-shared":
-        if done != guests:
-            raise ProtocolError(f"{role.party}: shared-ids asked before every guest answered (answered: {done})")
-        shared = host.intersection
-        _keep(state, shared)
-        reply = {"frames": [host.shared_ids(g) for g in guests]}
+    if op == "psi-start":
+        if rec is not None:
+            raise ProtocolError(f"{role.party}: a second PSI start in this run")
+        party = PsiParty(role.party, table.slice.ids, parties)
+        out = party.start()
     else:
-        raise ProtocolError(f"{role.party}: unknown alignment step {op!r}")
-    if op == "psi-shared":
-        state.config_records.pop(PSI_STATE, None)  # the PSI is over: no candidates, no key left
+        if rec is None:
+            raise ProtocolError(f"{role.party}: '{op}' before this node's PSI start")
+        party = PsiParty.import_state(role.party, table.slice.ids, parties, dict(rec.items()))
+        out = party.hop(frame) if op == "psi-blind" else party.finish(frame)
+    if op == "psi-finish":
+        state.config_records.pop(PSI_STATE, None)  # the PSI is over: no key, no seed left
     else:
-        state[PSI_STATE] = ConfigRecord({**host.export_host(), "done": json.dumps(done)})
-    return reply
+        state[PSI_STATE] = ConfigRecord(party.export_state())
+    return out
 
 
 def _bytes(req, key: str, party: str) -> bytes:
