@@ -181,13 +181,26 @@ def raw_world(n: int = 700, seed: int = 0) -> dict[str, pd.DataFrame]:
     return out
 
 
-def write_raw(tmp_path, frames: dict[str, pd.DataFrame]) -> list[str]:
+def write_raw(tmp_path, frames: dict[str, pd.DataFrame], guests: bool = True) -> list[str]:
     flags = []
     for party, frame in frames.items():
         path = tmp_path / f"{party}.csv"
         frame.to_csv(path, index=False)
         flags += ["--data", f"{party}={path}"]
-    return [*flags, "--id-column", "ID", "--label-column", "Y", "--guests", "2"]
+    return [*flags, "--id-column", "ID", "--label-column", "Y", *(["--guests", "2"] if guests else [])]
+
+
+def text_ids(frames: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
+    """The same tables with text IDs (``cust-001042@example.org``), and copies keyed by the int64 key
+    each party derives from them (:func:`fl_split.data.ids.key_of`), for :func:`by_hand`."""
+    from fl_split.data.ids import key_of
+
+    texts, keyed = {}, {}
+    for party, frame in frames.items():
+        t = frame.assign(ID=[f"cust-{i:06d}@example.org" for i in frame["ID"]])
+        texts[party] = t
+        keyed[party] = t.assign(ID=[key_of(v) for v in t["ID"]])
+    return texts, keyed
 
 
 def by_hand(frame: pd.DataFrame, train_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -219,16 +232,22 @@ def by_hand(frame: pd.DataFrame, train_ids: np.ndarray, ids: np.ndarray) -> np.n
 
 
 @pytest.mark.slow
-def test_raw_tables_by_psi_train_like_the_same_rows_encoded_by_hand(tmp_path):
-    """Acceptance (issue 23): three raw CSVs — text categories, empty cells, partly overlapping IDs —
-    ``--align psi``, one command: the run trains on exactly the intersection, each party's matrix is
-    its rows encoded by hand with its own training rows' statistics, and training on those
-    hand-encoded matrices (party files) gives the very same losses and accuracy."""
+@pytest.mark.parametrize("ids", ["integer", "text"])
+def test_raw_tables_by_psi_train_like_the_same_rows_encoded_by_hand(tmp_path, ids):
+    """Acceptance (issue 23): three raw CSVs — text IDs (e-mail addresses) or integer IDs, text
+    categories, empty cells, partly overlapping IDs — ``--align psi``, one command without
+    ``--guests`` (the parties are read from ``--data``): the run trains on exactly the intersection,
+    each party's matrix is its rows encoded by hand with its own training rows' statistics, and
+    training on those hand-encoded matrices (party files) gives the very same losses and accuracy."""
     from fl_split.builder import prepare_data
     from fl_split.party_files import load_party, save_party
 
     frames = raw_world()
-    flags = write_raw(tmp_path, frames)
+    if ids == "text":
+        written, frames = text_ids(frames)  # frames: keyed by the parties' int64 keys, for by_hand
+    else:
+        written = frames
+    flags = write_raw(tmp_path, written, guests=False)
     inter = np.sort(np.intersect1d(np.intersect1d(frames["host"]["ID"], frames["guest-1"]["ID"]),
                                    frames["guest-2"]["ID"]))
     assert 0 < len(inter) < min(len(f) for f in frames.values())  # partly overlapping
@@ -240,7 +259,8 @@ def test_raw_tables_by_psi_train_like_the_same_rows_encoded_by_hand(tmp_path):
     assert raw["plan"]["n_train"] + raw["plan"]["n_test"] == len(inter)
 
     cfg = RunConfig(data=";".join(flags[i + 1] for i in range(0, 6, 2)), id_column="ID", label_column="Y",
-                    align="psi", guests=2, seed=SEED)
+                    align="psi", seed=SEED)
+    assert cfg.guests == 2
     prepared = prepare_data(cfg)
     np.testing.assert_array_equal(np.sort(np.concatenate([prepared.train_ids, prepared.test_ids])), inter)
     widths = {"host": 3 + 1 + 1 + 1, "guest-1": 4 + 1 + 1 + 1, "guest-2": 1 + 2 + 1}  # one-hots + numbers + indicators
@@ -369,7 +389,8 @@ def test_party_files_keep_the_encoder_for_a_later_predict(tmp_path, fmt):
     assert main(["export-parties", *flags, "--align", "psi", "--seed", str(SEED), "--format", fmt,
                  "--out", str(tmp_path / "parts")]) == 0
     cfg = RunConfig(data=";".join(flags[i + 1] for i in range(0, 6, 2)), id_column="ID", label_column="Y",
-                    align="psi", guests=2, seed=SEED)
+                    align="psi", seed=SEED)
+    assert cfg.guests == 2
     prepared = prepare_data(cfg).parties
     for party, frame in frames.items():
         data, _ = load_party(tmp_path / "parts" / f"{party}.{fmt}", party)
