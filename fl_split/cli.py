@@ -264,7 +264,7 @@ def _add_deploy_parser(sub) -> None:
                    help="give up (and tear down) after S seconds [default: 1800]")
     from fl_split.kit import add_kit_parsers  # deploy kit, deploy node, deploy local --from-kits
 
-    add_kit_parsers(kinds, g)
+    add_kit_parsers(kinds, g, _add_train_flags)
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
@@ -417,6 +417,12 @@ def cmd_export_parties(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _kit_deployment():
+    from fl_split.kit import KitDeployment
+
+    return KitDeployment
+
+
 def cmd_deploy(ns: argparse.Namespace) -> int:
     import faulthandler
     import signal
@@ -425,7 +431,7 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
     if ns.deploy_kind != "local":
         from fl_split.kit import cmd_kit
 
-        return cmd_kit(ns)
+        return cmd_kit(ns, config_from_args)
     print("deploy local: checking the options …", flush=True)  # a deployment is never silent (issue 17)
     from fl_split.deploy import deploy_local
 
@@ -456,7 +462,7 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
     print(f"deploy local: {cfg.guests + 1} parties on 127.0.0.1, work directory {ns.workdir}", flush=True)
     results = deploy_local(cfg, ns.workdir, tls=ns.tls, node_auth=ns.node_auth, private_seed=ns.seed_value,
                            party_format=ns.party_format, timeout=ns.deploy_timeout, party_files=party_dir,
-                           from_kits=ns.from_kits)
+                           deployment=_kit_deployment() if ns.from_kits else None)
     if cfg.out:
         write_json_atomic(cfg.out, results)
     print_summary(results)

@@ -486,9 +486,11 @@ def _one_line(text: str) -> str:
 def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True, node_auth: bool = True,
                  private_seed=None, party_format: str = "npz",
                  echo: Callable[[str], None] | None = None, timeout: float = 1800.0,
-                 party_files: str | os.PathLike | None = None, from_kits: bool = False) -> dict[str, Any]:
-    """Run ``cfg`` as a loopback deployment (module docstring); ``from_kits``: by executing the
-    organisations' kits (:class:`fl_split.kit.KitDeployment`, always TLS and node authentication); returns the results dictionary
+                 party_files: str | os.PathLike | None = None,
+                 deployment: type[LocalDeployment] | None = None) -> dict[str, Any]:
+    """Run ``cfg`` as a loopback deployment (module docstring); ``deployment``: the class that runs it
+    (:class:`LocalDeployment`, or :class:`fl_split.kit.KitDeployment` — by executing the organisations'
+    kits, always TLS and node authentication — which the caller imports: kit builds on this module); returns the results dictionary
     (``results["deployment"]`` adds the run ID, the workdir and the phases' seconds). Every
     process started is ended before this returns or raises, also on KeyboardInterrupt; SIGTERM
     is turned into KeyboardInterrupt while it runs. ``private_seed``: a
@@ -498,12 +500,8 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
         from fl_split.seeding import PrivateSeed
 
         private_seed = PrivateSeed.coerce(private_seed)
-    if from_kits:
-        from fl_split.kit import KitDeployment
-
-        kind: type[LocalDeployment] = KitDeployment
-    else:
-        kind = LocalDeployment
+    kind = deployment or LocalDeployment
+    from_kits = getattr(kind, "FROM_KITS", False)
     dep = kind(cfg, workdir, tls=tls, node_auth=node_auth, private_seed=private_seed,
                           party_format=party_format, echo=echo, timeout=timeout, party_files=party_files)
     previous = previous_int = None

@@ -475,6 +475,9 @@ class KitDeployment(LocalDeployment):
     on 127.0.0.1 with free ports. Always TLS and SuperNode authentication. The SuperLink and the
     SuperNodes are the kits' ``sh run.sh start`` processes, ended with everything they start."""
 
+    #: deploy_local's phase lines say that the kits make the keys
+    FROM_KITS = True
+
     def __init__(self, cfg: RunConfig, workdir, **kw) -> None:
         if not kw.get("tls", True) or not kw.get("node_auth", True):
             raise ConfigError("from-kits", True, "with TLS and node authentication (no --insecure, --no-node-auth)",
@@ -556,10 +559,9 @@ class KitDeployment(LocalDeployment):
 
 
 # -- the command line -------------------------------------------------------------------------------------
-def add_kit_parsers(kinds, local_group) -> None:
-    """``deploy kit``, ``deploy node`` and ``deploy local --from-kits`` (registered by fl_split.cli)."""
-    from fl_split.cli import _add_train_flags
-
+def add_kit_parsers(kinds, local_group, add_train_flags) -> None:
+    """``deploy kit``, ``deploy node`` and ``deploy local --from-kits`` (registered by fl_split.cli, which
+    hands over its ``add_train_flags``: the package's layers import one way, docs/design.md)."""
     local_group.add_argument("--from-kits", action="store_true", default=False,
                              help="write a kit per organisation into WORKDIR/kits and run the deployment by "
                                   "executing each kit's run.sh (always TLS and node authentication)")
@@ -568,7 +570,7 @@ def add_kit_parsers(kinds, local_group) -> None:
         description="Write DIR/coordinator, DIR/host, DIR/guest-<g>: run.sh (sh run.sh init|sign|register|start|run), "
                     "kit.toml and README.txt saying what each generates on its own machine and sends to whom. "
                     "No key is written: each organisation makes its own with `sh run.sh init` (docs/deploy.md).")
-    _add_train_flags(kit)
+    add_train_flags(kit)
     g = kit.add_argument_group("kit")
     g.add_argument("--parties", required=True, metavar="host,guest-1,…", help="the organisations' party names")
     g.add_argument("--superlink", default="127.0.0.1:9093", metavar="HOST:PORT",
@@ -580,13 +582,12 @@ def add_kit_parsers(kinds, local_group) -> None:
     node.add_argument("--kit", default=".", metavar="DIR", help="the kit folder [default: .]")
 
 
-def cmd_kit(ns) -> int:
+def cmd_kit(ns, config_from_args) -> int:
+    """``deploy kit`` / ``deploy node``; ``config_from_args``: fl_split.cli's (handed over, as above)."""
     if ns.deploy_kind == "node":
         for line in node_step(ns.step, ns.kit):
             print(f"{ns.step}: {line}", flush=True)
         return 0
-    from fl_split.cli import config_from_args
-
     if not getattr(ns, "out", None):
         raise ConfigError("out", "", "the directory to write the kits into")
     parties = party_names(ns.parties, getattr(ns, "guests", None))
