@@ -1,0 +1,122 @@
+"""Bounded trust, second part: a guest poisoning its *training* releases (issue 25, item 5).
+
+The public range (:mod:`fl_split.privacy.bounds`) refuses what no honest release can be. A guest
+can stay inside it and still wreck the host's model: it multiplies its activations by a factor
+that grows slowly (no defence: the running scale's window follows it), by a constant ×10 (below
+the monitor's factor), releases a constant, or flips the sign (under Gaussian σ = 0.7 a flipped
+tanh release is as likely as an honest one). The audit measured digits test accuracy 0.775 → 0.237
+(ramp), 0.550 (×10), 0.450 (constant), 0.762 → 0.263 (in-range flip), every run ``completed``.
+
+Such a guest tampers with its training releases only: its test releases decide the accuracy the
+host reports and are the ones a poisoner keeps honest. The host receives both, from the same
+bottom model through the same mechanism, so the honest test releases of an epoch are a reference
+for the training releases just before them. :class:`TrainTestGuard` compares, per guest, at each
+evaluation (before anything of the evaluation changes):
+
+* the Pearson correlation, across the cut's elements, of the per-element mean of the last
+  :data:`RECENT` training batches and the per-element mean of the epoch's test releases. Zero-mean
+  noise does not change the expected means, so the statistic is robust to every defence; a sign
+  flip inverts it (ρ ≈ −1), a constant release has no spread (ρ taken as 0). Alarm below
+  :data:`RHO_MIN`. The check is skipped when the test means' spread across elements is within
+  :data:`SPREAD_SE` standard errors of the noise (nothing to compare: e.g. an exhausted schedule);
+* the ratio of the mean per-record L2 norm (training / test). Alarm outside
+  ``[1/NORM_RATIO, NORM_RATIO]``: a constant ×10 gives ≈ 10.
+
+Both are computed by the host from the releases it already receives: no new message, nothing sent.
+The scale reference frozen after the warm-up (:class:`~fl_split.privacy.bounds.ScaleMonitor`,
+``frozen``) catches the ramp within the epoch's batches. A violation raises
+:class:`PoisoningDetected` (a :class:`~fl_split.errors.ReleaseOutOfRange`), so the host refuses the
+evaluation before anything changes and the run answers as ``--on-guest-failure`` says: ``stop``
+names the guest and the check in one line, ``pad`` zero-fills that guest from then on.
+What stays undetectable is written in ``docs/threat-model.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import torch
+
+from fl_split.errors import ReleaseOutOfRange
+
+#: training batches (the most recent) compared with an epoch's test releases
+RECENT = 8
+#: correlation of the per-element means (training vs test) below which the host raises the alarm
+RHO_MIN = 0.5
+#: mean per-record norm ratio (training / test) beyond which the host raises the alarm
+NORM_RATIO = 4.0
+#: the test means must spread across elements by this many standard errors for ρ to mean anything
+SPREAD_SE = 3.0
+
+
+class PoisoningDetected(ReleaseOutOfRange):
+    """A guest's training releases disagree with its own test releases (:class:`TrainTestGuard`)
+    or its scale outgrew the frozen reference: the host refuses, naming the guest and the check."""
+
+
+class TrainTestGuard:
+    """Per-guest training-release statistics kept by the host, compared with each epoch's test releases."""
+
+    def __init__(self, receiver: str = "host") -> None:
+        self.receiver = receiver
+        #: guest → last RECENT training batches as (sum over rows, sum of squares, sum of row norms, rows)
+        self._recent: dict[str, deque] = {}
+
+    @staticmethod
+    def _moments(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float, int]:
+        x = t.detach().reshape(t.shape[0], -1).double()
+        return x.sum(0), (x * x).sum(0), float(torch.linalg.vector_norm(x, dim=1).sum()), int(x.shape[0])
+
+    def record_train(self, guest: str, t: torch.Tensor) -> None:
+        if t.numel():
+            self._recent.setdefault(guest, deque(maxlen=RECENT)).append(self._moments(t))
+
+    def check_test(self, guest: str, tensors: list[torch.Tensor], batch: str, round_: int | None) -> None:
+        """Raise :class:`PoisoningDetected` if ``guest``'s recent training releases disagree with
+        its test releases ``tensors`` (one epoch's); nothing recorded either way."""
+        why = self.violation(guest, tensors)
+        if why is not None:
+            raise PoisoningDetected(guest, self.receiver, "activations", batch, round_, why)
+
+    def statistics(self, guest: str, tensors: list[torch.Tensor]) -> dict[str, float] | None:
+        """``{"rho", "norm_ratio", "spread_se"}`` of ``guest``'s recent training releases against
+        ``tensors``; None where there is nothing to compare."""
+        recent = self._recent.get(guest)
+        tensors = [t for t in tensors if t.numel()]
+        if not recent or not tensors:
+            return None
+        tr = [sum(m[i] for m in recent) for i in range(4)]
+        te = [sum(m[i] for m in (self._moments(t) for t in tensors)) for i in range(4)]
+        if tr[3] < 2 or te[3] < 2 or tr[0].numel() != te[0].numel() or tr[0].numel() < 2:
+            return None
+        mu_tr, mu_te = tr[0] / tr[3], te[0] / te[3]
+        var_te = (te[1] / te[3] - mu_te ** 2).clamp_min(0)
+        se = math.sqrt(float(var_te.mean()) / te[3])
+        spread = float(mu_te.std())
+        n_tr, n_te = tr[2] / tr[3], te[2] / te[3]
+        out = {"norm_ratio": n_tr / n_te if n_te > 0 else (math.inf if n_tr > 0 else 1.0),
+               "spread_se": spread / se if se > 0 else (math.inf if spread > 0 else 0.0), "rho": math.nan}
+        if out["spread_se"] >= SPREAD_SE:
+            a, b = mu_tr - mu_tr.mean(), mu_te - mu_te.mean()
+            den = float(torch.linalg.vector_norm(a) * torch.linalg.vector_norm(b))
+            out["rho"] = float(a @ b) / den if den > 0 else 0.0  # a constant training release: no spread
+        return out
+
+    def violation(self, guest: str, tensors: list[torch.Tensor]) -> str | None:
+        s = self.statistics(guest, tensors)
+        if s is None:
+            return None
+        rows = sum(m[3] for m in self._recent[guest])
+        if not math.isnan(s["rho"]) and s["rho"] < RHO_MIN:
+            return (f"poisoning check (train vs test): the per-element mean of its last {rows} training records "
+                    f"correlates {s['rho']:.3f} with that of its test releases (allowed: ≥ {RHO_MIN:g}; "
+                    f"an honest guest releases both from the same bottom model)")
+        r = s["norm_ratio"]
+        if not 1 / NORM_RATIO <= r <= NORM_RATIO:
+            return (f"poisoning check (train vs test): the mean per-record norm of its last {rows} training records "
+                    f"is {r:.3g}x that of its test releases (allowed: {1 / NORM_RATIO:g}x to {NORM_RATIO:g}x)")
+        return None
+
+
+__all__ = ["NORM_RATIO", "PoisoningDetected", "RECENT", "RHO_MIN", "SPREAD_SE", "TrainTestGuard"]
