@@ -24,10 +24,13 @@ public parameters only — never from data, importances or the sender's secret):
 **Where no public bound exists** (no defence, DP-SGD only, i.e. the identity on the cut) the
 receiver keeps a running statistic per peer (:class:`ScaleMonitor`): the RMS of each accepted
 training release, and after :data:`ScaleMonitor.WARMUP` batches a release whose RMS exceeds
-:data:`ScaleMonitor.FACTOR` times the largest of the last :data:`ScaleMonitor.WINDOW` is refused.
+:data:`ScaleMonitor.FACTOR` times the largest of the last :data:`ScaleMonitor.WINDOW` is refused;
+the host's monitors are ``frozen`` (issue 25): the largest RMS of the warm-up is kept as well, and a
+release above the factor times it is refused, so a ramp cannot drag the reference along.
 What this cannot catch: a peer that scales from its first batch (its "normal" is then the scaled
-one: indistinguishable from a bottom with larger weights), or one that grows its scale by less than
-the factor per window. Both are written in ``docs/robustness.md``, "Bounded trust".
+one: indistinguishable from a bottom with larger weights), or (a guest's gradients monitor, not
+frozen) one that grows its scale by less than the factor per window. In-range poisoning is the
+host's :mod:`fl_split.privacy.guard`. Both are written in ``docs/robustness.md``, "Bounded trust".
 
 A violation raises :class:`~fl_split.errors.ReleaseOutOfRange` naming the sender, the batch, the
 statistic, its value and the public bound. The receiver raises it *before* any state changes
