@@ -17,7 +17,7 @@ from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine
 from fl_split.errors import ReleaseOutOfRange
 from fl_split.privacy.bounds import ScaleMonitor
-from fl_split.privacy.guard import NORM_RATIO, RHO_MIN, PoisoningDetected, TrainTestGuard
+from fl_split.privacy.guard import NORM_RATIO, RECENT, RHO_MIN, PoisoningDetected, TrainTestGuard
 from fl_split.seeding import PrivateSeed
 from tests.helpers import tampered
 
@@ -75,7 +75,7 @@ class PoisoningGuest:
 
 
 ATTACKS = [("ramp", "none", "frozen after the warm-up"), ("x10", "none", "mean per-record norm"),
-           ("constant", "none", "correlates 0.000"), ("flip", "gaussian", "correlates -0.9")]
+           ("constant", "none", "mean per-element standard deviation of"), ("flip", "gaussian", "correlates -0.9")]
 
 
 @pytest.mark.parametrize("kind,defence,says", ATTACKS, ids=[a[0] for a in ATTACKS])
@@ -134,7 +134,7 @@ def test_guard_statistics_separate_honest_flip_constant_and_scale():
         got[name] = guard.statistics("g", test)
         assert (guard.violation("g", test) is None) == (name == "honest"), (name, got[name])
     assert got["honest"]["rho"] > 0.9 and abs(got["honest"]["norm_ratio"] - 1) < 0.05
-    assert got["flip"]["rho"] < -0.9 and got["constant"]["rho"] == 0.0 < RHO_MIN
+    assert got["flip"]["rho"] < -0.9 < RHO_MIN and got["constant"]["sd_ratio"] == 0.0
     assert got["x10"]["norm_ratio"] > NORM_RATIO
     with pytest.raises(PoisoningDetected, match="guest g refused|g's activations|correlates"):
         guard = TrainTestGuard()
@@ -146,11 +146,14 @@ def test_guard_statistics_separate_honest_flip_constant_and_scale():
 def test_guard_skips_the_correlation_when_the_test_means_are_within_the_noise():
     gen = torch.Generator().manual_seed(8)
     guard = TrainTestGuard()
-    for t in _batches(gen, 8, torch.zeros(64)):
+    for t in _batches(gen, RECENT, torch.zeros(64)):
         guard.record_train("g", -t)
     s = guard.statistics("g", _batches(gen, 2, torch.zeros(64)))
     assert s["spread_se"] < 3 and s["rho"] != s["rho"]  # nan: nothing to compare
-    assert TrainTestGuard().statistics("g", _batches(gen, 1, torch.zeros(64))) is None  # no training release yet
+    short = TrainTestGuard()
+    for t in _batches(gen, RECENT - 1, torch.ones(64)):
+        short.record_train("g", -t)
+    assert short.statistics("g", _batches(gen, 1, torch.ones(64))) is None  # fewer than RECENT training releases
 
 
 def test_frozen_reference_catches_the_ramp_the_window_follows():

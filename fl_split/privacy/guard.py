@@ -16,11 +16,16 @@ evaluation (before anything of the evaluation changes):
 * the Pearson correlation, across the cut's elements, of the per-element mean of the last
   :data:`RECENT` training batches and the per-element mean of the epoch's test releases. Zero-mean
   noise does not change the expected means, so the statistic is robust to every defence; a sign
-  flip inverts it (ρ ≈ −1), a constant release has no spread (ρ taken as 0). Alarm below
-  :data:`RHO_MIN`. The check is skipped when the test means' spread across elements is within
-  :data:`SPREAD_SE` standard errors of the noise (nothing to compare: e.g. an exhausted schedule);
-* the ratio of the mean per-record L2 norm (training / test). Alarm outside
-  ``[1/NORM_RATIO, NORM_RATIO]``: a constant ×10 gives ≈ 10.
+  flip inverts it (ρ ≈ −1). Alarm below :data:`RHO_MIN`. The check is skipped when either side's
+  means spread across elements by less than :data:`SPREAD_SE` standard errors of the noise
+  (nothing to compare: an exhausted schedule, or a bottom ending in batch normalisation, whose
+  training outputs are centred per batch);
+* the ratio of the mean per-record L2 norm (training / test): a constant ×10 gives ≈ 10, and the
+  ratio of the mean per-element standard deviation: a constant release gives 0. Alarm outside
+  ``[1/NORM_RATIO, NORM_RATIO]``.
+
+The checks start once the guest made :data:`RECENT` training releases (a bottom with batch
+normalisation releases its first test batches through running statistics still far off).
 
 Both are computed by the host from the releases it already receives: no new message, nothing sent.
 The scale reference frozen after the warm-up (:class:`~fl_split.privacy.bounds.ScaleMonitor`,
@@ -48,6 +53,16 @@ RHO_MIN = 0.5
 NORM_RATIO = 4.0
 #: the test means must spread across elements by this many standard errors for ρ to mean anything
 SPREAD_SE = 3.0
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else (math.inf if a > 0 else 1.0)
+
+
+def _spread_se(mu: torch.Tensor, var: torch.Tensor, n: int) -> float:
+    """Spread of the per-element means across elements, in standard errors of one mean."""
+    se, spread = math.sqrt(float(var.mean()) / n), float(mu.std())
+    return spread / se if se > 0 else (math.inf if spread > 0 else 0.0)
 
 
 class PoisoningDetected(ReleaseOutOfRange):
@@ -80,11 +95,11 @@ class TrainTestGuard:
             raise PoisoningDetected(guest, self.receiver, "activations", batch, round_, why)
 
     def statistics(self, guest: str, tensors: list[torch.Tensor]) -> dict[str, float] | None:
-        """``{"rho", "norm_ratio", "spread_se"}`` of ``guest``'s recent training releases against
+        """``{"rho", "norm_ratio", "sd_ratio", "spread_se"}`` of ``guest``'s recent training releases against
         ``tensors``; None where there is nothing to compare."""
         recent = self._recent.get(guest)
         tensors = [t for t in tensors if t.numel()]
-        if not recent or not tensors:
+        if not recent or len(recent) < RECENT or not tensors:
             return None
         tr = [sum(m[i] for m in recent) for i in range(4)]
         te = [sum(m[i] for m in (self._moments(t) for t in tensors)) for i in range(4)]
@@ -92,15 +107,16 @@ class TrainTestGuard:
             return None
         mu_tr, mu_te = tr[0] / tr[3], te[0] / te[3]
         var_te = (te[1] / te[3] - mu_te ** 2).clamp_min(0)
-        se = math.sqrt(float(var_te.mean()) / te[3])
-        spread = float(mu_te.std())
+        var_tr = (tr[1] / tr[3] - mu_tr ** 2).clamp_min(0)
+        spread_se = [_spread_se(mu, var, n) for mu, var, n in ((mu_tr, var_tr, tr[3]), (mu_te, var_te, te[3]))]
+        sd_tr, sd_te = float(var_tr.sqrt().mean()), float(var_te.sqrt().mean())
         n_tr, n_te = tr[2] / tr[3], te[2] / te[3]
-        out = {"norm_ratio": n_tr / n_te if n_te > 0 else (math.inf if n_tr > 0 else 1.0),
-               "spread_se": spread / se if se > 0 else (math.inf if spread > 0 else 0.0), "rho": math.nan}
-        if out["spread_se"] >= SPREAD_SE:
+        out = {"norm_ratio": _ratio(n_tr, n_te), "sd_ratio": _ratio(sd_tr, sd_te), "spread_se": spread_se[1],
+               "rho": math.nan}
+        if min(spread_se) >= SPREAD_SE:
             a, b = mu_tr - mu_tr.mean(), mu_te - mu_te.mean()
             den = float(torch.linalg.vector_norm(a) * torch.linalg.vector_norm(b))
-            out["rho"] = float(a @ b) / den if den > 0 else 0.0  # a constant training release: no spread
+            out["rho"] = float(a @ b) / den if den > 0 else 0.0
         return out
 
     def violation(self, guest: str, tensors: list[torch.Tensor]) -> str | None:
@@ -112,10 +128,11 @@ class TrainTestGuard:
             return (f"poisoning check (train vs test): the per-element mean of its last {rows} training records "
                     f"correlates {s['rho']:.3f} with that of its test releases (allowed: ≥ {RHO_MIN:g}; "
                     f"an honest guest releases both from the same bottom model)")
-        r = s["norm_ratio"]
-        if not 1 / NORM_RATIO <= r <= NORM_RATIO:
-            return (f"poisoning check (train vs test): the mean per-record norm of its last {rows} training records "
-                    f"is {r:.3g}x that of its test releases (allowed: {1 / NORM_RATIO:g}x to {NORM_RATIO:g}x)")
+        for key, what in (("norm_ratio", "mean per-record norm"), ("sd_ratio", "mean per-element standard deviation")):
+            r = s[key]
+            if not 1 / NORM_RATIO <= r <= NORM_RATIO:
+                return (f"poisoning check (train vs test): the {what} of its last {rows} training records is {r:.3g}x "
+                        f"that of its test releases (allowed: {1 / NORM_RATIO:g}x to {NORM_RATIO:g}x)")
         return None
 
 
