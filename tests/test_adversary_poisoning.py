@@ -17,7 +17,7 @@ from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine
 from fl_split.errors import ReleaseOutOfRange
 from fl_split.privacy.bounds import ScaleMonitor
-from fl_split.privacy.guard import NORM_RATIO, RECENT, RHO_MIN, PoisoningDetected, TrainTestGuard
+from fl_split.privacy.guard import DEGENERATE, NORM_RATIO, RECENT, RHO_MIN, PoisoningDetected, TrainTestGuard
 from fl_split.seeding import PrivateSeed
 from tests.helpers import tampered
 
@@ -168,3 +168,18 @@ def test_frozen_reference_catches_the_ramp_the_window_follows():
             mon.add(r)
     assert False not in caught  # ×5 per batch never exceeds 20× the window's maximum
     assert caught[True] == ScaleMonitor.WARMUP + 1  # ×25 > 20× the warm-up's maximum
+
+
+def test_under_a_defence_only_a_degenerate_scale_is_refused():
+    # a geometric schedule's noise differs between training and test releases (measured: norm
+    # ratio 0.24x), so under a defence the scale is the public range's business; a constant is not
+    gen = torch.Generator().manual_seed(9)
+    mean = torch.tanh(torch.randn(64, generator=gen))
+    test = _batches(gen, 12, mean)
+    for f, refused in ((lambda t: 0.2 * t, False), (lambda t: torch.full_like(t, 0.5), True)):
+        guard = TrainTestGuard()
+        for t in _batches(gen, RECENT, mean):
+            guard.record_train("g", f(t))
+        assert (guard.violation("g", test, noisy=True) is not None) is refused
+        assert guard.violation("g", test, noisy=False) is not None  # without a defence both are
+    assert DEGENERATE < 1 / NORM_RATIO

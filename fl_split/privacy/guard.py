@@ -22,7 +22,10 @@ evaluation (before anything of the evaluation changes):
   training outputs are centred per batch);
 * the ratio of the mean per-record L2 norm (training / test): a constant ×10 gives ≈ 10, and the
   ratio of the mean per-element standard deviation: a constant release gives 0. Alarm outside
-  ``[1/NORM_RATIO, NORM_RATIO]``.
+  ``[1/NORM_RATIO, NORM_RATIO]``. Under a defence (the guest's mechanism has a public range) the
+  noise's scale may differ between training and test releases (a geometric schedule: measured
+  0.24×) and the range already bounds the scale, so only a degenerate release is refused there:
+  a standard-deviation ratio below :data:`DEGENERATE` (no noisy mechanism releases a constant).
 
 The checks start once the guest made :data:`RECENT` training releases (a bottom with batch
 normalisation releases its first test batches through running statistics still far off).
@@ -51,6 +54,8 @@ RECENT = 8
 RHO_MIN = 0.5
 #: mean per-record norm ratio (training / test) beyond which the host raises the alarm
 NORM_RATIO = 4.0
+#: under a defence: the standard-deviation ratio below which a training release is degenerate (a constant)
+DEGENERATE = 0.01
 #: the test means must spread across elements by this many standard errors for ρ to mean anything
 SPREAD_SE = 3.0
 
@@ -87,10 +92,12 @@ class TrainTestGuard:
         if t.numel():
             self._recent.setdefault(guest, deque(maxlen=RECENT)).append(self._moments(t))
 
-    def check_test(self, guest: str, tensors: list[torch.Tensor], batch: str, round_: int | None) -> None:
+    def check_test(self, guest: str, tensors: list[torch.Tensor], batch: str, round_: int | None,
+                   noisy: bool = False) -> None:
         """Raise :class:`PoisoningDetected` if ``guest``'s recent training releases disagree with
-        its test releases ``tensors`` (one epoch's); nothing recorded either way."""
-        why = self.violation(guest, tensors)
+        its test releases ``tensors`` (one epoch's); nothing recorded either way. ``noisy``: the
+        guest's mechanism has a public range (a defence)."""
+        why = self.violation(guest, tensors, noisy)
         if why is not None:
             raise PoisoningDetected(guest, self.receiver, "activations", batch, round_, why)
 
@@ -119,7 +126,7 @@ class TrainTestGuard:
             out["rho"] = float(a @ b) / den if den > 0 else 0.0
         return out
 
-    def violation(self, guest: str, tensors: list[torch.Tensor]) -> str | None:
+    def violation(self, guest: str, tensors: list[torch.Tensor], noisy: bool = False) -> str | None:
         s = self.statistics(guest, tensors)
         if s is None:
             return None
@@ -128,12 +135,16 @@ class TrainTestGuard:
             return (f"poisoning check (train vs test): the per-element mean of its last {rows} training records "
                     f"correlates {s['rho']:.3f} with that of its test releases (allowed: ≥ {RHO_MIN:g}; "
                     f"an honest guest releases both from the same bottom model)")
-        for key, what in (("norm_ratio", "mean per-record norm"), ("sd_ratio", "mean per-element standard deviation")):
+        checks = (("sd_ratio", "mean per-element standard deviation", DEGENERATE, math.inf),) if noisy else (
+            ("norm_ratio", "mean per-record norm", 1 / NORM_RATIO, NORM_RATIO),
+            ("sd_ratio", "mean per-element standard deviation", 1 / NORM_RATIO, NORM_RATIO))
+        for key, what, lo, hi in checks:
             r = s[key]
-            if not 1 / NORM_RATIO <= r <= NORM_RATIO:
+            if not lo <= r <= hi:
+                allowed = f"{lo:g}x to {hi:g}x" if hi < math.inf else f"at least {lo:g}x under a defence"
                 return (f"poisoning check (train vs test): the {what} of its last {rows} training records is {r:.3g}x "
-                        f"that of its test releases (allowed: {1 / NORM_RATIO:g}x to {NORM_RATIO:g}x)")
+                        f"that of its test releases (allowed: {allowed})")
         return None
 
 
-__all__ = ["NORM_RATIO", "PoisoningDetected", "RECENT", "RHO_MIN", "SPREAD_SE", "TrainTestGuard"]
+__all__ = ["DEGENERATE", "NORM_RATIO", "PoisoningDetected", "RECENT", "RHO_MIN", "SPREAD_SE", "TrainTestGuard"]
