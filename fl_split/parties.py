@@ -92,6 +92,7 @@ from fl_split.local_update import LocalUpdate
 from fl_split.merge import Merge
 from fl_split.privacy.base import Mechanism, NoDefense, PostProcess
 from fl_split.privacy.bounds import PeerTrust
+from fl_split.privacy.guard import TrainTestGuard
 from fl_split.privacy.diagnostics import LocalDiagnostics
 from fl_split.privacy.disclosure import party_privacy_report
 from fl_split.protocol import (Message, batch_digest, encode, frame_limit, handoff, open_message, receive_expected,
@@ -911,7 +912,9 @@ class HostParty(_Party):
         self.objective = objective or Objective(self.task)
         #: what the host checks of each guest's releases: the public range of the guest's forward
         #: mechanism (``guest_mechanisms``, from the public configuration), else its running scale
-        self.trust = PeerTrust("host", "activations", dict(guest_mechanisms or {}))
+        self.trust = PeerTrust("host", "activations", dict(guest_mechanisms or {}), frozen=True)
+        #: per-guest training vs test release statistics (issue 25: a guest poisoning its training releases)
+        self.guard = TrainTestGuard("host")
         if data.y_train is None:
             raise ValueError("the host must hold the labels")
         if report_metrics not in ("epoch", "none"):
@@ -982,9 +985,15 @@ class HostParty(_Party):
         for g in fresh:  # bounded trust: within the guest's public mechanism (before anything changes)
             for k, t in zip(keys, out[g]):
                 self.trust.check(g, k, t, round_)
+        if keys and keys[0].phase == "test":  # the epoch's honest-looking test releases vs the training ones
+            for g in fresh:
+                self.guard.check_test(g, out[g], f"{keys[0].phase}[epoch {keys[0].epoch}]", round_,
+                                      noisy=self.trust.public_range(g, keys[0]) is not None)
         for g in fresh:
             for k, t in zip(keys, out[g]):
                 self.trust.record(g, k, t)
+                if k.phase == "train":
+                    self.guard.record_train(g, t)
         if self.one_shot:
             for g in active:
                 if blobs_by_guest[g]:

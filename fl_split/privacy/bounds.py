@@ -24,10 +24,13 @@ public parameters only — never from data, importances or the sender's secret):
 **Where no public bound exists** (no defence, DP-SGD only, i.e. the identity on the cut) the
 receiver keeps a running statistic per peer (:class:`ScaleMonitor`): the RMS of each accepted
 training release, and after :data:`ScaleMonitor.WARMUP` batches a release whose RMS exceeds
-:data:`ScaleMonitor.FACTOR` times the largest of the last :data:`ScaleMonitor.WINDOW` is refused.
+:data:`ScaleMonitor.FACTOR` times the largest of the last :data:`ScaleMonitor.WINDOW` is refused;
+the host's monitors are ``frozen`` (issue 25): the largest RMS of the warm-up is kept as well, and a
+release above the factor times it is refused, so a ramp cannot drag the reference along.
 What this cannot catch: a peer that scales from its first batch (its "normal" is then the scaled
-one: indistinguishable from a bottom with larger weights), or one that grows its scale by less than
-the factor per window. Both are written in ``docs/robustness.md``, "Bounded trust".
+one: indistinguishable from a bottom with larger weights), or (a guest's gradients monitor, not
+frozen) one that grows its scale by less than the factor per window. In-range poisoning is the
+host's :mod:`fl_split.privacy.guard`. Both are written in ``docs/robustness.md``, "Bounded trust".
 
 A violation raises :class:`~fl_split.errors.ReleaseOutOfRange` naming the sender, the batch, the
 statistic, its value and the public bound. The receiver raises it *before* any state changes
@@ -192,8 +195,12 @@ class ScaleMonitor:
     WINDOW = 64
     FACTOR = 20.0
 
-    def __init__(self) -> None:
+    def __init__(self, frozen: bool = False) -> None:
         self._rms: deque[float] = deque(maxlen=self.WINDOW)
+        #: ``frozen`` (the host's check of activations, issue 25): the largest RMS of the warm-up is
+        #: kept as a reference the window cannot drag (a ramp ×5 per batch follows the window)
+        self.frozen = frozen
+        self._ref: float | None = None
 
     @staticmethod
     def rms(t: torch.Tensor) -> float:
@@ -203,6 +210,10 @@ class ScaleMonitor:
     def violation(self, rms: float) -> str | None:
         if len(self._rms) < self.WARMUP:
             return None
+        if self._ref is not None and self._ref > 0 and rms > self.FACTOR * self._ref:
+            return (f"batch RMS {rms:.6g} is {rms / self._ref:.3g}x the largest RMS {self._ref:.6g} of its first "
+                    f"{self.WARMUP} training releases (allowed: {self.FACTOR:g}x; the reference is frozen after the "
+                    f"warm-up; no public bound without a defence)")
         top = max(self._rms)
         if top > 0 and rms > self.FACTOR * top:
             return (f"batch RMS {rms:.6g} is {rms / top:.3g}x the largest RMS {top:.6g} of its last {len(self._rms)} "
@@ -211,6 +222,8 @@ class ScaleMonitor:
 
     def add(self, rms: float) -> None:
         self._rms.append(float(rms))
+        if self.frozen and self._ref is None and len(self._rms) == self.WARMUP:
+            self._ref = max(self._rms)
 
     @property
     def seen(self) -> int:
@@ -230,6 +243,8 @@ class PeerTrust:
     receiver: str
     what: str
     mechanisms: dict[str, Callable[["BatchKey"], "Mechanism"]]
+    #: the scale monitors keep their warm-up reference (:class:`ScaleMonitor` ``frozen``)
+    frozen: bool = False
     monitors: dict[str, ScaleMonitor] = field(default_factory=dict)
     _ranges: dict[int, tuple] = field(default_factory=dict, repr=False)
     _rms: dict[tuple, float] = field(default_factory=dict, repr=False)  # computed by check, kept by record
@@ -252,7 +267,7 @@ class PeerTrust:
             why = rng.violation(t)
         elif key.phase == "train":
             rms = self._rms[(peer, key)] = ScaleMonitor.rms(t)
-            why = self.monitors.get(peer, ScaleMonitor()).violation(rms)
+            why = self.monitors.get(peer, ScaleMonitor(self.frozen)).violation(rms)
         else:
             why = None
         if why is not None:
@@ -262,7 +277,7 @@ class PeerTrust:
         if key.phase != "train" or self.public_range(peer, key) is not None:
             return
         rms = self._rms.pop((peer, key), None)
-        self.monitors.setdefault(peer, ScaleMonitor()).add(ScaleMonitor.rms(t) if rms is None else rms)
+        self.monitors.setdefault(peer, ScaleMonitor(self.frozen)).add(ScaleMonitor.rms(t) if rms is None else rms)
         if len(self._rms) > 1024:  # checked but never recorded (a refused request): forget them
             self._rms.clear()
 
