@@ -88,26 +88,43 @@ def calibrate(base: dict, defense: str, target: float, parties: dict, iters: int
     ``target`` and the largest within :data:`TOLERANCE` of it. Returns the config changes, the
     planned ε and whether the tolerance was met (a mechanism whose ε is a step function of its
     parameter, or whose range ends below the target, may not meet it: then ``ok`` is False)."""
+    if not (isinstance(target, (int, float)) and math.isfinite(target) and target > 0):
+        raise ValueError(f"target ε {target!r}; allowed: a finite number > 0")
     name, increasing = PARAMETER[defense]
-    lo, hi = 1e-4, 1e5  # parameter bracket (log-bisected)
     f = lambda v: epsilon_of(base, defense, v, parties)  # noqa: E731
-    # the "safe" end gives ε ≤ target: small ε-parameter, large σ
-    safe, unsafe = (lo, hi) if increasing else (hi, lo)
-    if f(safe) > target:
-        raise ValueError(f"{defense}: target ε {target} below the planned ε at {name} = {safe}")
-    best, best_eps = safe, f(safe)
-    if f(unsafe) <= target:
-        best, best_eps = unsafe, f(unsafe)
+    releases = max(p["releases"] for p in parties.values())
+    # start where basic composition puts it (per-release ε = target / releases; σ = 1) and step by 2
+    # until the target is bracketed: extreme parameters make the PLD slow and are never needed
+    x = target / releases if increasing else 1.0
+    ex = f(x)
+    safer = (lambda v: v / 2) if increasing else (lambda v: v * 2)  # noqa: E731
+    riskier = (lambda v: v * 2) if increasing else (lambda v: v / 2)  # noqa: E731
+    for _ in range(40):
+        if ex <= target:
+            break
+        x = safer(x)
+        ex = f(x)
     else:
+        raise ValueError(f"{defense}: target ε {target} below the planned ε at {name} = {x:g}")
+    safe, best, best_eps = x, x, ex
+    unsafe = None
+    for _ in range(40):
+        y = riskier(safe)
+        ey = f(y)
+        if ey > target:
+            unsafe = y
+            break
+        safe, best, best_eps = y, y, ey
+    if unsafe is not None:
         for _ in range(iters):
+            if best_eps >= target * (1 - TOLERANCE / 4) or abs(math.log(unsafe / safe)) < 1e-9:
+                break
             mid = math.sqrt(safe * unsafe)
             e = f(mid)
             if e <= target:
                 safe, best, best_eps = mid, mid, e
             else:
                 unsafe = mid
-            if best_eps >= target * (1 - TOLERANCE / 4) or abs(math.log(unsafe / safe)) < 1e-9:
-                break
     changes = {"defense": defense, name: float(best)}
     return {"changes": changes, "planned_epsilon": best_eps,
             "ok": target * (1 - TOLERANCE) <= best_eps <= target}
