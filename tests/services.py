@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fl_split.flower.processes import descendants, process_table
 
-__all__ = ["FlwrRunHome", "LocalSuperLink", "LoopbackRayCluster", "descendants", "free_port", "process_table", "session_pids",
+__all__ = ["FlwrRunHome", "pids_with_env", "LocalSuperLink", "LoopbackRayCluster", "descendants", "free_port", "process_table", "session_pids",
            "stop_session"]
 
 
@@ -283,3 +283,20 @@ class FlwrRunHome(_Service):
         for sid in self.ours():
             signalled += stop_session(sid, grace)
         return signalled
+
+
+def pids_with_env(prefix: bytes) -> list[int]:
+    """Live processes (not this one) whose environment holds a variable starting with ``prefix``
+    (e.g. ``b"FLWR_HOME=/tmp/x"``): what a test's deployment started, whoever became their parent."""
+    found = []
+    for pid, (state, *_rest) in process_table().items():
+        if state == "Z" or pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(prefix) for v in env):
+            found.append(pid)
+    return found

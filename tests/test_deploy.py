@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fl_split.config import RunConfig
-from fl_split.flower.processes import process_table
+from tests.services import pids_with_env
 
 FLSPLIT = [sys.executable, "-m", "fl_split.cli"]
 SMALL = ["--dataset", "digits", "--guests", "2", "--epochs", "1", "--limit", "150", "--seed", "3",
@@ -27,19 +27,7 @@ SMALL = ["--dataset", "digits", "--guests", "2", "--epochs", "1", "--limit", "15
 
 
 def _deployment_pids(workdir: Path) -> list[int]:
-    marker = f"FLWR_HOME={workdir.resolve() / 'flwr-home'}".encode()
-    found = []
-    for pid, (state, *_rest) in process_table().items():
-        if state == "Z" or pid == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if marker in env:
-            found.append(pid)
-    return found
+    return pids_with_env(f"FLWR_HOME={workdir.resolve() / 'flwr-home'}".encode())
 
 
 def _kill(pids: list[int]) -> None:

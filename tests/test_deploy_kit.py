@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fl_split.config import RunConfig
-from fl_split.flower.processes import process_table
+from tests.services import pids_with_env
 from fl_split.kit import COORDINATOR, deliver, update_kit, write_kits
 
 FLSPLIT = [sys.executable, "-m", "fl_split.cli"]
@@ -149,19 +149,7 @@ def test_start_names_a_missing_table_or_file_in_one_line(tmp_path):
 
 
 def _kit_pids(workdir: Path) -> list[int]:
-    prefix = f"FLWR_HOME={workdir.resolve()}".encode()
-    found = []
-    for pid, (state, *_rest) in process_table().items():
-        if state == "Z" or pid == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if any(v.startswith(prefix) for v in env):
-            found.append(pid)
-    return found
+    return pids_with_env(f"FLWR_HOME={workdir.resolve()}".encode())
 
 
 @pytest.mark.slow
