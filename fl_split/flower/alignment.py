@@ -186,7 +186,7 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
             if str(digests[g].get("digest", "")) != want:
                 raise DataError(f"--align public: {g} accepted another ID list than the host published")
         shared_n = len(host_ids) // 8
-        alignment = {"align": "public", "shared_ids": int(shared_n), "time_s": round(time.perf_counter() - t0, 3)}
+        alignment = {"align": "public", "shared_ids": int(shared_n)}
         say(f"alignment: the host's {shared_n} IDs published to every guest (--align public)")
     # each party fitted its encoder on its training rows: its width is known now, and every node needs
     # every feature holder's (the plan's shapes)
