@@ -217,6 +217,7 @@ def test_init_from_loads_each_partys_own_part(tmp_path):
 def test_flower_nodes_save_their_own_parts_like_the_local_engine(tmp_path):
     """The ClientApp handlers (inline grid, no Ray): each node writes its own part when it reports;
     with the same seeds the parts hold the local engine's weights."""
+    from tests.test_flower import PS as FLOWER_PS  # the private seed the simulated nodes derive theirs from
     from tests.test_flower import InlineGrid, _cfg, _simulation_nodes
 
     from fl_split.engine import LocalEngine
@@ -224,7 +225,7 @@ def test_flower_nodes_save_their_own_parts_like_the_local_engine(tmp_path):
 
     cfg = _cfg(guests=1, save_model=str(tmp_path / "flower"))
     VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(2), fresh_process=True))
-    LocalEngine(cfg.replace(save_model=str(tmp_path / "local")), PrivateSeed.parse(PS_HEX)).run()
+    LocalEngine(cfg.replace(save_model=str(tmp_path / "local")), FLOWER_PS).run()
     for p in ("host", "guest-1"):
         a, b = _state_keys(tmp_path / "flower" / p / "model.pt"), _state_keys(tmp_path / "local" / p / "model.pt")
         assert a.keys() == b.keys()
