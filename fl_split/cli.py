@@ -229,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--budget", dest="pred_budget", type=float, default=None, metavar="E",
                     help="refuse a guest's release that would take its inference ledger over epsilon E "
                          "[default: no budget]")
+    from fl_split.export_cli import add_parser as _add_export_model_parser
+
+    _add_export_model_parser(sub)  # fl-split export-model (docs/serving.md, "Serving outside fl_split")
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser
@@ -591,6 +594,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_seed(ns)
         if ns.command == "predict":
             return cmd_predict(ns)
+        if ns.command == "export-model":
+            from fl_split.export_cli import cmd_export_model
+
+            return cmd_export_model(ns)
         if ns.command == "flwr-run":
             return cmd_flwr_run(ns)
         if ns.command == "datasets":
