@@ -40,6 +40,7 @@ import hashlib
 import io
 import json
 import math
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,9 @@ ONNX_OPSET = 18
 RAW_WARNING = ("THIS MODULE DOES NOT PROTECT ITS OUTPUT. It computes the guest's cut-layer activation before its "
                "release mechanism: served as it is, it releases raw activations, from which the receiver can "
                "reconstruct features (docs/attacks.md), with no differential-privacy guarantee and no ledger. "
-               "Release each output only through the mechanism in 'release.mechanism' (fresh noise from a secret "
-               "generator, every release charged to the guest's ledger), e.g. through fl_split's GuestScorer.")
+               "Release each output only through the mechanism in 'release.mechanism' (fresh noise from the "
+               "guest's own unpredictable generator, every release charged to the guest's ledger), e.g. through "
+               "fl_split's GuestScorer.")
 
 
 class GuestExport(nn.Module):
@@ -248,9 +250,10 @@ def host_module(manifest: dict, files: dict[str, bytes]) -> tuple[HostExport, di
     if scale is None:
         k = int(manifest["num_outputs"])
         classes = task.get("classes") or list(range(k))
-        output = {"name": "probabilities", "dtype": "float32", "shape": [-1, k], "columns": [f"p_{i}" for i in range(k)],
-                  "classes": classes, "meaning": "softmax of the top's output; column p_i is the probability of "
-                                                 "classes[i], the predicted class its argmax (as fl-split predict)"}
+        output = {"name": "probabilities", "dtype": "float32", "shape": [-1, k],
+                  "columns": [f"p_{i}" for i in range(k)], "classes": classes,
+                  "meaning": "softmax of the top's output; column p_i is the probability of classes[i], the "
+                             "predicted class its argmax (as fl-split predict)"}
     else:
         output = {"name": "prediction", "dtype": "float32", "shape": [-1, 1],
                   "meaning": "the regression value in the label's units (the host's training mean and sd are "
@@ -283,7 +286,8 @@ def _write_onnx(module: nn.Module, example: tuple[torch.Tensor, ...], names: lis
         import onnxscript  # noqa: F401
     except ImportError:
         raise ConfigError("format", "onnx", "torchscript, or onnx with the export extra installed",
-                          reason="the onnx and onnxscript packages are missing (pip install 'fl-split[export]')") from None
+                          reason="the onnx and onnxscript packages are missing (pip install 'fl-split[export]')") \
+            from None
     import contextlib
     import os
     import tempfile
@@ -294,12 +298,14 @@ def _write_onnx(module: nn.Module, example: tuple[torch.Tensor, ...], names: lis
         warnings.simplefilter("ignore")
         path = os.path.join(tmp, "m.onnx")
         try:
+            # dynamic_shapes: one entry, forward's *inputs, each with a dynamic batch axis
             torch.onnx.export(module, example, path, input_names=names, output_names=[output],
-                              dynamic_shapes=(tuple({0: batch} for _ in example),),  # forward(*inputs) opset_version=ONNX_OPSET,
+                              dynamic_shapes=(tuple({0: batch} for _ in example),), opset_version=ONNX_OPSET,
                               dynamo=True, external_data=False, verbose=False)
         except Exception as exc:  # noqa: BLE001 - the exporter raises many kinds; one line names it
-            raise DataError(f"{where}: torch.onnx could not export the module ({exc.__class__.__name__}: "
-                            f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); try --format torchscript") from None
+            first = str(exc).splitlines()[0][:160] if str(exc) else ""
+            raise DataError(f"{where}: torch.onnx could not export the module ({exc.__class__.__name__}: {first}); "
+                            f"try --format torchscript") from None
         return Path(path).read_bytes()
 
 
@@ -316,8 +322,8 @@ def run_exported(fmt: str, data: bytes, inputs: tuple[torch.Tensor, ...], names:
         import onnxruntime as ort
     except ImportError:
         raise ConfigError("format", "onnx", "torchscript, or onnx with the export extra installed",
-                          reason="onnxruntime is missing, needed to check the export (pip install 'fl-split[export]')") \
-            from None
+                          reason="onnxruntime is missing, needed to check the export "
+                                 "(pip install 'fl-split[export]')") from None
     sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     return sess.run(None, {n: t.numpy() for n, t in zip(names, inputs)})[0]
 
@@ -376,7 +382,7 @@ def export_model(model_dir: str, party: str, fmt: str, out_dir: str) -> dict[str
 
         listed = load_part(model_dir, "host")[0]["parties"]
     else:
-        if party != "host" and not party.startswith("guest-"):
+        if party != "host" and not re.fullmatch(r"guest-[1-9][0-9]*", party):
             raise ConfigError("party", party, "host, guest-N or all")
         listed = [party]
     parts = load_checked(model_dir, listed)
