@@ -152,7 +152,8 @@ def _features_input(name: str, manifest: dict, pre: dict) -> dict[str, Any]:
                     "this.")}
     else:
         entry["columns"] = list(pre.get("columns") or [])
-        entry["encoder"] = {"policy": "image", "how": "pixel values as the dataset gives them, no encoding"}
+        entry["encoder"] = {"policy": "image",
+                            "how": "the pixel values as the dataset loader gives them (no encoder is fitted)"}
     if pre.get("kind") == "table" and len(entry["columns"]) != int(np.prod(manifest["input_shape"])):
         raise DataError(f"--model: {manifest['party']}'s encoder gives {len(entry['columns'])} columns, its manifest's "
                         f"input shape is {manifest['input_shape']}; refused")
@@ -328,11 +329,10 @@ def run_exported(fmt: str, data: bytes, inputs: tuple[torch.Tensor, ...], names:
     return sess.run(None, {n: t.numpy() for n, t in zip(names, inputs)})[0]
 
 
-def export_part(model_dir: str, party: str, manifest: dict, files: dict[str, bytes], fmt: str,
-                out_dir: str | Path) -> Path:
-    """Write ``out_dir/<party>/<party>.pt|.onnx`` and ``schema.json``; returns the schema's path."""
-    from fl_split.secure_files import private_dir, write_private
-
+def build_part(model_dir: str, party: str, manifest: dict, files: dict[str, bytes],
+               fmt: str) -> tuple[str, bytes, dict[str, Any]]:
+    """``party``'s exported module (file name and bytes) and schema, checked against the fl_split
+    module; nothing is written."""
     where = f"export-model --party {party}"
     module, schema = (host_module if manifest["role"] == "host" else guest_module)(manifest, files)
     names = [i["name"] for i in schema["inputs"]]
@@ -364,10 +364,7 @@ def export_part(model_dir: str, party: str, manifest: dict, files: dict[str, byt
                       "max_abs_diff": float(np.abs(got - want).max()), "atol": CHECK_ATOL, "rtol": CHECK_RTOL},
             "versions": {"fl_split": fl_split.__version__, "torch": torch.__version__,
                          **({"onnx_opset": ONNX_OPSET} if fmt == "onnx" else {})}}
-    folder = private_dir(private_dir(Path(out_dir).expanduser()) / party)
-    write_private(folder / file, data)
-    path = write_private(folder / "schema.json", json.dumps(full, indent=1, default=str).encode())
-    return path
+    return file, data, full
 
 
 def export_model(model_dir: str, party: str, fmt: str, out_dir: str) -> dict[str, Path]:
@@ -386,4 +383,12 @@ def export_model(model_dir: str, party: str, fmt: str, out_dir: str) -> dict[str
             raise ConfigError("party", party, "host, guest-N or all")
         listed = [party]
     parts = load_checked(model_dir, listed)
-    return {p: export_part(model_dir, p, m, f, fmt, out) for p, (m, f) in parts.items()}
+    built = {p: build_part(model_dir, p, m, f, fmt) for p, (m, f) in parts.items()}  # all, before any write
+    from fl_split.secure_files import private_dir, write_private
+
+    paths = {}
+    for p, (file, data, schema) in built.items():
+        folder = private_dir(private_dir(out) / p)
+        write_private(folder / file, data)
+        paths[p] = write_private(folder / "schema.json", json.dumps(schema, indent=1, default=str).encode())
+    return paths

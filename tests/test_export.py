@@ -217,7 +217,7 @@ def test_tampered_or_mismatched_parts_are_refused_in_one_line(tmp_path, capsys):
     assert "RAW activations" in capsys.readouterr().out
     # the host's random mask denoising has no deterministic module: refused, nothing written
     with pytest.raises(DataError, match="random mask"):
-        export_model(str(model), "host", "torchscript", str(tmp_path / "e2"))
+        export_model(str(model), "all", "torchscript", str(tmp_path / "e2"))  # the guest first: nothing written
     assert not (tmp_path / "e2").exists()
     # a manifest that does not fit the others
     manifest = json.loads((model / "guest-1" / "manifest.json").read_text())
@@ -238,3 +238,26 @@ def test_tampered_or_mismatched_parts_are_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "e3").exists() and not (tmp_path / "e4").exists()
     assert main(["export-model", "--model", str(model), "--party", "guest-x", "--out", str(tmp_path / "e5")]) == 2
     assert "--party: got 'guest-x'" in capsys.readouterr().err
+
+
+def test_image_parts_export_and_reproduce_the_runs_accuracy(tmp_path):
+    """A CNN on images (digits, cnn-stripe): the exported guest and host, on the run's own test
+    images, give exactly the accuracy the training run reported (same modules, same rows)."""
+    from fl_split.config import RunConfig
+    from fl_split.engine import run_experiment
+    from tests.test_save_predict import PS
+
+    cfg = RunConfig(dataset="digits", model="cnn-stripe", guests=1, epochs=2, progress=False,
+                    save_model=str(tmp_path / "model"))
+    res = run_experiment(cfg, PS)
+    out = tmp_path / "exported"
+    export_model(str(tmp_path / "model"), "all", "torchscript", str(out))
+    data = prepare_data(cfg).parties
+    g, h = _schema(out, "guest-1"), _schema(out, "host")
+    assert g["inputs"][0]["shape"] == [-1, *data["guest-1"].x_test.shape[1:]]
+    cut = run_exported(*_module_bytes(out, "guest-1"), (data["guest-1"].x_test,), ["features"])
+    prob = run_exported(*_module_bytes(out, "host"), (data["host"].x_test, torch.from_numpy(cut)),
+                        [i["name"] for i in h["inputs"]])
+    accuracy = float((prob.argmax(1) == data["host"].y_test.numpy()).mean())
+    assert accuracy == pytest.approx(res["final"]["metrics"]["accuracy"], abs=1e-12)
+    assert h["task"] == "multiclass" and h["output"]["shape"] == [-1, 10]
