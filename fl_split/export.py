@@ -307,7 +307,24 @@ def _write_onnx(module: nn.Module, example: tuple[torch.Tensor, ...], names: lis
             first = str(exc).splitlines()[0][:160] if str(exc) else ""
             raise DataError(f"{where}: torch.onnx could not export the module ({exc.__class__.__name__}: {first}); "
                             f"try --format torchscript") from None
-        return Path(path).read_bytes()
+        return _strip_onnx(Path(path).read_bytes())
+
+
+def _strip_onnx(data: bytes) -> bytes:
+    """The exported graph without the exporter's per-node debugging metadata: its stack traces name
+    the exporting machine's file paths (a user architecture's source file included)."""
+    import onnx
+
+    model = onnx.load_from_string(data)
+    graphs = [model.graph, *(a.g for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)]
+    for graph in graphs:
+        for node in graph.node:
+            del node.metadata_props[:]
+            node.doc_string = ""
+    for fn in model.functions:
+        for node in fn.node:
+            del node.metadata_props[:]
+    return model.SerializeToString()
 
 
 def run_exported(fmt: str, data: bytes, inputs: tuple[torch.Tensor, ...], names: list[str]) -> np.ndarray:

@@ -30,6 +30,7 @@ import pytest
 import torch
 from onnx import numpy_helper
 
+import fl_split
 from fl_split.builder import prepare_data
 from fl_split.cli import main
 from fl_split.data.encoding import ColumnEncoder
@@ -193,6 +194,8 @@ def test_exports_hold_no_secret_and_nothing_of_another_party(tmp_path, fmt):
         assert files == sorted([f"{p}.{'pt' if fmt == 'torchscript' else 'onnx'}", "schema.json"])
         blob = b"".join((out / p / f).read_bytes() for f in files)
         assert PS_HEX.encode() not in blob and bytes.fromhex(PS_HEX) not in blob and b"secret" not in blob.lower()
+        assert str(tmp_path).encode() not in blob  # no path of the exporting machine (ONNX stack traces stripped)
+        assert os.path.dirname(fl_split.__file__).encode() not in blob
         schema = (out / p / "schema.json").read_bytes()
         for other in parties:  # no other party's column, statistic or name in a schema
             if other != p:
