@@ -174,6 +174,11 @@ def guest_module(manifest: dict, files: dict[str, bytes]) -> tuple[GuestExport, 
     if cfg.schedule != "constant":
         raise ConfigError("schedule", cfg.schedule, "constant for a model that is served",
                           reason=f"{party}'s geometric schedule has no mechanism for releases after training")
+    from fl_split.privacy.factory import guest_cut_activation
+
+    if manifest["guest_cut_activation"] != guest_cut_activation(cfg):  # the manifest against its own config
+        raise DataError(f"--model: {party}'s manifest has cut activation {manifest['guest_cut_activation']!r}, its "
+                        f"configuration (--defense {cfg.defense}) gives {guest_cut_activation(cfg)!r}; refused")
     bottom = build_bottom(arch, party, tuple(manifest["input_shape"]), manifest["cut"],
                           manifest["guest_cut_activation"], None)
     bottom.load_state_dict(load_state(files)["bottom"])
@@ -351,7 +356,14 @@ def build_part(model_dir: str, party: str, manifest: dict, files: dict[str, byte
     """``party``'s exported module (file name and bytes) and schema, checked against the fl_split
     module; nothing is written."""
     where = f"export-model --party {party}"
-    module, schema = (host_module if manifest["role"] == "host" else guest_module)(manifest, files)
+    try:
+        module, schema = (host_module if party == "host" else guest_module)(manifest, files)
+    except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        if isinstance(exc, (ConfigError, DataError)):
+            raise
+        text = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        raise DataError(f"--model {model_dir}: {party}'s saved weights do not fit its manifest "
+                        f"({exc.__class__.__name__}: {text}); refused") from None
     names = [i["name"] for i in schema["inputs"]]
     shapes = [i["shape"] for i in schema["inputs"]]
     example = _example(shapes, 4, 20240)  # batch 4: no axis of size 1 for the tracer to specialise on
@@ -363,6 +375,9 @@ def build_part(model_dir: str, party: str, manifest: dict, files: dict[str, byte
         # the export's own check: another batch size, other values, against the fl_split module
         check = _example(shapes, 7, 70921)
         want = module(*check).numpy()
+    if list(want.shape[1:]) != list(schema["output"]["shape"][1:]):
+        raise DataError(f"--model {model_dir}: {party}'s module gives outputs of shape {list(want.shape[1:])}, its "
+                        f"manifest says {schema['output']['shape'][1:]}; refused")
     got = run_exported(fmt, data, check, names)
     if got.shape != want.shape or not np.allclose(got, want, atol=CHECK_ATOL, rtol=CHECK_RTOL):
         diff = float(np.abs(got - want).max()) if got.shape == want.shape else math.inf
@@ -372,8 +387,8 @@ def build_part(model_dir: str, party: str, manifest: dict, files: dict[str, byte
 
     file = f"{party}{SUFFIX[fmt]}"
     manifest_bytes = (Path(model_dir).expanduser() / party / "manifest.json").read_bytes()
-    full = {"format": SCHEMA_FORMAT, "party": party, "role": manifest["role"], "module_format": fmt, "file": file,
-            "file_sha256": _sha(data), **schema,
+    full = {"format": SCHEMA_FORMAT, "party": party, "role": "host" if party == "host" else "guest",
+            "module_format": fmt, "file": file, "file_sha256": _sha(data), **schema,
             "model": {"arch": manifest["arch"], "cut": manifest["cut"],
                       "guest_cut_activation": manifest["guest_cut_activation"],
                       "saved_part_manifest_sha256": _sha(manifest_bytes)},

@@ -218,6 +218,13 @@ def test_tampered_or_mismatched_parts_are_refused_in_one_line(tmp_path, capsys):
     assert main(["export-model", "--model", str(alone), "--party", "guest-1", "--format", "torchscript",
                  "--out", str(tmp_path / "e1")]) == 0
     assert "RAW activations" in capsys.readouterr().out
+    # alone, a manifest its weights do not fit (no other part to compare it with): one line
+    m = json.loads((alone / "guest-1" / "manifest.json").read_text())
+    (alone / "guest-1" / "manifest.json").write_text(json.dumps({**m, "input_shape": [m["input_shape"][0] + 1]}))
+    assert main(["export-model", "--model", str(alone), "--party", "guest-1", "--format", "torchscript",
+                 "--out", str(tmp_path / "e6")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "guest-1" in err and "refused" in err and "\n" not in err and not (tmp_path / "e6").exists()
     # the host's random mask denoising has no deterministic module: refused, nothing written
     with pytest.raises(DataError, match="random mask"):
         export_model(str(model), "all", "torchscript", str(tmp_path / "e2"))  # the guest first: nothing written
