@@ -218,6 +218,13 @@ def test_tampered_or_mismatched_parts_are_refused_in_one_line(tmp_path, capsys):
     assert main(["export-model", "--model", str(alone), "--party", "guest-1", "--format", "torchscript",
                  "--out", str(tmp_path / "e1")]) == 0
     assert "RAW activations" in capsys.readouterr().out
+    # --format onnx without the export extra: one line saying what to install
+    import sys
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "onnxscript", None)  # import onnxscript -> ImportError
+        assert main(["export-model", "--model", str(alone), "--party", "guest-1", "--out", str(tmp_path / "e7")]) == 2
+    assert "pip install 'fl-split[export]'" in capsys.readouterr().err and not (tmp_path / "e7").exists()
     # alone, a manifest its weights do not fit (no other part to compare it with): one line
     m = json.loads((alone / "guest-1" / "manifest.json").read_text())
     (alone / "guest-1" / "manifest.json").write_text(json.dumps({**m, "input_shape": [m["input_shape"][0] + 1]}))
