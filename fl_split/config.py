@@ -99,7 +99,7 @@ def is_user_model(value: Any) -> bool:
 def is_model_factory(value: Any) -> bool:
     """A Python callable given as ``model`` (the Python API, ``docs/api.md``): called like a
     ``package.module:function`` (:mod:`fl_split.models.user`), in the process that builds the party."""
-    return callable(value) and not isinstance(value, (str, type))
+    return callable(value) and not isinstance(value, str)
 
 
 def factory_label(fn: Any) -> str:
@@ -189,8 +189,7 @@ class RunConfig:
 
     # --- model ----------------------------------------------------------------------------
     model: str = _opt(AUTO, "architecture name (see `fl-split models`), or your own as 'package.module:function' "
-                            "returning each party's nn.Module (docs/models.md); auto = the dataset's default. "
-                            "Python API: the function itself (docs/api.md)",
+                            "returning each party's nn.Module (docs/models.md); auto = the dataset's default",
                       check=lambda v: is_model_factory(v) or v in _model_names() or is_user_model(v),
                       allowed="one of " + ", ".join(_model_names()) + ", or 'package.module:function' "
                               "(your own model, docs/models.md)")
