@@ -189,6 +189,8 @@ def test_attack_on_the_finished_run_equals_fl_split_attack():
     assert mounted["value"] == alone["value"] and mounted["baseline"] == alone["baseline"]
     assert mounted["threat_model"] == alone["threat_model"]
     assert _strip(mounted["training"]["history"]) == _strip(run.results["history"])
+    top = fl_split.attack("label-norm", cfg, private_seed=HEX, attack_options={"guest": "guest-2"})
+    assert top["value"] == mounted["value"]  # fl_split.attack: its own observed run, the same numbers
     # a second attack on the same run, from another party's view
     other = run.attack("label-norm", guest="guest-1")
     assert other["adversary"] == "guest-1" and 0 <= other["value"] <= 1
@@ -219,3 +221,18 @@ def test_public_surface_is_documented():
                 assert (getattr(value, "__doc__", None) or "").strip(), f"{cls.__name__}.{attr} has no docstring"
     with pytest.raises(AttributeError):
         fl_split.no_such_name  # noqa: B018
+
+
+@pytest.mark.slow
+def test_flower_engine_through_the_api_equals_local():
+    """``engine="flower"`` (a Ray simulation, every party in its own actor): a module-level model
+    function is imported by name in the ClientApps; the run, each party's saved part and an attack
+    mounted afterwards (from the recordings each party kept on its own node) equal the local engine's."""
+    kw = dict(BASE, defense="laplace", epsilon=2.0, model=own_mlp.build)
+    flower = fl_split.train(**kw, engine="flower", private_seed=HEX)
+    local = fl_split.train(**kw, private_seed=HEX)
+    assert flower.config.model == "own_mlp:build" and flower.results["plan"]["engine"] == "flower"
+    assert _strip(flower.results["history"]) == _strip(local.results["history"])
+    assert _epsilons(flower.results) == _epsilons(local.results)
+    assert flower.model.parties == ["host", "guest-1", "guest-2"]
+    assert flower.attack("label-norm")["value"] == local.attack("label-norm")["value"]
