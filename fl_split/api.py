@@ -149,7 +149,7 @@ def train(config: RunConfig | Mapping[str, Any] | None = None, *, private_seed: 
         from fl_split.engine import run_experiment
 
         results = run_experiment(cfg, private_seed=seed)
-    return Run(cfg, results, session=session, private_seed=seed, keeper=keeper)
+    return Run(cfg, results, session=session, keeper=keeper)
 
 
 class Run:
@@ -158,12 +158,11 @@ class Run:
     ``results`` is the dictionary ``fl-split train --out`` writes (``docs/results.md``); the properties
     below are views of it."""
 
-    def __init__(self, config: RunConfig, results: dict[str, Any], *, session=None, private_seed=None,
+    def __init__(self, config: RunConfig, results: dict[str, Any], *, session=None,
                  keeper: _Keeper | None = None) -> None:
         self.config = config
         self.results = results
-        self._session = session
-        self._private_seed = private_seed
+        self._session = session  # the observed world (every party): attacks get views of it, never it
         self._keeper = keeper
 
     def __repr__(self) -> str:
@@ -265,7 +264,8 @@ class Run:
                               "reconstruction, inversion, feature, label-norm, label-direction, label-completion)",
                               reason=f"its threat model needs {need}: fl_split.attack({name!r}, …) trains a run "
                                      f"of its own for it")
-        return run_attack(self._session.cfg, opts, self._private_seed, session=self._session)
+        # the session's parties hold their own secrets: no private seed is needed (nor kept) here
+        return run_attack(self._session.cfg, opts, None, session=self._session)
 
 
 def attack(name: str, config: RunConfig | Mapping[str, Any] | None = None, *, private_seed: Any = None,
