@@ -501,6 +501,8 @@ def coerce(f: dataclasses.Field, raw: Any) -> Any:
     key = key_of(f.name)
     kind = f.metadata["kind"]
     default = f.default
+    if f.name == "model" and is_model_factory(raw):  # a function (the Python API): kept as it is
+        return raw
     if kind in WORDS:
         if isinstance(raw, str) and raw.strip().lower() in WORDS[kind]:
             return raw.strip().lower()

@@ -129,6 +129,8 @@ def test_lambda_model_under_flower_is_refused_and_module_functions_are_named():
     # a module-level function is its importable name: the ClientApps import it (every engine, every file)
     assert RunConfig(**BASE, model=own_mlp.build, engine="flower").model == "own_mlp:build"
     assert RunConfig(**BASE, model=factory).model is factory  # local: the function itself
+    assert RunConfig.from_mapping({"model": factory}).model is factory  # a mapping (a config dict) too
+    assert RunConfig(**BASE, model=factory).to_dict()["model"].endswith("<locals>.<lambda>")  # JSON: its label
 
 
 def _tables(tmp_path, guests=2):
