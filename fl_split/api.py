@@ -116,6 +116,14 @@ def train(config: RunConfig | Mapping[str, Any] | None = None, *, private_seed: 
         cfg = cfg.replace(save_model=keeper.path)
     if cfg.save_model:
         cfg = cfg.replace(save_model=os.path.abspath(os.path.expanduser(cfg.save_model)))
+    if not cfg.monolithic:  # the CLI's warnings before a run whose releases cannot carry signal
+        import sys
+
+        from fl_split.builder import plan_run
+        from fl_split.privacy.diagnostics import hopeless_releases
+
+        for line in hopeless_releases(plan_run(cfg)):
+            print(f"fl-split: warning: {line}", file=sys.stderr)
     observed = observe and not (cfg.monolithic or cfg.checkpoint_dir or cfg.party_files)
     session = None
     if observed and cfg.engine == "flower":
