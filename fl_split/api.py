@@ -116,15 +116,21 @@ def train(config: RunConfig | Mapping[str, Any] | None = None, *, private_seed: 
         cfg = cfg.replace(save_model=keeper.path)
     if cfg.save_model:
         cfg = cfg.replace(save_model=os.path.abspath(os.path.expanduser(cfg.save_model)))
+    unobserved = "it was trained with observe=False"
+    if cfg.monolithic or cfg.checkpoint_dir or cfg.party_files:
+        unobserved = "a monolithic, checkpointed or party-files run has no observed session"
     if not cfg.monolithic:  # the CLI's warnings before a run whose releases cannot carry signal
         import sys
 
         from fl_split.builder import plan_run
         from fl_split.privacy.diagnostics import hopeless_releases
 
-        for line in hopeless_releases(plan_run(cfg)):
+        plan = plan_run(cfg)
+        for line in hopeless_releases(plan):
             print(f"fl-split: warning: {line}", file=sys.stderr)
-    observed = observe and not (cfg.monolithic or cfg.checkpoint_dir or cfg.party_files)
+        if plan.task == "regression":  # the attacks are built for class labels (fl_split.attacks.view.Session)
+            unobserved = "its task is regression, and the attacks are built for class labels"
+    observed = observe and unobserved == "it was trained with observe=False"
     session = None
     if observed and cfg.engine == "flower":
         from fl_split.attacks.flower import FlowerSession
@@ -157,7 +163,7 @@ def train(config: RunConfig | Mapping[str, Any] | None = None, *, private_seed: 
         from fl_split.engine import run_experiment
 
         results = run_experiment(cfg, private_seed=seed)
-    return Run(cfg, results, session=session, keeper=keeper)
+    return Run(cfg, results, session=session, keeper=keeper, unobserved=None if session else unobserved)
 
 
 class Run:
@@ -167,11 +173,12 @@ class Run:
     below are views of it."""
 
     def __init__(self, config: RunConfig, results: dict[str, Any], *, session=None,
-                 keeper: _Keeper | None = None) -> None:
+                 keeper: _Keeper | None = None, unobserved: str | None = None) -> None:
         self.config = config
         self.results = results
         self._session = session  # the observed world (every party): attacks get views of it, never it
         self._keeper = keeper
+        self._unobserved = unobserved or "it was trained with observe=False"  # why there is no session
 
     def __repr__(self) -> str:
         final = self.results.get("final", {})
@@ -261,11 +268,8 @@ class Run:
         opts = options_from_mapping({"attack": name, **options})
         mounted = get_attack(opts.attack)
         if self._session is None:
-            why = ("it was trained with observe=False" if not self.config.monolithic and not
-                   (self.config.checkpoint_dir or self.config.party_files) else
-                   "a monolithic, checkpointed or party-files run has no observed session")
             raise ConfigError("attack", name, "an attack on a run trained with observe=True",
-                              reason=f"nobody's view of this run was kept: {why}")
+                              reason=f"nobody's view of this run was kept: {self._unobserved}")
         if mounted.public or mounted.malicious:
             need = "a malicious host" if mounted.malicious else "public records taken out of training"
             raise ConfigError("attack", name, "an attack whose threat model this finished run meets (property, "

@@ -238,3 +238,12 @@ def test_flower_engine_through_the_api_equals_local():
     assert _epsilons(flower.results) == _epsilons(local.results)
     assert flower.model.parties == ["host", "guest-1", "guest-2"]
     assert flower.attack("label-norm")["value"] == local.attack("label-norm")["value"]
+
+
+def test_a_regression_run_trains_and_refuses_attacks_in_one_line():
+    run = fl_split.train(dataset="diabetes", task="regression", guests=1, epochs=1, progress=False, device="cpu",
+                         private_seed=HEX)
+    assert run.results["final"]["task"] == "regression" and set(run.metrics) >= {"r2", "mae", "rmse"}
+    assert len(run.history) == 1
+    with pytest.raises(ConfigError, match="its task is regression, and the attacks are built for class labels"):
+        run.attack("label-norm")
