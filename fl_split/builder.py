@@ -36,7 +36,7 @@ from fl_split.devices import apply_deterministic
 from fl_split.merge import Merge, merged_shape
 from fl_split.local_update import DpSgdUpdate, FrozenUpdate, LocalUpdate, OptimizerSettings, OptimizerUpdate
 from fl_split.models.registry import build_bottom, build_top, get_architecture, output_shape
-from fl_split.models.user import UserArchitecture, is_user_model
+from fl_split.models.user import UserArchitecture, is_model_factory, is_user_model
 from fl_split.parties import GuestParty, HostParty, Importance, MechanismSchedule, resolve_device
 from fl_split.privacy import factory as privacy_factory
 from fl_split.privacy.validate import check_opacus_compatible, check_record_independent
@@ -170,7 +170,7 @@ def _architecture(cfg: RunConfig, num_outputs: int | None = None, metric: str | 
     that has normalisation layers), or the user's ``--model package.module:function``
     (:mod:`fl_split.models.user`; ``num_outputs`` and ``metric`` are passed on in its spec)."""
     hidden = None if cfg.hidden == AUTO else tuple(int(h) for h in cfg.hidden.split(","))
-    if is_user_model(cfg.model):
+    if is_user_model(cfg.model) or is_model_factory(cfg.model):
         arch = UserArchitecture(cfg.model, None if cfg.cut_layer == AUTO else int(cfg.cut_layer), num_outputs, metric)
         return arch.configure(hidden=hidden, norm=cfg.norm)
     return get_architecture(model_name(cfg)).configure(hidden=hidden, norm=cfg.norm)

@@ -96,6 +96,36 @@ def is_user_model(value: Any) -> bool:
     return isinstance(value, str) and re.fullmatch(rf"{dotted}:{dotted}", value) is not None
 
 
+def is_model_factory(value: Any) -> bool:
+    """A Python callable given as ``model`` (the Python API, ``docs/api.md``): called like a
+    ``package.module:function`` (:mod:`fl_split.models.user`), in the process that builds the party."""
+    return callable(value) and not isinstance(value, str)
+
+
+def factory_label(fn: Any) -> str:
+    """``module:qualname`` of a model factory: its name in results, manifests and checkpoints (a lambda
+    or a local function reads ``__main__:<lambda>`` or ``mod:f.<locals>.g``: a label, not importable)."""
+    fn = getattr(fn, "func", fn)  # functools.partial: the wrapped function's name
+    return f"{getattr(fn, '__module__', None) or '?'}:{getattr(fn, '__qualname__', None) or type(fn).__name__}"
+
+
+def importable_name(fn: Any) -> str | None:
+    """``package.module:function`` when the ClientApp processes can import ``fn`` by that name (a
+    function defined at the top level of an importable module, not ``__main__``), else ``None``."""
+    import importlib
+
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or not is_user_model(f"{module}:{qualname}"):
+        return None
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except Exception:  # noqa: BLE001 - not importable by that name
+        return None
+    return f"{module}:{qualname}" if obj is fn else None
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Every option of a run. Field ``x_y`` is flag ``--x-y`` and Flower key ``x-y``."""
@@ -160,7 +190,7 @@ class RunConfig:
     # --- model ----------------------------------------------------------------------------
     model: str = _opt(AUTO, "architecture name (see `fl-split models`), or your own as 'package.module:function' "
                             "returning each party's nn.Module (docs/models.md); auto = the dataset's default",
-                      check=lambda v: v in _model_names() or is_user_model(v),
+                      check=lambda v: is_model_factory(v) or v in _model_names() or is_user_model(v),
                       allowed="one of " + ", ".join(_model_names()) + ", or 'package.module:function' "
                               "(your own model, docs/models.md)")
     cut_layer: Any = _opt(AUTO, "how many layers of the architecture sit in each bottom model "
@@ -329,6 +359,9 @@ class RunConfig:
 
     # ------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
+        if is_model_factory(self.model) and importable_name(self.model):
+            # a module-level function is its 'package.module:function': one name in every engine and file
+            object.__setattr__(self, "model", importable_name(self.model))
         for f in dataclasses.fields(self):
             _validate(f, getattr(self, f.name))
         if self.data:  # one table per party: the guests are read from --data
@@ -384,14 +417,23 @@ class RunConfig:
                 raise ConfigError(key, value, "empty with " + ("--monolithic" if self.monolithic else "--engine flower"),
                                   reason="a monolithic run has no parties to save" if self.monolithic else
                                   "under Flower each node would read its own part: not built yet (docs/serving.md)")
+        if is_model_factory(self.model) and self.engine == "flower":
+            raise ConfigError("model", factory_label(self.model), "with --engine flower a function the ClientApp "
+                              "processes can import: defined at the top level of a module on their import path "
+                              "(or 'package.module:function')",
+                              reason="a lambda, a local function or one defined in __main__ (a notebook, a script) "
+                                     "exists only in this process")
         if self.on_guest_failure == "pad" and self.merge == "mul":
             raise ConfigError("on-guest-failure", "pad", "stop with --merge mul",
                               reason="a zero-filled embedding makes a product merge zero for every sample")
 
     # convenience views ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain ``{snake_case: value}``, as saved in results JSON."""
-        return dataclasses.asdict(self)
+        """Plain ``{snake_case: value}``, as saved in results JSON (a model factory by its label)."""
+        d = dataclasses.asdict(self)
+        if is_model_factory(self.model):
+            d["model"] = factory_label(self.model)
+        return d
 
     def to_flower(self) -> dict[str, Any]:
         """``{kebab-key: value}`` for a Flower run-config (booleans stay booleans)."""
@@ -459,6 +501,8 @@ def coerce(f: dataclasses.Field, raw: Any) -> Any:
     key = key_of(f.name)
     kind = f.metadata["kind"]
     default = f.default
+    if f.name == "model" and is_model_factory(raw):  # a function (the Python API): kept as it is
+        return raw
     if kind in WORDS:
         if isinstance(raw, str) and raw.strip().lower() in WORDS[kind]:
             return raw.strip().lower()

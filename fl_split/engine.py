@@ -559,14 +559,16 @@ class MonolithicEngine:
         return {"metrics": scorer.metrics(), "n": n, "loss_sum": loss_sum}
 
 
-def run_experiment(cfg: RunConfig, private_seed: int | None = None, say=None) -> dict[str, Any]:
+def run_experiment(cfg: RunConfig, private_seed: int | None = None, say=None, local_engine=None) -> dict[str, Any]:
     """Build and run the configured experiment on the configured engine.
 
     ``private_seed`` (``--private-seed``) makes every party's private randomness reproducible; it
     is not part of the (public) configuration and never appears in the results. ``say`` gets the
     Flower engine's one line about ``--num-cpus auto``. In this process the parties train with
     ``--threads`` torch threads (``auto``: 1, see :func:`fl_split.devices.party_threads`);
-    the previous setting is restored afterwards. A Flower ClientApp sets its own."""
+    the previous setting is restored afterwards. A Flower ClientApp sets its own. ``local_engine``:
+    builds the split local engine instead of :class:`LocalEngine` (same arguments; the Python API
+    observes the run through it, :mod:`fl_split.api`)."""
     if cfg.save_model:  # the parties write there, Flower's ClientApps from their own working directories
         import os
 
@@ -583,7 +585,7 @@ def run_experiment(cfg: RunConfig, private_seed: int | None = None, say=None) ->
             if cfg.monolithic:
                 results = MonolithicEngine(cfg, private_seed=private_seed).run()
             else:
-                results = LocalEngine(cfg, private_seed).run()
+                results = (local_engine or LocalEngine)(cfg, private_seed).run()
         finally:
             apply_threads(old)
     if cfg.save_model and not cfg.monolithic:  # each party saved its own part (local engine, Flower nodes)

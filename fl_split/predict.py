@@ -28,10 +28,14 @@ import torch
 from fl_split.errors import ConfigError, DataError
 
 
-def _config(manifest: dict):
+def _config(manifest: dict, model=None):
+    """The saved public configuration; ``model``: the model factory the run was trained with (a Python
+    function that is not importable by name is saved by its label only, docs/api.md)."""
     from fl_split.config import RunConfig
 
-    return RunConfig.from_mapping(manifest["config"])
+    if model is None:
+        return RunConfig.from_mapping(manifest["config"])
+    return RunConfig.from_mapping({k: v for k, v in manifest["config"].items() if k != "model"}).replace(model=model)
 
 
 def _table(path: str, party: str, id_column: str):
@@ -45,13 +49,13 @@ def _table(path: str, party: str, id_column: str):
 
 
 class _Scorer:
-    def __init__(self, directory: str | Path, party: str, table_path: str, id_column: str) -> None:
+    def __init__(self, directory: str | Path, party: str, table_path: str, id_column: str, model=None) -> None:
         from fl_split.serving import load_part
 
         self.name = party
         self.manifest, self.files = load_part(directory, party)
         self.directory = Path(directory).expanduser()
-        self.cfg = _config(self.manifest)
+        self.cfg = _config(self.manifest, model)
         self.pre = json.loads(self.files["preprocessing.json"])
         if self.pre.get("padded"):
             raise DataError(f"--model: {party}'s part was trained with --padding; predict does not pad yet")
@@ -73,8 +77,8 @@ class _Scorer:
 class GuestScorer(_Scorer):
     """A guest at prediction time: its bottom, its preprocessing, its mechanism, its inference ledger."""
 
-    def __init__(self, directory, party, table_path, id_column) -> None:
-        super().__init__(directory, party, table_path, id_column)
+    def __init__(self, directory, party, table_path, id_column, model=None) -> None:
+        super().__init__(directory, party, table_path, id_column, model)
         from fl_split.models.registry import build_bottom
         from fl_split.serving import load_state
 
@@ -138,8 +142,8 @@ class GuestScorer(_Scorer):
 class HostScorer(_Scorer):
     """The host at prediction time: its bottom (if any), merge, top, task; the predictions stay with it."""
 
-    def __init__(self, directory, party, table_path, id_column, label_column: str) -> None:
-        super().__init__(directory, party, table_path, id_column)
+    def __init__(self, directory, party, table_path, id_column, label_column: str, model=None) -> None:
+        super().__init__(directory, party, table_path, id_column, model)
         from fl_split.merge import Merge
         from fl_split.models.registry import build_bottom, build_top
         from fl_split.seeding import PartySecret
@@ -201,11 +205,13 @@ class HostScorer(_Scorer):
 
 
 def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, align: str = "public",
-            label_column: str = "label", budget: float | None = None) -> dict[str, Any]:
+            label_column: str = "label", budget: float | None = None, model=None) -> dict[str, Any]:
     """Score the new rows of ``tables`` (party → path) with the saved model in ``model_dir``; write
     ``out`` (owner-only CSV, host only) and return the summary (metrics, each party's epsilon).
     ``budget``: each guest's inference-ledger ε budget; a guest that would exceed it refuses, and
-    nothing reaches the host (a guest charged before that refusal stays charged: conservative)."""
+    nothing reaches the host (a guest charged before that refusal stays charged: conservative).
+    ``model``: the model factory of a run trained from Python with a function that cannot be imported
+    by name (a lambda, a notebook's function; :class:`fl_split.api.SavedModel` passes it)."""
     if budget is not None and not (isinstance(budget, (int, float)) and budget > 0 and np.isfinite(budget)):
         raise ConfigError("budget", budget, "a number > 0")
     import pandas as pd
@@ -218,8 +224,8 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
         raise ConfigError("data", ";".join(f"{p}={v}" for p, v in tables.items()), "host=PATH;guest-1=PATH;…",
                           reason="the host's new table is needed")
     check_parts({p: load_part(model_dir, p)[0] for p in tables})
-    host = HostScorer(model_dir, "host", tables["host"], id_column, label_column)
-    guests = {g: GuestScorer(model_dir, g, tables[g], id_column) for g in host.manifest["guest_shapes"]}
+    host = HostScorer(model_dir, "host", tables["host"], id_column, label_column, model)
+    guests = {g: GuestScorer(model_dir, g, tables[g], id_column, model) for g in host.manifest["guest_shapes"]}
     if align == "public":
         shared = np.sort(host.ids)
     elif align == "psi":

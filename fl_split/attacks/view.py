@@ -390,6 +390,19 @@ class Session:
         self._acting_host: Any = None
         self.results: dict | None = None
 
+    @classmethod
+    def finished(cls, cfg: RunConfig, private_seed, host, guests: dict[str, Any], boxes: dict[str, dict[str, list]],
+                 results: dict) -> "Session":
+        """The session of a run already trained elsewhere through an :class:`ObservingTransport` of
+        frames into ``boxes`` (the Python API's ``Run``, :mod:`fl_split.api`): its parties and their
+        boxes, so that :meth:`view` gives each adversary exactly what it would give after
+        :meth:`run`. No public split, no hijacked host."""
+        session = cls(cfg, private_seed)
+        if sorted(boxes) != sorted(session._boxes):
+            raise ValueError(f"boxes of parties {sorted(boxes)}, the plan has {sorted(session._boxes)}")
+        session._host, session._guests, session._boxes, session.results = host, dict(guests), boxes, results
+        return session
+
     def _build(self) -> None:
         """Build the parties (on first need: checks on the plan run before any party exists)."""
         if self._host is None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fl_split.config import is_user_model  # noqa: F401  (``package.module:function``, syntax only)
+from fl_split.config import factory_label, is_model_factory, is_user_model  # noqa: F401
 from fl_split.errors import ConfigError
 from fl_split.models.registry import Architecture
 
@@ -128,11 +128,13 @@ class UserArchitecture(Architecture):
 
     inputs = "any"
 
-    def __init__(self, value: str, cut: int | None = None, num_outputs: int | None = None,
+    def __init__(self, value, cut: int | None = None, num_outputs: int | None = None,
                  metric: str | None = None) -> None:
-        self.name = value
-        self.description = f"user model {value}"
-        self.fn = load_function(value)
+        # ``value``: 'package.module:function', or the function itself (the Python API, docs/api.md),
+        # then named by its label in the plan, the results and the saved manifests
+        self.name = factory_label(value) if is_model_factory(value) else value
+        self.description = f"user model {self.name}"
+        self.fn = value if is_model_factory(value) else load_function(value)
         self.cut = cut
         self.num_outputs = num_outputs
         self.metric = metric
