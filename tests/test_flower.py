@@ -916,7 +916,8 @@ def test_flwr_run_cli_against_our_own_superlink(tmp_path):
 
 class _Watch:
     """Runs ``argv`` (``python -m fl_split.cli …``) in a session of its own and records every
-    descendant it ever had (polled), so a test can check that all of them ended."""
+    descendant it ever had (polled), so a test can check that all of them ended. Its stdout and
+    stderr are read while it runs (a full pipe would block it; a failed wait shows what it said)."""
 
     def __init__(self, argv: list[str], cwd: Path | None = None) -> None:
         import threading
@@ -925,32 +926,68 @@ class _Watch:
 
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                    OMP_NUM_THREADS="1")
+        self.started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-m", "fl_split.cli", *argv], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,
                                      cwd=cwd or ROOT)
         self.seen: dict[int, str] = {}
+        self.poll_error: BaseException | None = None
         self._stop = threading.Event()
+        self._out: dict[str, list[str]] = {"stdout": [], "stderr": []}
 
         def poll() -> None:
-            while not self._stop.is_set():
-                for pid, cmd in descendants(self.proc.pid).items():
-                    if cmd or pid not in self.seen:  # a zombie's command line reads empty: keep the real one
-                        self.seen[pid] = cmd
-                self._stop.wait(0.25)
+            try:
+                while not self._stop.is_set():
+                    for pid, cmd in descendants(self.proc.pid).items():
+                        if cmd or pid not in self.seen:  # a zombie's command line reads empty: keep the real one
+                            self.seen[pid] = cmd
+                    self._stop.wait(0.25)
+            except BaseException as exc:  # noqa: BLE001 - reported by wait_for_actors / finish, not lost
+                self.poll_error = exc
 
-        self._thread = threading.Thread(target=poll, daemon=True)
-        self._thread.start()
+        def drain(name: str) -> None:
+            for line in getattr(self.proc, name):
+                self._out[name].append(line)
+
+        self._threads = [threading.Thread(target=poll, daemon=True),
+                         *(threading.Thread(target=drain, args=(n,), daemon=True) for n in self._out)]
+        for t in self._threads:
+            t.start()
 
     def actors(self) -> int:
         return sum(c.startswith("ray::ClientAppActor") for c in self.seen.values())
 
+    def stderr(self) -> str:
+        return "".join(self._out["stderr"])
+
+    def wait_for_actors(self, n: int, timeout: float) -> None:
+        """Wait until ``n`` ClientApp actors were seen; fail saying why not: the command exited
+        (its status), the wait timed out, or the process poller broke, with the command's stderr
+        and the descendants seen."""
+        deadline = time.monotonic() + timeout
+        while self.actors() < n and self.proc.poll() is None and self.poll_error is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if self.actors() >= n:
+            return
+        code = self.proc.poll()
+        why = (f"the poller failed: {self.poll_error!r}" if self.poll_error is not None else
+               f"the command exited with status {code}" if code is not None else f"still running after {timeout:g} s")
+        time.sleep(0.5)  # the rest of its stderr
+        seen = sorted({c[:60] for c in self.seen.values()})
+        pytest.fail(f"{self.actors()} of {n} ClientApp actors started ({why}; "
+                    f"{time.monotonic() - self.started:.0f} s after the start); descendants seen: {seen}; "
+                    f"stderr:\n{self.stderr()[-3000:]}")
+
     def finish(self, timeout: float) -> tuple[int, str, str]:
-        try:
-            out, err = self.proc.communicate(timeout=timeout)
-        finally:
-            self._stop.set()
-            self._thread.join()
-        return self.proc.returncode, out, err
+        """Wait for the command's exit; its status, stdout and stderr (``TimeoutExpired`` after ``timeout`` s)."""
+        end = time.monotonic() + timeout
+        self.proc.wait(timeout=timeout)
+        self._stop.set()
+        for t in self._threads:  # EOF once no process it started holds the pipes any more
+            t.join(timeout=max(1.0, end - time.monotonic()))
+        assert self.poll_error is None, f"the process poller failed: {self.poll_error!r}"
+        return self.proc.returncode, "".join(self._out["stdout"]), self.stderr()
 
     def left(self, timeout: float = 20.0) -> list[str]:
         """Recorded descendants (and members of its session) still running after ``timeout`` s."""
@@ -1065,10 +1102,7 @@ def test_cli_flower_engine_interrupted_exits_130_and_leaves_nothing(tmp_path, si
     run = _Watch(["train", "--engine", "flower", "--guests", "2", "--epochs", "500", "--no-progress", "--device", "cpu",
                   "--out", str(out)])
     try:
-        deadline = time.monotonic() + 400
-        while run.actors() < 3 and run.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert run.actors() == 3, "the ClientApps never started"
+        run.wait_for_actors(3, timeout=400)
         time.sleep(3)  # the parties are set up and training
         assert run.proc.poll() is None
         if sig == "SIGINT":
