@@ -960,17 +960,22 @@ class _Watch:
     def stderr(self) -> str:
         return "".join(self._out["stderr"])
 
-    def wait_for_actors(self, n: int, timeout: float) -> None:
-        """Wait until ``n`` ClientApp actors were seen; fail saying why not: the command exited
-        (its status), the wait timed out, or the process poller broke, with the command's stderr
-        and the descendants seen."""
+    def wait_for_actors(self, n: int, timeout: float, ray_may_not_start: bool = False) -> bool:
+        """Wait until ``n`` ClientApp actors were seen (``True``); fail saying why not: the command
+        exited (its status), the wait timed out, or the process poller broke, with the command's
+        stderr and the descendants seen. With ``ray_may_not_start``, a command that gave up with the
+        engine's own "Ray did not start on this machine" line returns ``False`` instead."""
         deadline = time.monotonic() + timeout
         while self.actors() < n and self.proc.poll() is None and self.poll_error is None \
                 and time.monotonic() < deadline:
             time.sleep(0.5)
         if self.actors() >= n:
-            return
+            return True
         code = self.proc.poll()
+        if code is not None and ray_may_not_start:
+            self.finish(timeout=10)
+            if "fl-split: failed: Ray did not start on this machine" in self.stderr():
+                return False
         why = (f"the poller failed: {self.poll_error!r}" if self.poll_error is not None else
                f"the command exited with status {code}" if code is not None else f"still running after {timeout:g} s")
         time.sleep(0.5)  # the rest of its stderr
@@ -1090,6 +1095,41 @@ def test_a_run_that_fails_while_the_interrupt_is_being_handled_still_exits_130()
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "fl-split: interrupted; no results written"
 
 
+def test_watch_says_why_the_clientapps_did_not_start():
+    """The ClientApp wait of the Flower CLI tests names the reason and shows the command's stderr
+    (CI once reported only "the ClientApps never started"); only the engine's own "Ray did not
+    start" line counts as a start to repeat."""
+    run = _Watch(["train", "--engine", "flower", "--epochs", "0", "--no-progress"])
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run.wait_for_actors(3, timeout=120, ray_may_not_start=True)
+    message = str(failed.value)
+    assert message.startswith("0 of 3 ClientApp actors started (the command exited with status 2; "), message
+    assert message.endswith("fl-split: error: --epochs: got 0; allowed: an integer >= 1\n"), message
+    assert run.finish(timeout=10)[0] == 2
+
+
+def _training(argv: list[str], starts: int = 3) -> _Watch:
+    """``fl-split ARGV`` (``--engine flower``, 2 guests) once its 3 ClientApp actors run.
+
+    Started again (at most ``starts`` times in all) only when the command gave up with the engine's
+    "Ray did not start on this machine (2 attempts)": Ray gives a starting raylet a fixed 30 s to
+    register with its GCS, which a loaded 2-core machine can exceed twice in a row (measured on the
+    shared machine: a bare ``ray.init()`` timed out at load 27; in CI the test then failed as "the
+    ClientApps never started"). That is the machine, not the behaviour tested here; the engine's own
+    handling of it (a clear line, nothing left running) is checked each time and by
+    test_ray_start_that_fails_half_way_leaves_nothing_and_is_retried_once."""
+    for start in range(1, starts + 1):
+        run = _Watch(argv)
+        try:
+            if run.wait_for_actors(3, timeout=400, ray_may_not_start=start < starts):
+                return run
+        except BaseException:
+            run.kill()
+            raise
+        assert run.proc.returncode == 1 and run.left() == [], run.stderr()[-3000:]
+    raise AssertionError("unreachable")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_cli_flower_engine_interrupted_exits_130_and_leaves_nothing(tmp_path, sig):
@@ -1099,10 +1139,9 @@ def test_cli_flower_engine_interrupted_exits_130_and_leaves_nothing(tmp_path, si
     import signal as signal_mod
 
     out = tmp_path / "r.json"
-    run = _Watch(["train", "--engine", "flower", "--guests", "2", "--epochs", "500", "--no-progress", "--device", "cpu",
-                  "--out", str(out)])
+    run = _training(["train", "--engine", "flower", "--guests", "2", "--epochs", "500", "--no-progress", "--device",
+                     "cpu", "--out", str(out)])
     try:
-        run.wait_for_actors(3, timeout=400)
         time.sleep(3)  # the parties are set up and training
         assert run.proc.poll() is None
         if sig == "SIGINT":
