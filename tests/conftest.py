@@ -33,3 +33,24 @@ def flower_task_identity():
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 11, 7, 1
     yield
     TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+@pytest.fixture(scope="session")
+def tls_deployment(tmp_path_factory):
+    """One ``deploy local --tls`` run with a private seed file, sampled while it ran
+    (:func:`tests.shared_runs.sampled_tls_deployment`): tests/test_deploy.py and
+    tests/test_adversary_secrets.py assert on the same run."""
+    from tests.shared_runs import sampled_tls_deployment
+    from tests.test_deploy import SMALL
+
+    return sampled_tls_deployment(tmp_path_factory.mktemp("tls-deployment"), SMALL)
+
+
+@pytest.fixture(scope="session")
+def psi_table_deployment(tmp_path_factory):
+    """One ``deploy local --data … --align psi`` run on tables with text IDs, and the local engine's
+    (:func:`tests.shared_runs.psi_table_deployment`): tests/test_join_keys.py and
+    tests/test_deploy_align.py assert on the same run."""
+    from tests.shared_runs import psi_table_deployment
+
+    return psi_table_deployment(tmp_path_factory.mktemp("psi-table-deployment"))

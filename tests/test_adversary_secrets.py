@@ -12,10 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -283,78 +280,36 @@ def test_the_serverapp_refuses_a_seed_value_in_the_run_config():
 
 
 # -- deploy local: no secret on any command line, in any environment or readable file -------------------------
-def _cmdline_and_environ(pid: int) -> bytes:
-    data = b""
-    for what in ("cmdline", "environ"):
-        try:
-            data += Path(f"/proc/{pid}/{what}").read_bytes() + b"\0"
-        except OSError:
-            pass
-    return data
-
-
-def _key_material(path: Path) -> list[bytes]:
-    """The base64 lines of a PEM / OpenSSH private key (what an attacker would need)."""
-    return [line.strip() for line in path.read_bytes().splitlines()
-            if len(line.strip()) >= 40 and not line.startswith(b"-----")]
-
-
 @pytest.mark.slow
-def test_deploy_local_keeps_every_secret_off_argv_environ_and_readable_files(tmp_path):
-    """A TLS loopback deployment with a private seed file. While it runs, every process it started
-    (found by its FLWR_HOME, as tests/test_deploy.py does) and the command itself are sampled: no
-    seed (the user's or any node's), and no line of any private key, is in a ``cmdline`` or
-    ``environ``; nothing under the work directory is group- or other-accessible, during the run or
+def test_deploy_local_keeps_every_secret_off_argv_environ_and_readable_files(tls_deployment):
+    """A TLS loopback deployment with a private seed file (the session's shared run,
+    tests/shared_runs.py; tests/test_deploy.py checks its results). While it ran, every process it
+    started (found by its FLWR_HOME, as tests/test_deploy.py does) and the command itself were
+    sampled: no seed (the user's or any node's), and no line of any private key, is in a ``cmdline``
+    or ``environ``; nothing under the work directory is group- or other-accessible, during the run or
     after it. Each node got its own seed file (bound to its party); the results equal the local
     engine's with the same seeds; the SuperLink's database holds no seed."""
-    from tests.test_deploy import FLSPLIT, SMALL, _deployment_pids, _kill
+    from tests.test_deploy import SMALL
 
-    seed = PrivateSeed.generate()
-    seed_file = write_private(tmp_path / "my.seed", seed.file_text().encode())
-    workdir, out_path = tmp_path / "dep", tmp_path / "results.json"
+    run = tls_deployment
+    seed, workdir = run.seed, run.workdir
     parties = ["host", "guest-1", "guest-2"]
     secrets = [seed.file_text().split()[-1].encode()] + [seed.for_party(p).file_text().split()[-1].encode()
                                                        for p in parties]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([*FLSPLIT, "deploy", "local", "--tls", *SMALL, "--private-seed-file", str(seed_file),
-                             "--workdir", str(workdir), "--out", str(out_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    seen: dict[int, bytes] = {}
-    exposed: set[str] = set()
-    key_lines: list[bytes] = []
-    try:
-        deadline = time.monotonic() + 900
-        while proc.poll() is None and time.monotonic() < deadline:
-            for pid in [proc.pid, *_deployment_pids(workdir)]:
-                data = _cmdline_and_environ(pid)
-                if data:
-                    seen[pid] = seen.get(pid, b"") + data
-            if workdir.exists():
-                exposed |= {f"{p} {m:04o}" for p, m in readable_by_others(workdir)}
-                if not key_lines and (workdir / "certs" / "auth-guest-2.pub").exists():
-                    time.sleep(0.2)
-                    key_lines = [ln for k in (workdir / "certs").glob("*.key") for ln in _key_material(k)]
-            time.sleep(0.3)
-        output = proc.communicate(timeout=60)[0].decode(errors="replace")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-        left = _deployment_pids(workdir)
-        _kill(left)
-    assert proc.returncode == 0, output[-3000:]
-    assert left == [], f"processes left running: {left}"
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert run.left == [], f"processes left running: {run.left}"
     # the processes were seen (the SuperLink and every SuperNode), and none holds a secret
-    every = b"".join(seen.values())
+    every = b"".join(run.seen.values())
     assert every.count(b"flower-supernode") >= 3 and b"flower-superlink" in every
-    assert len(key_lines) >= 10
-    for pid, data in seen.items():
+    assert len(run.key_lines) >= 10
+    for pid, data in run.seen.items():
         for s in secrets:
             assert s not in data and s.upper() not in data, f"a private seed in /proc/{pid}"
-        for line in key_lines:
+        for line in run.key_lines:
             assert line not in data, f"private key material in /proc/{pid}"
     assert b"private-seed-file=" in every and b"private-seed=" not in every.replace(b"private-seed-file=", b"")
     # files: owner-only throughout and afterwards (the SuperLink's database included)
-    assert exposed == set(), sorted(exposed)[:10]
+    assert run.exposed == set(), sorted(run.exposed)[:10]
     assert workdir.stat().st_mode & 0o777 == 0o700 and readable_by_others(workdir) == []
     db = workdir / "superlink.db"
     assert db.exists() and db.stat().st_mode & 0o077 == 0
@@ -367,7 +322,7 @@ def test_deploy_local_keeps_every_secret_off_argv_environ_and_readable_files(tmp
     # the same results as the local engine with the same seed
     from fl_split.cli import build_parser, config_from_args
 
-    results = json.loads(out_path.read_text())
+    results = json.loads(run.out_path.read_text())
     assert {r["private_randomness"] for r in results["privacy"].values()} == {"private-seed"}
     local = run_experiment(config_from_args(build_parser().parse_args(["train", *SMALL])), private_seed=seed)
     assert results["final"]["value"] == local["final"]["value"]

@@ -71,19 +71,17 @@ def test_deploy_refuses_local_engine_options(tmp_path):
 
 
 @pytest.mark.slow
-def test_loopback_tls_deployment_with_two_guests(tmp_path):
-    """The whole path as separate processes; same final metric as the local engine with the same
-    public and private seeds (an --insecure-private-seed integer: each node still gets a seed file
-    of its own, recorded as insecure); every process gone afterwards."""
-    workdir, out_path = tmp_path / "dep", tmp_path / "results.json"
-    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--tls", *SMALL, "--private-seed", "5", "--insecure-private-seed",
-                           "--workdir", str(workdir), "--out", str(out_path)],
-                          capture_output=True, text=True, timeout=900)
-    left = _deployment_pids(workdir)
-    _kill(left)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert left == [], f"processes left running: {left}"
-    results = json.loads(out_path.read_text())
+def test_loopback_tls_deployment_with_two_guests(tls_deployment):
+    """The whole path as separate processes, TLS and SuperNode authentication (the session's shared
+    run, tests/shared_runs.py; tests/test_adversary_secrets.py checks what it exposed); same final
+    metric as the local engine with the same public and private seeds (each node a seed file of its
+    own, the run config none); every process gone afterwards. (An ``--insecure-private-seed``
+    deployment: tests/test_own_data.py.)"""
+    run = tls_deployment
+    workdir = run.workdir
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.left == [], f"processes left running: {run.left}"
+    results = json.loads(run.out_path.read_text())
     dep = results["deployment"]
     assert dep["tls"] and dep["node_auth"]
     assert (workdir / "certs" / "guest-1.crt").exists()  # the host's data plane required client certificates
@@ -91,20 +89,17 @@ def test_loopback_tls_deployment_with_two_guests(tmp_path):
     for guest in ("guest-1", "guest-2"):
         assert results["privacy"][guest]["epsilon"] > 0
     assert results["final"]["metric"] == "accuracy" and results["final"]["value"] is not None
-    assert "guest-1" in proc.stdout and "final test accuracy" in proc.stdout
+    assert "guest-1" in run.stdout and "final test accuracy" in run.stdout
     # the run went through the SuperLink with TLS; the private seed stayed in the node configs
     assert "https://127.0.0.1" in (workdir / "logs" / "superlink.log").read_text()
     assert "private-seed" not in (workdir / "run-config.toml").read_text()
-    assert "--insecure-private-seed" in proc.stderr and "can be searched" in proc.stderr
-    assert {r["private_randomness"] for r in results["privacy"].values()} == {"insecure-private-seed"}
+    assert {r["private_randomness"] for r in results["privacy"].values()} == {"private-seed"}
     # the local engine, same options and seeds, in this process
     from fl_split.cli import build_parser, config_from_args
     from fl_split.engine import run_experiment
 
     cfg = config_from_args(build_parser().parse_args(["train", *SMALL]))
-    from fl_split.seeding import PrivateSeed
-
-    local = run_experiment(cfg, private_seed=PrivateSeed.insecure(5))
+    local = run_experiment(cfg, private_seed=run.seed)
     assert results["final"]["value"] == local["final"]["value"]
     assert results["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)
     for party, rep in local["privacy"].items():

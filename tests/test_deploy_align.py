@@ -321,46 +321,30 @@ def test_node_tables_is_for_a_deployment(tmp_path):
 
 
 @pytest.mark.slow
-def test_deploy_local_aligns_own_tables_between_the_nodes(tmp_path):
+def test_deploy_local_aligns_own_tables_between_the_nodes(psi_table_deployment):
     """End to end (separate processes, a SuperLink, three SuperNodes): ``deploy local --data host=…
     --data guest-1=… --data guest-2=… --align psi``; each SuperNode gets its own table (node-config
     data-path), the run config names no table, nothing is exported; the run trains on exactly the
     intersection, equals the local engine on the same tables and seed, and no result, log line, output
-    or SuperLink database holds an ID outside the intersection."""
-    import subprocess
-    import sys
+    or SuperLink database holds an ID outside the intersection. (The session's shared run on e-mail
+    IDs, tests/shared_runs.py, which tests/test_join_keys.py checks for text IDs; the scan looks for
+    each outside ID as text and as its int64 key.)"""
+    from tests.test_join_keys import _scan as _scan_texts
 
-    from tests.test_deploy import _deployment_pids, _kill
-
-    paths, inter, outside = _overlapping(tmp_path)
-    seed = write_private(tmp_path / "seed", PrivateSeed.generate().file_text().encode())
-    run = ["--guests", "2", "--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed-file", str(seed)]
-    workdir, out = tmp_path / "dep", tmp_path / "dep.json"
-    # --node-timeout: each round of the alignment starts a ClientApp process per node at once, which a
-    # loaded 2-core machine can stretch past the default 120 s
-    proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", *data_flags(paths),
-                           "--align", "psi", *run, "--node-timeout", "600", "--workdir", str(workdir), "--out",
-                           str(out)], capture_output=True, text=True, timeout=1500)
-    left = _deployment_pids(workdir)
-    _kill(left)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert left == []
+    run = psi_table_deployment
+    workdir = run.workdir
+    assert run.proc.returncode == 0, run.proc.stdout[-3000:] + run.proc.stderr[-3000:]
+    assert run.left == []
     assert not (workdir / "parties").exists()
     run_config = (workdir / "run-config.toml").read_text()
     assert "data = \"node-tables\"" in run_config and "host.csv" not in run_config
-    dep = json.loads(out.read_text())
-    local_out = tmp_path / "local.json"
-    from fl_split.cli import main
-
-    assert main(["train", *data_flags(paths), "--align", "psi", *run, "--no-progress", "--out", str(local_out)]) == 0
-    local = json.loads(local_out.read_text())
+    dep, local = run.dep, run.local
+    assert local is not None, "the local engine's run failed"
     assert _timeless(dep["alignment"]) == _timeless(local["alignment"])
-    assert dep["alignment"]["shared_ids"] == len(inter)
-    assert dep["plan"]["n_train"] + dep["plan"]["n_test"] == len(inter)
+    assert dep["alignment"]["shared_ids"] == len(run.inter)
+    assert dep["plan"]["n_train"] + dep["plan"]["n_test"] == len(run.inter)
     assert dep["final"]["value"] == local["final"]["value"]
     assert dep["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)
-    assert "alignment: private set intersection" in proc.stdout
-    seen = out.read_bytes() + proc.stdout.encode() + proc.stderr.encode()
-    seen += b"".join(p.read_bytes() for p in (workdir / "logs").glob("*.log"))
-    seen += b"".join(p.read_bytes() for p in workdir.glob("superlink.db*"))
-    assert _scan(seen, outside) == []
+    assert "alignment: private set intersection" in run.proc.stdout
+    assert (workdir / "logs").is_dir() and list(workdir.glob("superlink.db*"))  # scanned with the rest
+    assert _scan_texts(run.seen, run.outside) == []

@@ -916,7 +916,8 @@ def test_flwr_run_cli_against_our_own_superlink(tmp_path):
 
 class _Watch:
     """Runs ``argv`` (``python -m fl_split.cli …``) in a session of its own and records every
-    descendant it ever had (polled), so a test can check that all of them ended."""
+    descendant it ever had (polled), so a test can check that all of them ended. Its stdout and
+    stderr are read while it runs (a full pipe would block it; a failed wait shows what it said)."""
 
     def __init__(self, argv: list[str], cwd: Path | None = None) -> None:
         import threading
@@ -925,32 +926,73 @@ class _Watch:
 
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                    OMP_NUM_THREADS="1")
+        self.started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-m", "fl_split.cli", *argv], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,
                                      cwd=cwd or ROOT)
         self.seen: dict[int, str] = {}
+        self.poll_error: BaseException | None = None
         self._stop = threading.Event()
+        self._out: dict[str, list[str]] = {"stdout": [], "stderr": []}
 
         def poll() -> None:
-            while not self._stop.is_set():
-                for pid, cmd in descendants(self.proc.pid).items():
-                    if cmd or pid not in self.seen:  # a zombie's command line reads empty: keep the real one
-                        self.seen[pid] = cmd
-                self._stop.wait(0.25)
+            try:
+                while not self._stop.is_set():
+                    for pid, cmd in descendants(self.proc.pid).items():
+                        if cmd or pid not in self.seen:  # a zombie's command line reads empty: keep the real one
+                            self.seen[pid] = cmd
+                    self._stop.wait(0.25)
+            except BaseException as exc:  # noqa: BLE001 - reported by wait_for_actors / finish, not lost
+                self.poll_error = exc
 
-        self._thread = threading.Thread(target=poll, daemon=True)
-        self._thread.start()
+        def drain(name: str) -> None:
+            for line in getattr(self.proc, name):
+                self._out[name].append(line)
+
+        self._threads = [threading.Thread(target=poll, daemon=True),
+                         *(threading.Thread(target=drain, args=(n,), daemon=True) for n in self._out)]
+        for t in self._threads:
+            t.start()
 
     def actors(self) -> int:
         return sum(c.startswith("ray::ClientAppActor") for c in self.seen.values())
 
+    def stderr(self) -> str:
+        return "".join(self._out["stderr"])
+
+    def wait_for_actors(self, n: int, timeout: float, ray_may_not_start: bool = False) -> bool:
+        """Wait until ``n`` ClientApp actors were seen (``True``); fail saying why not: the command
+        exited (its status), the wait timed out, or the process poller broke, with the command's
+        stderr and the descendants seen. With ``ray_may_not_start``, a command that gave up with the
+        engine's own "Ray did not start on this machine" line returns ``False`` instead."""
+        deadline = time.monotonic() + timeout
+        while self.actors() < n and self.proc.poll() is None and self.poll_error is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if self.actors() >= n:
+            return True
+        code = self.proc.poll()
+        if code is not None and ray_may_not_start:
+            self.finish(timeout=10)
+            if "fl-split: failed: Ray did not start on this machine" in self.stderr():
+                return False
+        why = (f"the poller failed: {self.poll_error!r}" if self.poll_error is not None else
+               f"the command exited with status {code}" if code is not None else f"still running after {timeout:g} s")
+        time.sleep(0.5)  # the rest of its stderr
+        seen = sorted({c[:60] for c in self.seen.values()})
+        pytest.fail(f"{self.actors()} of {n} ClientApp actors started ({why}; "
+                    f"{time.monotonic() - self.started:.0f} s after the start); descendants seen: {seen}; "
+                    f"stderr:\n{self.stderr()[-3000:]}")
+
     def finish(self, timeout: float) -> tuple[int, str, str]:
-        try:
-            out, err = self.proc.communicate(timeout=timeout)
-        finally:
-            self._stop.set()
-            self._thread.join()
-        return self.proc.returncode, out, err
+        """Wait for the command's exit; its status, stdout and stderr (``TimeoutExpired`` after ``timeout`` s)."""
+        end = time.monotonic() + timeout
+        self.proc.wait(timeout=timeout)
+        self._stop.set()
+        for t in self._threads:  # EOF once no process it started holds the pipes any more
+            t.join(timeout=max(1.0, end - time.monotonic()))
+        assert self.poll_error is None, f"the process poller failed: {self.poll_error!r}"
+        return self.proc.returncode, "".join(self._out["stdout"]), self.stderr()
 
     def left(self, timeout: float = 20.0) -> list[str]:
         """Recorded descendants (and members of its session) still running after ``timeout`` s."""
@@ -1053,6 +1095,41 @@ def test_a_run_that_fails_while_the_interrupt_is_being_handled_still_exits_130()
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "fl-split: interrupted; no results written"
 
 
+def test_watch_says_why_the_clientapps_did_not_start():
+    """The ClientApp wait of the Flower CLI tests names the reason and shows the command's stderr
+    (CI once reported only "the ClientApps never started"); only the engine's own "Ray did not
+    start" line counts as a start to repeat."""
+    run = _Watch(["train", "--engine", "flower", "--epochs", "0", "--no-progress"])
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run.wait_for_actors(3, timeout=120, ray_may_not_start=True)
+    message = str(failed.value)
+    assert message.startswith("0 of 3 ClientApp actors started (the command exited with status 2; "), message
+    assert message.endswith("fl-split: error: --epochs: got 0; allowed: an integer >= 1\n"), message
+    assert run.finish(timeout=10)[0] == 2
+
+
+def _training(argv: list[str], starts: int = 3) -> _Watch:
+    """``fl-split ARGV`` (``--engine flower``, 2 guests) once its 3 ClientApp actors run.
+
+    Started again (at most ``starts`` times in all) only when the command gave up with the engine's
+    "Ray did not start on this machine (2 attempts)": Ray gives a starting raylet a fixed 30 s to
+    register with its GCS, which a loaded 2-core machine can exceed twice in a row (measured on the
+    shared machine: a bare ``ray.init()`` timed out at load 27; in CI the test then failed as "the
+    ClientApps never started"). That is the machine, not the behaviour tested here; the engine's own
+    handling of it (a clear line, nothing left running) is checked each time and by
+    test_ray_start_that_fails_half_way_leaves_nothing_and_is_retried_once."""
+    for start in range(1, starts + 1):
+        run = _Watch(argv)
+        try:
+            if run.wait_for_actors(3, timeout=400, ray_may_not_start=start < starts):
+                return run
+        except BaseException:
+            run.kill()
+            raise
+        assert run.proc.returncode == 1 and run.left() == [], run.stderr()[-3000:]
+    raise AssertionError("unreachable")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_cli_flower_engine_interrupted_exits_130_and_leaves_nothing(tmp_path, sig):
@@ -1062,13 +1139,9 @@ def test_cli_flower_engine_interrupted_exits_130_and_leaves_nothing(tmp_path, si
     import signal as signal_mod
 
     out = tmp_path / "r.json"
-    run = _Watch(["train", "--engine", "flower", "--guests", "2", "--epochs", "500", "--no-progress", "--device", "cpu",
-                  "--out", str(out)])
+    run = _training(["train", "--engine", "flower", "--guests", "2", "--epochs", "500", "--no-progress", "--device",
+                     "cpu", "--out", str(out)])
     try:
-        deadline = time.monotonic() + 400
-        while run.actors() < 3 and run.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert run.actors() == 3, "the ClientApps never started"
         time.sleep(3)  # the parties are set up and training
         assert run.proc.poll() is None
         if sig == "SIGINT":

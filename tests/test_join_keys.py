@@ -449,36 +449,19 @@ def test_text_ids_between_deployment_nodes(tmp_path):
 
 
 @pytest.mark.slow
-def test_deploy_local_with_text_ids(tmp_path):
+def test_deploy_local_with_text_ids(psi_table_deployment):
     """End to end (a SuperLink and three SuperNodes, separate processes): ``deploy local --data …
     --id-column ID --align psi`` on e-mail IDs, no ``--guests``; the run trains on exactly the
     intersection, like the local engine, and no result, log, output or SuperLink database holds an ID
-    outside it."""
-    import subprocess
-
-    from fl_split.secure_files import write_private
-    from fl_split.seeding import PrivateSeed
-    from tests.test_deploy import _deployment_pids, _kill
-
-    keep, inter, outside = _overlap()
-    paths = write_party_tables(tmp_path, keep=keep, id_map=_texts)
-    seed = write_private(tmp_path / "seed", PrivateSeed.generate().file_text().encode())
-    run = ["--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed-file", str(seed)]
-    workdir, out = tmp_path / "dep", tmp_path / "dep.json"
-    proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", *_flags(paths),
-                           "--align", "psi", *run, "--workdir", str(workdir), "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
-    left = _deployment_pids(workdir)
-    _kill(left)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert left == []
-    dep = json.loads(out.read_text())
-    local_out = tmp_path / "local.json"
-    assert main(["train", *_flags(paths), "--align", "psi", *run, "--no-progress", "--out", str(local_out)]) == 0
-    local = json.loads(local_out.read_text())
+    outside it. (The session's shared run, tests/shared_runs.py; tests/test_deploy_align.py checks
+    the node tables on it.)"""
+    run = psi_table_deployment
+    assert run.proc.returncode == 0, run.proc.stdout[-3000:] + run.proc.stderr[-3000:]
+    assert run.left == []
+    dep, local = run.dep, run.local
+    assert local is not None, "the local engine's run failed"
     assert dep["config"]["guests"] == 2
-    assert _timeless(dep["alignment"]) == _timeless(local["alignment"]) and dep["alignment"]["shared_ids"] == len(inter)
+    assert _timeless(dep["alignment"]) == _timeless(local["alignment"]) and dep["alignment"]["shared_ids"] == len(run.inter)
     assert dep["final"]["value"] == local["final"]["value"]
-    seen = out.read_bytes() + proc.stdout.encode() + proc.stderr.encode()
-    seen += b"".join(p.read_bytes() for p in workdir.rglob("*") if p.is_file() and p.suffix != ".key")
-    assert _scan(seen, _texts(outside)) == []
+    assert _scan(run.seen, run.outside) == []
+    assert _scan(_keys_blob(run.inter[:3]), run.inter[:3]) != []  # the scan finds what is there

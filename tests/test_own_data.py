@@ -242,7 +242,10 @@ def test_deploy_party_files_must_be_a_directory(tmp_path):
 def test_deploy_local_party_files_from_own_tables(tmp_path):
     """Own tables with partly overlapping IDs, aligned by PSI and exported (one file per party), run
     as a loopback deployment from those files (``deploy local --party-files``): the same numbers as
-    the local engine on the same files and seeds."""
+    the local engine on the same files and seeds. The private seed is an ``--insecure-private-seed``
+    integer (a research reproduction): said on stderr, recorded in every party's report, and kept out
+    of the run config (each node still gets a seed file of its own); a seed-file deployment:
+    tests/test_deploy.py."""
     import subprocess
     import sys
 
@@ -258,22 +261,24 @@ def test_deploy_local_party_files_from_own_tables(tmp_path):
     for p in ("host", "guest-1", "guest-2"):
         data, _ = load_party(parties / f"{p}.npz", p)
         np.testing.assert_array_equal(np.sort(np.concatenate([data.train_ids, data.test_ids])), inter)
-    from fl_split.secure_files import write_private
-    from fl_split.seeding import PrivateSeed
-
-    # a seed value on deploy's command line is refused (every local user could read it): a seed file
-    seed = write_private(tmp_path / "seed", PrivateSeed.parse("fc59556bdbeef23121425c140d4e06b2").file_text().encode())
-    run = ["--guests", "2", "--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed-file", str(seed)]
+    # a seed value on deploy's command line is refused (every local user could read it) unless
+    # --insecure-private-seed says the run is a research reproduction
+    run = ["--guests", "2", "--seed", str(SEED), "--epochs", "1", "--batch-size", "64", "--private-seed", "5",
+           "--insecure-private-seed"]
     workdir, out = tmp_path / "dep", tmp_path / "dep.json"
     proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", *run,
                            "--party-files", str(parties), "--workdir", str(workdir), "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert not (workdir / "parties").exists()  # the given files were used, nothing exported
+    assert "--insecure-private-seed" in proc.stderr and "can be searched" in proc.stderr
+    assert "private-seed" not in (workdir / "run-config.toml").read_text()
+    assert all((workdir / "nodes" / p / "private-seed").is_file() for p in ("host", "guest-1", "guest-2"))
     local_out = tmp_path / "local.json"
     assert main(["train", *run, "--party-files", str(parties), "--no-progress", "--out", str(local_out)]) == 0
     dep, local = json.loads(out.read_text()), json.loads(local_out.read_text())
     assert dep["plan"]["n_train"] + dep["plan"]["n_test"] == len(inter)
+    assert {r["private_randomness"] for r in dep["privacy"].values()} == {"insecure-private-seed"}
     assert dep["final"]["value"] == local["final"]["value"]
     assert dep["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)
 
