@@ -52,7 +52,7 @@ def run_name(results: dict[str, Any]) -> str:
     """``<UTC yyyymmdd-HHMMSS>-<dataset>-<defense>`` of a run that ends now."""
     cfg = results["config"]
     data = cfg.get("data_name") if cfg.get("data") else cfg.get("dataset")
-    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{data}-{cfg.get('defense', 'none')}"
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{data}-{str(cfg.get('defense', 'none')).replace(':', '-')}"
 
 
 def epochs_csv(results: dict[str, Any]) -> str:

@@ -35,8 +35,10 @@ def _float(v: Any) -> bool:
 class AttackOptions:
     """Every option of an attack run. Field ``x_y`` is flag ``--x-y``."""
 
-    attack: str = _opt("property", "which attack to mount (docs/attacks.md)", kind="choice",
-                       allowed="one of " + ", ".join(ATTACK_NAMES), choices=ATTACK_NAMES)
+    attack: str = _opt("property", "which attack to mount (docs/attacks.md), or your own class "
+                                   "'package.module:Class' (docs/plugins.md)", kind="attack",
+                       allowed="one of " + ", ".join(ATTACK_NAMES) + " or 'package.module:Class' (docs/plugins.md)",
+                       choices=ATTACK_NAMES)
     adversary: str = _opt(AUTO, "who mounts it: host or guest (property inference runs both ways; every other "
                                 "attack has one adversary); auto = the attack's own",
                           kind="choice", allowed="auto, host or guest", choices=(AUTO, "host", "guest"))
@@ -125,10 +127,17 @@ def coerce(f: dataclasses.Field, raw: Any) -> Any:
     return text
 
 
+def _is_plugin(v: Any) -> bool:
+    from fl_split.plugins import is_plugin  # syntax only: the class is imported by get_attack
+
+    return is_plugin(v)
+
+
 def _validate(f: dataclasses.Field, v: Any) -> None:
     kind = f.metadata["kind"]
     ok = {
         "choice": lambda: v in (f.metadata["choices"] or ()),
+        "attack": lambda: v in (f.metadata["choices"] or ()) or _is_plugin(v),
         "guest": lambda: isinstance(v, str) and v.startswith("guest-") and v[6:].isdigit() and int(v[6:]) >= 1,
         "str": lambda: isinstance(v, str),
         "unit": lambda: _float(v) and 0 < v < 1,

@@ -10,8 +10,6 @@ public split, or a malicious host).
 from __future__ import annotations
 
 import dataclasses
-
-import importlib
 import time
 from typing import Any
 
@@ -57,10 +55,16 @@ def _plain(o: Any) -> Any:
 
 
 def get_attack(name: str) -> Attack:
-    if name not in _MODULES:
-        raise ConfigError("attack", name, "one of " + ", ".join(ATTACK_NAMES))
-    module, cls = _MODULES[name]
-    return getattr(importlib.import_module(module), cls)()
+    """The attack ``--attack name`` names: a built-in, or a plug-in class ``package.module:Class``
+    (:func:`fl_split.plugins.resolve`, docs/plugins.md), constructed without arguments."""
+    from fl_split.plugins import resolve
+
+    cls = resolve("attack", name)
+    try:
+        return cls()
+    except Exception as e:  # a plug-in's constructor
+        raise ConfigError("attack", name, "an Attack subclass constructed without arguments",
+                          reason=f"{cls.__name__}() raised {type(e).__name__}: {e}") from None
 
 
 def _check(attack: Attack, session: Session, opts: AttackOptions) -> None:
