@@ -141,17 +141,26 @@ def test_plugin_budget_refuses_like_the_builtin(plugdir):
 
 
 def test_plugin_laplace_is_audited_like_the_builtin(plugdir):
-    from fl_split.privacy.audit import run_audit
+    from fl_split.privacy.audit import audit_mechanism, mechanisms_for, run_audit
 
-    docs = {}
+    rows = {}
     for name in ("laplace", "my_plugins:MyLaplace"):
         cfg = RunConfig(defense=name, epsilon=2.0, clip_c=1.0)
-        secret = PartySecret.for_party("audit", SEED)
-        docs[name] = run_audit(cfg, width=2, releases=[1, 3], trials=4000, alpha=0.05, secret=secret)
-    for b, p in zip(docs["laplace"]["results"], docs["my_plugins:MyLaplace"]["results"]):
-        assert p["claimed_epsilon_by_accountant"] == b["claimed_epsilon_by_accountant"]
-        assert p["empirical_epsilon_lower"] == b["empirical_epsilon_lower"] and p["empirical_epsilon_lower"] > 0
-        assert not p["violation"]
+        # the same generator keys for both (the label keys the draws): the same releases
+        mechs = mechanisms_for(cfg, 2, 3)
+        rows[name] = audit_mechanism(mechs, 4000, PartySecret.for_party("audit", SEED), delta=1e-5, alpha=0.05,
+                                     label="same").to_json("pld")
+    b, p = rows["laplace"], rows["my_plugins:MyLaplace"]
+    assert p["claimed_epsilon_by_accountant"] == b["claimed_epsilon_by_accountant"]
+    assert p["claimed_epsilon_by_accountant"]["basic"] == pytest.approx(6.0)
+    assert p["empirical_epsilon_lower"] == b["empirical_epsilon_lower"] > 0 and not p["violation"]
+    # fl-split audit's own runner, through the plug-in's canary_pair and log_likelihood_ratio
+    doc = run_audit(RunConfig(defense="my_plugins:MyLaplace", epsilon=2.0, clip_c=1.0, protect="both"), width=2,
+                    releases=[1], trials=4000, alpha=0.05, secret=PartySecret.for_party("audit", SEED))
+    assert [r["mechanism"] for r in doc["results"]] == ["my_plugins:MyLaplace/forward/1",
+                                                         "my_plugins:MyLaplace/backward/1"]
+    assert not doc["violations"]
+    assert all(r["claimed_epsilon_by_accountant"]["basic"] == pytest.approx(2.0) for r in doc["results"])
     # a mis-accounted plug-in is caught as a built-in is (the audit's own test, through its wrapper)
     cfg = RunConfig(defense="my_plugins:MyLaplace", epsilon=2.0, clip_c=1.0)
     doc = run_audit(cfg, width=2, releases=[1], trials=20000, alpha=0.05, secret=PartySecret.for_party("audit", SEED),
@@ -166,7 +175,8 @@ def test_cli_audit_of_a_plugin(plugdir, tmp_path, capsys):
                             "--private-seed", "9f3c2a71e8b4d05c6a1f7e92b3d84c10"], capsys)
     assert code == 0, err
     row = json.loads(out.read_text())["results"][0]
-    assert row["mechanism"] == "my_plugins:MyLaplace/forward/1" and row["claimed_epsilon"] == pytest.approx(2.0)
+    assert row["mechanism"] == "my_plugins:MyLaplace/forward/1"
+    assert row["claimed_epsilon_by_accountant"]["basic"] == pytest.approx(2.0) and not row["violation"]
 
 
 # -- no DP event: no privacy claimed ------------------------------------------------------------------
@@ -179,10 +189,10 @@ def test_plugin_without_dp_event_claims_no_privacy(plugdir, tmp_path, capsys):
     assert "privacy_claim" not in res["privacy"]["guest-1"]  # unprotected, and said so as before
     # the console says it too, and prints no epsilon for the host
     code, out, err = run_cli(["train", "--dataset", "digits", "--limit", "300", "--epochs", "1", "--defense", GS,
-                              "--protect", "host", "--no-progress", "--out", str(tmp_path / "run")], capsys)
+                              "--protect", "host", "--no-progress", "--out", str(tmp_path / "run.json")], capsys)
     assert code == 0, err
     assert "no privacy claimed: host" in " ".join(out.split())
-    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    saved = json.loads((tmp_path / "run.json").read_text())
     assert saved["privacy"]["host"]["epsilon"] is None
     # nothing to audit
     code, _, err = run_cli(["audit", "--defense", GS, "--protect", "host"], capsys)
@@ -347,12 +357,8 @@ def test_deploy_local_lists_the_users_own_plugins_on_its_nodes(tmp_path):
     from fl_split.deploy import LocalDeployment
 
     cfg = RunConfig(dataset="digits", defense="my_plugins:MyLaplace", model="own_mlp:build")
-    dep = LocalDeployment.__new__(LocalDeployment)
-    dep.cfg = cfg
+    dep = LocalDeployment(cfg, tmp_path, tls=False)
     dep.party_file = lambda party: tmp_path / f"{party}.npz"
-    dep.tls = False
-    dep.dataplane_port = 1
-    dep.certs = tmp_path
     text = dep.node_config("guest-1")
     assert "plugins='my_plugins:MyLaplace,own_mlp:build'" in text
     assert np.all([s in text for s in ("role='guest'", "guest-index=1")])
