@@ -194,6 +194,9 @@ def test_plugin_without_dp_event_claims_no_privacy(plugdir, tmp_path, capsys):
     assert "no privacy claimed: host" in " ".join(out.split())
     saved = json.loads((tmp_path / "run.json").read_text())
     assert saved["privacy"]["host"]["epsilon"] is None
+    # nothing to charge: a budget would never bind
+    code, _, err = run_cli(["train", "--defense", GS, "--protect", "host", "--budget", "2"], capsys)
+    assert code == 2 and err.strip().startswith("fl-split: error: --budget: got 2.0") and "no privacy" in err
     # nothing to audit
     code, _, err = run_cli(["audit", "--defense", GS, "--protect", "host"], capsys)
     assert code == 2 and "--defense" in err and "no privacy claimed" in err and len(err.strip().splitlines()) == 1

@@ -56,7 +56,14 @@ def check(cfg: RunConfig) -> None:
     """Combinations of privacy options that cannot work, named as the user typed them; a plug-in
     ``--defense`` is imported and checked here, before anything runs (in each process that builds a
     party: under Flower, every ClientApp process must be able to import it)."""
-    plugin_class(cfg)
+    cls = plugin_class(cfg)
+    if cls is not None and cfg.budget != AUTO and cfg.dp_sgd == "none":
+        from fl_split.privacy.plugin import claims_privacy
+
+        if not claims_privacy(cls):
+            raise ConfigError("budget", cfg.budget, "auto with a plug-in --defense that claims no privacy",
+                              reason=f"{cls.__name__} defines no privacy_cost, so nothing is charged and the budget "
+                                     "would never bind")
     if cfg.defense == "rr" and protects_host(cfg):
         raise ConfigError("protect", cfg.protect, "guest (randomized response binarises forward "
                           "releases; it has no meaningful backward form)")
