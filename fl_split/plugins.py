@@ -30,7 +30,6 @@ code execution).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,40 +40,16 @@ ENV_ALLOW = "FL_SPLIT_PLUGINS"
 #: node-config key of a deployment node's own plug-in allow-list
 NODE_KEY = "plugins"
 
-_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
-
-_REQUIRED = {
-    "defense": "a class subclassing fl_split.privacy.plugin.PluginMechanism (or fl_split.privacy.base.Mechanism): "
-               "release, local_grad, public_range, describe, and privacy_cost for a differential privacy claim "
-               "(docs/plugins.md)",
-    "attack": "a class subclassing fl_split.attacks.base.Attack: name, adversaries, run(view, opts) and "
-              "score(guess, referee, opts) (docs/plugins.md)",
-}
+#: what an attack plug-in must be (a defence's: :data:`fl_split.privacy.plugin.REQUIRED`)
+ATTACK_REQUIRED = ("a class subclassing fl_split.attacks.base.Attack: name, adversaries, run(view, opts) and "
+                   "score(guess, referee, opts) (docs/plugins.md)")
 
 
 def is_plugin(value: Any) -> bool:
-    """``package.module:Class`` (syntax only: nothing is imported)."""
-    return isinstance(value, str) and re.fullmatch(rf"{_DOTTED}:{_DOTTED}", value) is not None
+    """``package.module:Class`` (syntax only: nothing is imported; the rule of ``--model``'s strings)."""
+    from fl_split.config import is_user_model
 
-
-def _import_object(kind: str, value: str):
-    from fl_split.models.user import _import  # the working directory as `python -m` would, see there
-
-    module_name, attr = value.split(":")
-    try:
-        obj = _import(module_name)
-    except Exception as e:  # ImportError, or whatever the user's module raised while importing
-        hint = ""
-        if isinstance(e, ModuleNotFoundError) and e.name == module_name.split(".")[0]:
-            hint = (" (not on the import path: put its directory on PYTHONPATH; under Flower every ClientApp "
-                    "process must be able to import it)")
-        raise ConfigError(kind, value, _REQUIRED[kind],
-                          reason=f"cannot import module '{module_name}': {type(e).__name__}: {e}{hint}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(kind, value, _REQUIRED[kind], reason=f"module '{module_name}' has no '{attr}'")
-        obj = getattr(obj, part)
-    return obj
+    return is_user_model(value)
 
 
 def resolve(kind: str, value: str) -> Any:
@@ -91,41 +66,28 @@ def resolve(kind: str, value: str) -> Any:
             return value
         builtins = DEFENSES
     elif kind == "attack":
-        from fl_split.attacks.options import ATTACK_NAMES
+        from fl_split.attacks.options import ATTACK_CLASSES, ATTACK_NAMES
 
         if value in ATTACK_NAMES:
             import importlib
 
-            from fl_split.attacks.runner import _MODULES
-
-            module, cls = _MODULES[value]
+            module, cls = ATTACK_CLASSES[value]
             return getattr(importlib.import_module(module), cls)
         builtins = ATTACK_NAMES
     else:
         raise ValueError(f"plug-in kind {kind!r}; allowed: defense, attack")
+    from fl_split.privacy.plugin import REQUIRED, load_class, mechanism_class
+
+    required = REQUIRED if kind == "defense" else ATTACK_REQUIRED
     if not is_plugin(value):
-        raise ConfigError(kind, value, "one of " + ", ".join(builtins) + " or 'package.module:Class' ("
-                          + _REQUIRED[kind] + ")")
-    obj = _import_object(kind, value)
+        raise ConfigError(kind, value, "one of " + ", ".join(builtins) + f" or 'package.module:Class' ({required})")
     if kind == "defense":
-        from fl_split.privacy.base import Mechanism
+        return mechanism_class(value)
+    from fl_split.attacks.base import Attack
 
-        base = Mechanism
-    else:
-        from fl_split.attacks.base import Attack
-
-        base = Attack
-    if not isinstance(obj, type):
-        raise ConfigError(kind, value, _REQUIRED[kind], reason=f"it is a {type(obj).__name__}, not a class")
-    if not issubclass(obj, base):
-        raise ConfigError(kind, value, _REQUIRED[kind],
-                          reason=f"{obj.__name__} does not subclass {base.__module__}.{base.__name__}")
-    if kind == "defense":
-        from fl_split.privacy.plugin import check_class
-
-        check_class(value, obj)
-    elif not (isinstance(getattr(obj, "name", ""), str) and obj.name):
-        raise ConfigError(kind, value, _REQUIRED[kind], reason=f"{obj.__name__}.name is empty")
+    obj = load_class(kind, value, Attack, required)
+    if not (isinstance(getattr(obj, "name", ""), str) and obj.name):
+        raise ConfigError(kind, value, required, reason=f"{obj.__name__}.name is empty")
     return obj
 
 

@@ -17,6 +17,19 @@ from fl_split.errors import ConfigError
 AUTO = "auto"
 ATTACK_NAMES = ("property", "reconstruction", "fsha", "inversion", "feature", "membership", "label-norm",
                 "label-direction", "label-completion")
+#: where each built-in attack's class lives (imported on use: :func:`fl_split.plugins.resolve`)
+ATTACK_CLASSES = {
+    "property": ("fl_split.attacks.property", "PropertyInference"),
+    "reconstruction": ("fl_split.attacks.reconstruction", "Reconstruction"),
+    "fsha": ("fl_split.attacks.fsha", "FSHA"),
+    "inversion": ("fl_split.attacks.inversion", "WhiteBoxInversion"),
+    "feature": ("fl_split.attacks.feature", "FeatureInference"),
+    "membership": ("fl_split.attacks.membership", "MembershipInference"),
+    "label-norm": ("fl_split.attacks.label", "NormScoring"),
+    "label-direction": ("fl_split.attacks.label", "DirectionScoring"),
+    "label-completion": ("fl_split.attacks.label", "ModelCompletion"),
+}
+assert tuple(ATTACK_CLASSES) == ATTACK_NAMES
 
 
 def _opt(default: Any, help: str, *, kind: str, allowed: str, choices: tuple | None = None) -> Any:
@@ -128,9 +141,9 @@ def coerce(f: dataclasses.Field, raw: Any) -> Any:
 
 
 def _is_plugin(v: Any) -> bool:
-    from fl_split.plugins import is_plugin  # syntax only: the class is imported by get_attack
+    from fl_split.config import is_user_model  # ``package.module:Class``, syntax only (fl_split.plugins)
 
-    return is_plugin(v)
+    return is_user_model(v)
 
 
 def _validate(f: dataclasses.Field, v: Any) -> None:

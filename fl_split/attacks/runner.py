@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fl_split.attacks.base import Attack
-from fl_split.attacks.options import ATTACK_NAMES, AttackOptions
+from fl_split.attacks.options import AttackOptions
 from fl_split.attacks.view import NotObserved, Session
 from fl_split.config import AUTO, RunConfig
 from fl_split.errors import ConfigError, FlSplitError
@@ -27,18 +27,6 @@ class AttackError(FlSplitError):
     """The attack could not run on what its adversary observed (e.g. a run stopped by its budget
     before the epoch the attack needs)."""
 
-_MODULES = {
-    "property": ("fl_split.attacks.property", "PropertyInference"),
-    "reconstruction": ("fl_split.attacks.reconstruction", "Reconstruction"),
-    "fsha": ("fl_split.attacks.fsha", "FSHA"),
-    "inversion": ("fl_split.attacks.inversion", "WhiteBoxInversion"),
-    "feature": ("fl_split.attacks.feature", "FeatureInference"),
-    "membership": ("fl_split.attacks.membership", "MembershipInference"),
-    "label-norm": ("fl_split.attacks.label", "NormScoring"),
-    "label-direction": ("fl_split.attacks.label", "DirectionScoring"),
-    "label-completion": ("fl_split.attacks.label", "ModelCompletion"),
-}
-assert tuple(_MODULES) == ATTACK_NAMES
 
 
 def _plain(o: Any) -> Any:

@@ -30,18 +30,19 @@ BOUNDARY = ("laplace", "gaussian", "r3elu", "rr")
 
 
 def plugin_class(cfg: RunConfig):
-    """The plug-in mechanism class ``--defense`` names, or ``None`` for a built-in defence
-    (:func:`fl_split.plugins.resolve`: imported and checked there, one line naming --defense)."""
-    from fl_split.plugins import is_plugin, resolve
+    """The plug-in mechanism class ``--defense`` names, or ``None`` for a built-in defence (imported
+    and checked as :func:`fl_split.plugins.resolve` does, one line naming --defense)."""
+    from fl_split.config import is_user_model  # ``package.module:Class`` syntax
+    from fl_split.privacy.plugin import mechanism_class
 
-    return resolve("defense", cfg.defense) if is_plugin(cfg.defense) else None
+    return mechanism_class(cfg.defense) if is_user_model(cfg.defense) else None
 
 
 def is_boundary(cfg: RunConfig) -> bool:
     """``--defense`` perturbs what crosses the cut (a built-in boundary mechanism or a plug-in)."""
-    from fl_split.plugins import is_plugin
+    from fl_split.config import is_user_model
 
-    return cfg.defense in BOUNDARY or is_plugin(cfg.defense)
+    return cfg.defense in BOUNDARY or is_user_model(cfg.defense)
 
 
 def protects_guests(cfg: RunConfig) -> bool:

@@ -46,6 +46,10 @@ from fl_split.errors import ConfigError
 from fl_split.privacy.base import Mechanism, PrivacyCost, Release
 
 CUT_ACTIVATIONS = ("native", "none", "tanh", "relu")
+#: what ``--defense package.module:Class`` must name
+REQUIRED = ("a class subclassing fl_split.privacy.plugin.PluginMechanism (or fl_split.privacy.base.Mechanism): "
+            "release, local_grad, public_range, describe, and privacy_cost for a differential privacy claim "
+            "(docs/plugins.md)")
 
 
 @dataclass(frozen=True)
@@ -99,8 +103,44 @@ def claims_privacy(cls: type) -> bool:
     return cls.privacy_cost is not Mechanism.privacy_cost or cls.cost is not Mechanism.cost
 
 
+def load_class(kind: str, value: str, base: type, required: str) -> type:
+    """The class ``value`` (``package.module:Class``) names, a subclass of ``base``; else one
+    :class:`ConfigError` line naming ``--kind``. Importing runs the module: callers on a deployment
+    node check the operator's allow-list first (:func:`fl_split.plugins.check_node_plugins`)."""
+    from fl_split.models.user import _import  # the working directory as `python -m` would, see there
+
+    module_name, attr = value.split(":")
+    try:
+        obj = _import(module_name)
+    except Exception as e:  # ImportError, or whatever the user's module raised while importing
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and e.name == module_name.split(".")[0]:
+            hint = (" (not on the import path: put its directory on PYTHONPATH; under Flower every ClientApp "
+                    "process must be able to import it)")
+        raise ConfigError(kind, value, required,
+                          reason=f"cannot import module '{module_name}': {type(e).__name__}: {e}{hint}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(kind, value, required, reason=f"module '{module_name}' has no '{attr}'")
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise ConfigError(kind, value, required, reason=f"it is a {type(obj).__name__}, not a class")
+    if not issubclass(obj, base):
+        raise ConfigError(kind, value, required,
+                          reason=f"{obj.__name__} does not subclass {base.__module__}.{base.__name__}")
+    return obj
+
+
+def mechanism_class(value: str) -> type:
+    """The plug-in mechanism class ``--defense value`` names, checked (what
+    :func:`fl_split.plugins.resolve` returns for a defence)."""
+    cls = load_class("defense", value, Mechanism, REQUIRED)
+    check_class(value, cls)
+    return cls
+
+
 def check_class(value: str, cls: type) -> None:
-    """Class-level checks of a plug-in defence (:func:`fl_split.plugins.resolve`)."""
+    """Class-level checks of a plug-in defence."""
     act = getattr(cls, "cut_activation", "native")
     if act not in CUT_ACTIVATIONS:
         raise ConfigError("defense", value, "a class whose cut_activation is one of " + ", ".join(CUT_ACTIVATIONS),
