@@ -322,13 +322,42 @@ class Evil(PluginMechanism):
 '''
 
 
-@pytest.mark.usefixtures("flower_task_identity")
-def test_coordinator_cannot_make_a_deployment_node_load_a_plugin(plugdir, monkeypatch):
+def _setup(node_config: dict, cfg: dict):
+    """The reply of a Flower node (``fl_split.flower.node.handle``, the ClientApp's work) to the
+    coordinator's setup message carrying run config ``cfg``."""
     from flwr.app import Context, Message, RecordDict
     from flwr.common.serde import message_from_proto, message_to_proto
 
     from fl_split.flower import records as R
-    from fl_split.flower.node import handle
+    from fl_split.flower.node import _PARTIES, handle
+
+    ctx = Context(run_id=7, node_id=1001, node_config=dict(node_config), state=RecordDict(), run_config={})
+    msg = Message(R.content(config=R.dumps(cfg), party="guest-1"), dst_node_id=1001, message_type=R.MSG_SETUP,
+                  group_id="0")
+    msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+    try:
+        return handle(message_from_proto(message_to_proto(msg)), ctx, PrivateSeed.legacy(3)).content
+    finally:
+        _PARTIES.clear()
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_a_clientapp_checks_the_plugin_when_it_is_set_up(plugdir):
+    from fl_split.flower import records as R
+
+    node = {"partition-id": 1, "num-partitions": 2}
+    base = dict(dataset="digits", guests=1, limit=160, batch_size=16, protect="both", progress=False)
+    ok = _setup(node, RunConfig(**base, defense="my_plugins:MyLaplace").to_flower())
+    assert R.ERROR not in ok.config_records
+    # a ClientApp process that cannot import the class says so at set-up, before any training
+    bad = _setup(node, RunConfig(**base, defense="no_such_module_xyz:Cls").to_flower()).config_records[R.ERROR]
+    assert bad["type"] == "ConfigError" and bad["message"].startswith("--defense: got 'no_such_module_xyz:Cls'")
+    assert "every ClientApp process must be able to import it" in bad["message"]
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_coordinator_cannot_make_a_deployment_node_load_a_plugin(plugdir, monkeypatch):
+    from fl_split.flower import records as R
     from fl_split.plugins import ENV_ALLOW, check_node_plugins
 
     (plugdir / "evil_plugin.py").write_text(EVIL)
@@ -337,11 +366,7 @@ def test_coordinator_cannot_make_a_deployment_node_load_a_plugin(plugdir, monkey
     for key, value in (("defense", "evil_plugin:Evil"), ("model", "evil_plugin:Evil"), ("defense", "os:system")):
         cfg = RunConfig(**QUICK).to_flower()
         cfg[key] = value
-        ctx = Context(run_id=7, node_id=1001, node_config=dict(node), state=RecordDict(), run_config={})
-        msg = Message(R.content(config=R.dumps(cfg), party="guest-1"), dst_node_id=1001, message_type=R.MSG_SETUP,
-                      group_id="0")
-        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-        reply = handle(message_from_proto(message_to_proto(msg)), ctx, None).content
+        reply = _setup(node, cfg)
         err = reply.config_records[R.ERROR]
         assert err["type"] == "ConfigError" and f"--{key}: got {value!r}" in err["message"]
         assert "node-config 'plugins'" in err["message"]
