@@ -8,7 +8,9 @@ class implementing the project's interface — a defence subclasses
 :class:`fl_split.privacy.base.Mechanism` (best: :class:`fl_split.privacy.plugin.PluginMechanism`),
 an attack subclasses :class:`fl_split.attacks.base.Attack`. Anything else is one
 :class:`~fl_split.errors.ConfigError` line naming the flag, the string and what is required.
-``fl-split train``/``attack``/``audit``, the Python API and ``fl-split bench`` all call it.
+``fl-split attack``, the Python API and ``fl-split bench`` call it; the privacy factory (a lower
+layer, which must not import this module back) calls its defence half,
+:func:`fl_split.privacy.plugin.mechanism_class`, directly.
 
 **A plug-in is code run with the party's rights.** Importing ``package.module`` runs that module;
 constructing the class runs its ``__init__``. On one machine (the local engine, an in-process

@@ -243,12 +243,14 @@ def test_bad_defense_plugin_is_one_line(plugdir, value, fragment, capsys):
     ("no_such_module_xyz:Attack", "cannot import module"),
     ("label-norms", "'package.module:Class'"),
 ])
-def test_bad_attack_plugin_is_one_line(plugdir, value, fragment):
+def test_bad_attack_plugin_is_one_line(plugdir, value, fragment, capsys):
     from fl_split.attacks.runner import get_attack
 
     with pytest.raises(ConfigError) as e:
         get_attack(value)
     assert str(e.value).startswith(f"--attack: got {value!r}") and fragment in str(e.value)
+    code, _, err = run_cli(["attack", "--attack", value, "--epochs", "1", "--limit", "100", "--no-progress"], capsys)
+    assert code == 2 and f"--attack: got {value!r}" in err and len(err.strip().splitlines()) == 1
 
 
 def test_one_resolver_for_builtins_and_plugins(plugdir):
@@ -263,8 +265,6 @@ def test_one_resolver_for_builtins_and_plugins(plugdir):
 
 # -- a plug-in attack sees its party's view only ------------------------------------------------------
 RECORDING_ATTACK = '''
-from fl_split.attacks.base import Guess, Scored
-from fl_split.attacks.view import Grant
 from cluster_label import ClusterLabelInference
 
 SEEN = []
