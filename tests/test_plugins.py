@@ -187,6 +187,9 @@ def test_plugin_without_dp_event_claims_no_privacy(plugdir, tmp_path, capsys):
     assert "no privacy claimed" in host["assumptions"][0]
     assert host["mechanism"]["name"] == "gradient-sparsification" and host["mechanism"]["rate"] == 0.5
     assert "privacy_claim" not in res["privacy"]["guest-1"]  # unprotected, and said so as before
+    from fl_split.rundir import curves_png, final_epsilons
+
+    assert final_epsilons(res) == {} and curves_png(res)[:4] == b"\x89PNG"  # the run directory's plot: no epsilon
     # the console says it too, and prints no epsilon for the host
     code, out, err = run_cli(["train", "--dataset", "digits", "--limit", "300", "--epochs", "1", "--defense", GS,
                               "--protect", "host", "--no-progress", "--out", str(tmp_path / "run.json")], capsys)
