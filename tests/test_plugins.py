@@ -393,3 +393,28 @@ def test_deploy_local_lists_the_users_own_plugins_on_its_nodes(tmp_path):
     text = dep.node_config("guest-1")
     assert "plugins='my_plugins:MyLaplace,own_mlp:build'" in text
     assert np.all([s in text for s in ("role='guest'", "guest-index=1")])
+
+
+@pytest.mark.slow
+def test_deploy_local_runs_a_plugin_defence_on_its_nodes(plugdir, tmp_path):
+    """The whole deployment path as separate processes (a SuperLink, one SuperNode per party): each
+    node is allowed the user's own plug-in by its node-config, imports it (PYTHONPATH, inherited) and
+    charges it like a built-in; every process gone afterwards."""
+    import os
+    import subprocess
+
+    from tests.test_deploy import FLSPLIT, _deployment_pids, _kill
+
+    workdir, out_path = tmp_path / "dep", tmp_path / "results.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), str(plugdir)])}
+    env.pop("FL_SPLIT_PLUGINS", None)
+    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--dataset", "digits", "--guests", "1", "--epochs", "1",
+                           "--limit", "150", "--defense", "my_plugins:MyLaplace", "--epsilon", "8", "--clip-c", "0.01",
+                           "--workdir", str(workdir), "--out", str(out_path)],
+                          capture_output=True, text=True, timeout=900, env=env)
+    left = _deployment_pids(workdir)
+    _kill(left)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert left == [], f"processes left running: {left}"
+    guest = json.loads(out_path.read_text())["privacy"]["guest-1"]
+    assert guest["mechanism"]["name"] == "my-laplace" and guest["epsilon"] > 0
