@@ -220,6 +220,24 @@ def test_sparsification_keeps_the_largest_entries(plugdir):
         factory.forward_mechanism(cfg.replace(defense_options="rate=1.5"), 8)
 
 
+def test_plugin_gets_the_runs_public_parameters(plugdir):
+    from fl_split.privacy import factory
+    from fl_split.privacy.factory import Exhausted
+
+    cfg = RunConfig(defense="my_plugins:MyLaplace", epsilon=4.0, clip_c=0.5, clip_c_backward=2.0, protect="both",
+                    schedule="geometric", defense_options="a=1,b=0.5,mode=x")
+    fwd, bwd = factory.forward_mechanism(cfg, 6, iteration=2), factory.backward_mechanism(cfg, 6, iteration=2)
+    assert (fwd.spec.direction, fwd.spec.width, fwd.spec.bound, bwd.spec.bound) == ("forward", 6, 0.5, 2.0)
+    assert fwd.spec.epsilon == 1.0 and fwd.spec.iteration == 2  # the geometric schedule's 4/2^2
+    assert fwd.spec.options == {"a": 1, "b": 0.5, "mode": "x"}
+    # past the schedule's exhaustion the party releases zeros (free), as for the built-ins
+    assert isinstance(factory.forward_mechanism(cfg, 6, iteration=45), Exhausted)
+    with pytest.raises(ConfigError, match="--defense-options: got 'a=1'.*plug-in"):
+        RunConfig(defense="laplace", defense_options="a=1")
+    with pytest.raises(ConfigError, match="--defense-options: got 'a'"):
+        factory.forward_mechanism(cfg.replace(defense_options="a"), 6)
+
+
 # -- bad plug-in strings: one line naming the flag ------------------------------------------------------
 @pytest.mark.parametrize("value,fragment", [
     ("no_such_module_xyz:Cls", "cannot import module 'no_such_module_xyz'"),
