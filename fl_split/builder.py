@@ -238,7 +238,7 @@ def _claims(cfg: RunConfig, role: str) -> str:
     """What a party claims, in words (for the module-validation error)."""
     parts = []
     protected = privacy_factory.protects_guests(cfg) if role == "guest" else privacy_factory.protects_host(cfg)
-    if protected and cfg.defense in privacy_factory.BOUNDARY:
+    if protected and privacy_factory.is_boundary(cfg):
         parts.append(f"--defense {cfg.defense} protects its {'forward' if role == 'guest' else 'backward'} releases")
     if privacy_factory.uses_dpsgd(cfg, role):
         parts.append("it trains with DP-SGD")

@@ -317,7 +317,11 @@ def print_summary(results: dict[str, Any]) -> None:
                           _fmt(rep.get("epsilon"), 3) if rep.get("epsilon") is not None else "-",
                           "-" if rep.get("delta") is None else f"{rep['delta']:g}", str(rep.get("accountant") or "-"))
         console.print(table)
-        if any(rep.get("epsilon") is None for rep in privacy.values()):
+        unclaimed = [p for p, rep in privacy.items() if rep.get("privacy_claim") == "none"]
+        if unclaimed:
+            console.print(f"no privacy claimed: {', '.join(unclaimed)} released through a plug-in defence that "
+                          "states no differential privacy event (docs/plugins.md); no epsilon is given for them")
+        if any(rep.get("epsilon") is None and p not in unclaimed for p, rep in privacy.items()):
             console.print("epsilon '-': that party's releases are not perturbed; no differential privacy is claimed")
         console.print("SNR bound: the largest signal-to-noise ratio per element the mechanism's parameters allow "
                       "(public; each party logs its measured SNR locally, see docs/mechanisms.md)")

@@ -284,7 +284,13 @@ class RunConfig:
                           group="serving")
 
     # --- privacy (spec §3, §5) ------------------------------------------------------------
-    defense: str = _opt("none", "mechanism on the cut-layer crossings", choices=DEFENSES, group="privacy")
+    defense: str = _opt("none", "mechanism on the cut-layer crossings: a built-in name, or your own class "
+                                "'package.module:Class' (docs/plugins.md)",
+                        check=lambda v: v in DEFENSES or is_user_model(v),
+                        allowed="one of " + ", ".join(DEFENSES) + " or 'package.module:Class' (docs/plugins.md)",
+                        group="privacy")
+    defense_options: str = _opt("", "parameters of a plug-in --defense, 'key=value,key=value' (given to the class "
+                                    "as spec.options); empty for the built-in defences", group="privacy")
     protect: str = _opt("guest", "whose data the defense protects: guest = forward releases, "
                                  "host = backward releases, both", choices=("guest", "host", "both"),
                         group="privacy")
@@ -407,6 +413,9 @@ class RunConfig:
                     raise ConfigError("encode", self.encode, "entries naming feature columns",
                                       reason=f"{col!r} is the {'ID' if col == self.id_column else 'label'} column, "
                                              f"not a feature")
+        if self.defense_options and not is_user_model(self.defense):
+            raise ConfigError("defense-options", self.defense_options, "empty with a built-in --defense",
+                              reason="--defense-options are a plug-in class's own parameters (docs/plugins.md)")
         if self.budget != AUTO and self.defense == "none" and self.dp_sgd == "none":
             raise ConfigError("budget", self.budget, "auto without a defense, or --budget with --defense "
                               + "|".join(d for d in DEFENSES if d != "none") + " or --dp-sgd",

@@ -346,6 +346,11 @@ class LocalDeployment:
         if role == "guest":
             items.append(f"guest-index={int(party.split('-')[1])}")
         items.append(f"data-path={_literal(self.party_file(party))}")
+        from fl_split.plugins import plugin_strings
+
+        allowed = sorted(set(plugin_strings(self.cfg.to_flower()).values()))
+        if allowed:  # the user's own config (every party is this user's): its plug-ins are allowed on each node
+            items.append(f"plugins={_literal(','.join(allowed))}")
         if self.cfg.data_plane == "direct":
             if role == "host":
                 items.append(f"dataplane-address='127.0.0.1:{self.dataplane_port}'")

@@ -371,6 +371,8 @@ def _start_args(kit: Path, conf: dict[str, Any]) -> list[str]:
     ca = _need(inbox / "ca.crt", "the coordinator's ca.crt in inbox/")
     items = [f"role='{conf['role']}'"] + ([f"guest-index={conf['guest-index']}"] if name != "host" else [])
     items.append(f"data-path={_literal(data)}")
+    if str(conf.get("plugins", "") or "").strip():  # the operator's own plug-in allow-list (fl_split.plugins)
+        items.append(f"plugins={_literal(str(conf['plugins']).strip())}")
     if name == "host":
         items += [f"dataplane-address='{conf['dataplane']}'",
                   f"dataplane-certfile={_literal(_need(keys / 'dataplane-host.crt', 'run init first'))}",

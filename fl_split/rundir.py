@@ -52,7 +52,7 @@ def run_name(results: dict[str, Any]) -> str:
     """``<UTC yyyymmdd-HHMMSS>-<dataset>-<defense>`` of a run that ends now."""
     cfg = results["config"]
     data = cfg.get("data_name") if cfg.get("data") else cfg.get("dataset")
-    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{data}-{cfg.get('defense', 'none')}"
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{data}-{str(cfg.get('defense', 'none')).replace(':', '-')}"
 
 
 def epochs_csv(results: dict[str, Any]) -> str:
@@ -127,6 +127,9 @@ def curves_png(results: dict[str, Any]) -> bytes:
     title = f"{cfg.get('dataset')} · defense {cfg.get('defense')}"
     if eps:
         title += " · final ε " + ", ".join(f"{p} {e:.3g}" for p, e in eps.items())
+    unclaimed = [p for p, r in (results.get("privacy") or {}).items() if r.get("privacy_claim") == "none"]
+    if unclaimed:  # a plug-in defence with no DP event (docs/plugins.md): said, never an ε
+        title += " · no privacy claimed: " + ", ".join(unclaimed)
     if not hist:
         title += f" · no epoch evaluated ({results.get('stopped_reason', '')})"
     ax.set_title(title, fontsize="small")

@@ -17,6 +17,19 @@ from fl_split.errors import ConfigError
 AUTO = "auto"
 ATTACK_NAMES = ("property", "reconstruction", "fsha", "inversion", "feature", "membership", "label-norm",
                 "label-direction", "label-completion")
+#: where each built-in attack's class lives (imported on use: :func:`fl_split.plugins.resolve`)
+ATTACK_CLASSES = {
+    "property": ("fl_split.attacks.property", "PropertyInference"),
+    "reconstruction": ("fl_split.attacks.reconstruction", "Reconstruction"),
+    "fsha": ("fl_split.attacks.fsha", "FSHA"),
+    "inversion": ("fl_split.attacks.inversion", "WhiteBoxInversion"),
+    "feature": ("fl_split.attacks.feature", "FeatureInference"),
+    "membership": ("fl_split.attacks.membership", "MembershipInference"),
+    "label-norm": ("fl_split.attacks.label", "NormScoring"),
+    "label-direction": ("fl_split.attacks.label", "DirectionScoring"),
+    "label-completion": ("fl_split.attacks.label", "ModelCompletion"),
+}
+assert tuple(ATTACK_CLASSES) == ATTACK_NAMES
 
 
 def _opt(default: Any, help: str, *, kind: str, allowed: str, choices: tuple | None = None) -> Any:
@@ -35,8 +48,10 @@ def _float(v: Any) -> bool:
 class AttackOptions:
     """Every option of an attack run. Field ``x_y`` is flag ``--x-y``."""
 
-    attack: str = _opt("property", "which attack to mount (docs/attacks.md)", kind="choice",
-                       allowed="one of " + ", ".join(ATTACK_NAMES), choices=ATTACK_NAMES)
+    attack: str = _opt("property", "which attack to mount (docs/attacks.md), or your own class "
+                                   "'package.module:Class' (docs/plugins.md)", kind="attack",
+                       allowed="one of " + ", ".join(ATTACK_NAMES) + " or 'package.module:Class' (docs/plugins.md)",
+                       choices=ATTACK_NAMES)
     adversary: str = _opt(AUTO, "who mounts it: host or guest (property inference runs both ways; every other "
                                 "attack has one adversary); auto = the attack's own",
                           kind="choice", allowed="auto, host or guest", choices=(AUTO, "host", "guest"))
@@ -125,10 +140,17 @@ def coerce(f: dataclasses.Field, raw: Any) -> Any:
     return text
 
 
+def _is_plugin(v: Any) -> bool:
+    from fl_split.config import is_user_model  # ``package.module:Class``, syntax only (fl_split.plugins)
+
+    return is_user_model(v)
+
+
 def _validate(f: dataclasses.Field, v: Any) -> None:
     kind = f.metadata["kind"]
     ok = {
         "choice": lambda: v in (f.metadata["choices"] or ()),
+        "attack": lambda: v in (f.metadata["choices"] or ()) or _is_plugin(v),
         "guest": lambda: isinstance(v, str) and v.startswith("guest-") and v[6:].isdigit() and int(v[6:]) >= 1,
         "str": lambda: isinstance(v, str),
         "unit": lambda: _float(v) and 0 < v < 1,

@@ -10,8 +10,6 @@ public split, or a malicious host).
 from __future__ import annotations
 
 import dataclasses
-
-import importlib
 import time
 from typing import Any
 
@@ -19,7 +17,7 @@ import numpy as np
 import torch
 
 from fl_split.attacks.base import Attack
-from fl_split.attacks.options import ATTACK_NAMES, AttackOptions
+from fl_split.attacks.options import AttackOptions
 from fl_split.attacks.view import NotObserved, Session
 from fl_split.config import AUTO, RunConfig
 from fl_split.errors import ConfigError, FlSplitError
@@ -29,18 +27,6 @@ class AttackError(FlSplitError):
     """The attack could not run on what its adversary observed (e.g. a run stopped by its budget
     before the epoch the attack needs)."""
 
-_MODULES = {
-    "property": ("fl_split.attacks.property", "PropertyInference"),
-    "reconstruction": ("fl_split.attacks.reconstruction", "Reconstruction"),
-    "fsha": ("fl_split.attacks.fsha", "FSHA"),
-    "inversion": ("fl_split.attacks.inversion", "WhiteBoxInversion"),
-    "feature": ("fl_split.attacks.feature", "FeatureInference"),
-    "membership": ("fl_split.attacks.membership", "MembershipInference"),
-    "label-norm": ("fl_split.attacks.label", "NormScoring"),
-    "label-direction": ("fl_split.attacks.label", "DirectionScoring"),
-    "label-completion": ("fl_split.attacks.label", "ModelCompletion"),
-}
-assert tuple(_MODULES) == ATTACK_NAMES
 
 
 def _plain(o: Any) -> Any:
@@ -57,10 +43,16 @@ def _plain(o: Any) -> Any:
 
 
 def get_attack(name: str) -> Attack:
-    if name not in _MODULES:
-        raise ConfigError("attack", name, "one of " + ", ".join(ATTACK_NAMES))
-    module, cls = _MODULES[name]
-    return getattr(importlib.import_module(module), cls)()
+    """The attack ``--attack name`` names: a built-in, or a plug-in class ``package.module:Class``
+    (:func:`fl_split.plugins.resolve`, docs/plugins.md), constructed without arguments."""
+    from fl_split.plugins import resolve
+
+    cls = resolve("attack", name)
+    try:
+        return cls()
+    except Exception as e:  # a plug-in's constructor
+        raise ConfigError("attack", name, "an Attack subclass constructed without arguments",
+                          reason=f"{cls.__name__}() raised {type(e).__name__}: {e}") from None
 
 
 def _check(attack: Attack, session: Session, opts: AttackOptions) -> None:

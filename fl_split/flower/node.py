@@ -342,7 +342,7 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
             if expected != role.party:
                 raise FederationError(f"the coordinator set this node up as {expected}, but it hosts {role.party}")
             config_json = str(req["config"])
-            cfg = RunConfig.from_mapping(R.loads(config_json))
+            cfg = _coordinator_config(config_json, context)
             seed = private_seed_of(role, context, private_seed)
             party, facts = build_party(cfg, role, seed, state=context.state, handoff=handoff)
             extra = _dataplane_setup(cfg, role, dict(context.node_config), context.state)
@@ -354,7 +354,7 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
         if mtype == MSG_ALIGN:
             from fl_split.flower.alignment import handle_align
 
-            return _reply(message, **handle_align(RunConfig.from_mapping(R.loads(str(req["config"]))), role, req,
+            return _reply(message, **handle_align(_coordinator_config(str(req["config"]), context), role, req,
                                                   context.state))
         party, config_json = _restore(context, role, handoff)
         if mtype == R.MSG_EPOCH:
@@ -387,6 +387,16 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
         # the live object may be half-updated: forget it; context.state still holds the last good state
         _PARTIES.pop(key, None)
         return Message(R.error_record(exc, who, None if round_ < 0 else round_), reply_to=message)
+
+
+def _coordinator_config(config_json: str, context: Context) -> RunConfig:
+    """The run configuration the coordinator sent, after refusing (before any import) code it names
+    that this deployment node's operator did not allow (:func:`fl_split.plugins.check_node_plugins`)."""
+    from fl_split.plugins import check_node_plugins
+
+    values = R.loads(config_json)
+    check_node_plugins(values, dict(context.node_config))
+    return RunConfig.from_mapping(values)
 
 
 def _role_capacity(role: NodeRole) -> dict[str, str]:

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from fl_split.privacy.base import Mechanism, PrivacyCost
+from fl_split.privacy.plugin import is_plugin_mechanism
 
 #: accountants whose epsilon is listed beside the empirical bound
 CLAIM_ACCOUNTANTS = ("basic", "pld", "rdp")
@@ -150,7 +151,17 @@ def audit_statistics(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float)
 
 # -- canaries and likelihood ratios --------------------------------------------------------------
 def _inner(mech: Mechanism) -> Mechanism:
-    return getattr(mech, "inner", mech)
+    if isinstance(mech, MisAccounted):
+        return mech.inner
+    return mech if is_plugin_mechanism(mech) else getattr(mech, "inner", mech)
+
+
+def _plugin_hook(mech: Mechanism, name: str):
+    """A plug-in mechanism's own audit method (``canary_pair`` / ``log_likelihood_ratio``), through
+    the audit's :class:`MisAccounted` wrapper; ``None`` for a built-in or a plug-in without it."""
+    m = _inner(mech)
+    fn = getattr(m, name, None)
+    return fn if is_plugin_mechanism(m) and callable(fn) else None
 
 
 def canary_pair(mech: Mechanism) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,7 +178,14 @@ def canary_pair(mech: Mechanism) -> tuple[torch.Tensor, torch.Tensor]:
       ``+C`` vs ``−C`` on the ``K`` elements of smallest noise scale (same magnitudes, so the same
       activation probabilities; the Laplace part sees ``2KC``).
     """
+    hook = _plugin_hook(mech, "canary_pair")
+    if hook is not None:  # a plug-in defence names its own worst-case pair (fl_split.privacy.plugin)
+        x0, x1 = hook()
+        return x0.reshape(1, -1).float(), x1.reshape(1, -1).float()
     m = _inner(mech)
+    if is_plugin_mechanism(m):
+        raise ValueError(f"audit: the plug-in defence {m.name!r} has no canary_pair() (two neighbouring inputs at "
+                         "the extremes of its range); fl-split audit needs it (docs/plugins.md)")
     d = int(m.width)
     one = torch.ones(1, d, dtype=torch.float32)
     if m.name == "laplace":
@@ -237,8 +255,15 @@ def log_likelihood_ratio(mech: Mechanism, y: torch.Tensor, x0: torch.Tensor, x1:
     grid, which under an importance allocation follows ``U``); returns ``(N,)`` float64."""
     from fl_split.privacy.sampling import snap
 
-    m = _inner(mech)
     y = y.reshape(y.shape[0], -1).double()
+    m = _inner(mech)
+    if is_plugin_mechanism(m):
+        hook = _plugin_hook(mech, "log_likelihood_ratio")
+        if hook is not None:
+            return hook(y, x0, x1).reshape(-1).double()
+        # no exact ratio: the release's projection on the canaries' difference (any statistic gives a
+        # valid lower bound; this one is the sufficient statistic of an additive Gaussian shift)
+        return (y * (x1 - x0).reshape(1, -1).double()).sum(dim=1)
     if m.name == "exhausted":  # the geometric schedule's constant release: the same law for both
         return torch.zeros(y.shape[0], dtype=torch.float64)
     if m.name == "laplace":

@@ -18,7 +18,7 @@ from typing import Any
 from fl_split.errors import ConfigError
 
 #: the RunConfig options an audit reads (the rest of ``train``'s flags do not change a release)
-AUDIT_KEYS = ("defense", "protect", "epsilon", "delta", "sigma", "laplace_b", "clip_c", "clip_c_backward", "top_k",
+AUDIT_KEYS = ("defense", "defense_options", "protect", "epsilon", "delta", "sigma", "laplace_b", "clip_c", "clip_c_backward", "top_k",
               "allocation", "schedule", "accountant", "max_grad_norm", "dp_sgd_sigma")
 
 
@@ -95,8 +95,18 @@ def cmd_audit(ns: argparse.Namespace) -> int:
     cfg = config_from_args(ns)
     opts = options(ns)
     if cfg.defense == "none":
-        raise ConfigError("defense", "none", "laplace, gaussian, r3elu, rr or dpsgd (nothing to audit)")
+        raise ConfigError("defense", "none", "laplace, gaussian, r3elu, rr, dpsgd or a plug-in class (nothing to audit)")
     factory.check(cfg)
+    cls = factory.plugin_class(cfg)
+    if cls is not None:
+        from fl_split.privacy.plugin import claims_privacy
+
+        if not claims_privacy(cls):
+            raise ConfigError("defense", cfg.defense, "a defence that claims differential privacy (nothing to audit)",
+                              reason="no privacy claimed: the plug-in class defines no privacy_cost")
+        if not callable(getattr(cls, "canary_pair", None)):
+            raise ConfigError("defense", cfg.defense, "a plug-in class with canary_pair() for the audit's canaries "
+                              "(docs/plugins.md)", reason=f"{cls.__name__} has no canary_pair")
     if not audit.directions_of(cfg):
         raise ConfigError("protect", cfg.protect, "a direction the defence covers")
     _check_out_path(ns.out)

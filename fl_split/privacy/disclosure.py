@@ -44,12 +44,19 @@ def party_privacy_report(*, role: str, ledger, mechanism: Mechanism, update: dic
     extra = list(extra_assumptions or [])
     if aggregates:
         extra.append(AGGREGATES_ASSUMPTION)
+    from fl_split.privacy.plugin import is_plugin_mechanism
+
     if ledger is None:
         what = "forward releases (cut-layer activations)" if role == "guest" else "backward releases (partial losses)"
+        if is_plugin_mechanism(mechanism):  # perturbed by a plug-in that gives the ledger no DP event
+            said = (f"no privacy claimed: this party's {what} go through the plug-in defence "
+                    f"{desc.get('name')!r}, which states no differential privacy event (no privacy_cost), so "
+                    f"no ledger charges them and no epsilon is reported for them")
+            out["privacy_claim"] = "none"
+        else:
+            said = f"unprotected: this party's {what} are not perturbed; no differential privacy is claimed for them"
         out.update(releases=released.get("records", 0), releases_per_record=None, delta=None, epsilon=None,
-                   accountant=None, epsilons={}, budget=None,
-                   assumptions=[f"unprotected: this party's {what} are not perturbed; no differential "
-                                f"privacy is claimed for them", *extra])
+                   accountant=None, epsilons={}, budget=None, assumptions=[said, *extra])
         return out
     rep = ledger.report()
     assumptions = list(rep.get("assumptions", [])) + [WEIGHTS_ASSUMPTION, *extra]

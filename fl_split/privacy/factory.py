@@ -24,8 +24,25 @@ from fl_split.config import AUTO, RunConfig
 from fl_split.errors import ConfigError
 from fl_split.privacy.base import Mechanism, NoDefense, PostProcess, Release
 
-#: defences that perturb what crosses the cut (the others: none, dpsgd)
+#: defences that perturb what crosses the cut (the others: none, dpsgd); a plug-in class
+#: (``--defense package.module:Class``, :mod:`fl_split.privacy.plugin`) is one too: :func:`is_boundary`
 BOUNDARY = ("laplace", "gaussian", "r3elu", "rr")
+
+
+def plugin_class(cfg: RunConfig):
+    """The plug-in mechanism class ``--defense`` names, or ``None`` for a built-in defence (imported
+    and checked as :func:`fl_split.plugins.resolve` does, one line naming --defense)."""
+    from fl_split.config import is_user_model  # ``package.module:Class`` syntax
+    from fl_split.privacy.plugin import mechanism_class
+
+    return mechanism_class(cfg.defense) if is_user_model(cfg.defense) else None
+
+
+def is_boundary(cfg: RunConfig) -> bool:
+    """``--defense`` perturbs what crosses the cut (a built-in boundary mechanism or a plug-in)."""
+    from fl_split.config import is_user_model
+
+    return cfg.defense in BOUNDARY or is_user_model(cfg.defense)
 
 
 def protects_guests(cfg: RunConfig) -> bool:
@@ -37,11 +54,21 @@ def protects_host(cfg: RunConfig) -> bool:
 
 
 def check(cfg: RunConfig) -> None:
-    """Combinations of privacy options that cannot work, named as the user typed them."""
+    """Combinations of privacy options that cannot work, named as the user typed them; a plug-in
+    ``--defense`` is imported and checked here, before anything runs (in each process that builds a
+    party: under Flower, every ClientApp process must be able to import it)."""
+    cls = plugin_class(cfg)
+    if cls is not None and cfg.budget != AUTO and cfg.dp_sgd == "none":
+        from fl_split.privacy.plugin import claims_privacy
+
+        if not claims_privacy(cls):
+            raise ConfigError("budget", cfg.budget, "auto with a plug-in --defense that claims no privacy",
+                              reason=f"{cls.__name__} defines no privacy_cost, so nothing is charged and the budget "
+                                     "would never bind")
     if cfg.defense == "rr" and protects_host(cfg):
         raise ConfigError("protect", cfg.protect, "guest (randomized response binarises forward "
                           "releases; it has no meaningful backward form)")
-    if cfg.one_shot and cfg.defense not in ("none", "laplace", "gaussian", "rr", "r3elu"):
+    if cfg.one_shot and not (cfg.defense == "none" or is_boundary(cfg)):
         raise ConfigError("one-shot", True, "a boundary defence (laplace, gaussian, rr, r3elu) or none",
                           reason=f"--defense {cfg.defense} trains the guest, which one-shot freezes")
     if cfg.one_shot and protects_host(cfg):
@@ -71,6 +98,9 @@ def guest_cut_activation(cfg: RunConfig) -> str:
     """
     if not protects_guests(cfg):
         return "native"
+    cls = plugin_class(cfg)
+    if cls is not None:  # a plug-in says how the bottom must end (fl_split.privacy.plugin)
+        return getattr(cls, "cut_activation", "native")
     return {"r3elu": "none", "gaussian": "tanh", "rr": "none"}.get(cfg.defense, "native")
 
 
@@ -152,9 +182,18 @@ def _mechanism(cfg: RunConfig, width: int, direction: str, iteration: int) -> Me
     from fl_split.privacy import mechanisms as m
 
     eps = iteration_epsilon(cfg, iteration)
-    if cfg.schedule == "geometric" and cfg.defense in ("laplace", "r3elu", "rr") and eps < cfg.epsilon * EXHAUSTED_FRACTION:
+    cls = plugin_class(cfg)
+    if (cfg.schedule == "geometric" and (cfg.defense in ("laplace", "r3elu", "rr") or cls is not None)
+            and eps < cfg.epsilon * EXHAUSTED_FRACTION):
         return Exhausted(iteration)
     bound = clip_bound(cfg, direction)
+    if cls is not None:
+        from fl_split.privacy import plugin
+
+        spec = plugin.MechanismSpec(direction=direction, width=int(width), epsilon=float(eps), delta=float(cfg.delta),
+                                    bound=float(bound), sigma=float(cfg.sigma), iteration=int(iteration),
+                                    options=plugin.parse_options(cfg.defense_options))
+        return plugin.build(cfg.defense, cls, spec)
     if cfg.defense == "laplace":
         if cfg.laplace_b != AUTO:
             return m.Laplace(width, direction, bound, b=float(cfg.laplace_b))
@@ -170,14 +209,14 @@ def _mechanism(cfg: RunConfig, width: int, direction: str, iteration: int) -> Me
 
 def forward_mechanism(cfg: RunConfig, width: int, iteration: int = 1) -> Mechanism:
     """What a guest applies to its cut-layer output of ``width`` elements per record."""
-    if cfg.defense in BOUNDARY and protects_guests(cfg):
+    if is_boundary(cfg) and protects_guests(cfg):
         return _mechanism(cfg, width, "forward", iteration)
     return NoDefense()
 
 
 def backward_mechanism(cfg: RunConfig, width: int, iteration: int = 1) -> Mechanism:
     """What the host applies to the partial loss it sends a guest."""
-    if cfg.defense in BOUNDARY and protects_host(cfg):
+    if is_boundary(cfg) and protects_host(cfg):
         return _mechanism(cfg, width, "backward", iteration)
     return NoDefense()
 
@@ -207,6 +246,15 @@ def dpsgd_sigma(cfg: RunConfig) -> float:
 
 def claims_dp(cfg: RunConfig, role: str) -> bool:
     """Whether the party with ``role`` claims differential privacy for something it releases
-    (its boundary releases, or its model through DP-SGD): it then keeps a ledger."""
+    (its boundary releases, or its model through DP-SGD): it then keeps a ledger. A plug-in
+    defence claims it only when its class defines ``privacy_cost`` (:mod:`fl_split.privacy.plugin`)."""
     protected = protects_guests(cfg) if role == "guest" else protects_host(cfg)
-    return (protected and cfg.defense in BOUNDARY) or uses_dpsgd(cfg, role)
+    if protected and is_boundary(cfg):
+        cls = plugin_class(cfg)
+        if cls is None:
+            return True
+        from fl_split.privacy.plugin import claims_privacy
+
+        if claims_privacy(cls):
+            return True
+    return uses_dpsgd(cfg, role)
