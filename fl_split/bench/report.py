@@ -38,9 +38,11 @@ def summarise(cells: list[dict]) -> dict[str, Any]:
     """Means over seeds per (dataset, defence, ε) and VFLAIR's scores from them."""
     attacks: dict[str, dict] = {}
     groups: dict[tuple, list[dict]] = {}
+    not_applicable: dict[str, dict[str, str]] = {}
     for c in cells:
         attacks.update(c.get("attacks", {}))
         r0 = c["rows"][0]
+        not_applicable.setdefault(r0["dataset"], {}).update(c.get("not_applicable", {}))
         groups.setdefault((r0["dataset"], r0["defence"], r0["epsilon"]), []).extend(c["rows"])
     summary: dict[tuple, dict] = {}
     for key, rows in groups.items():
@@ -61,7 +63,14 @@ def summarise(cells: list[dict]) -> dict[str, Any]:
             s["dcs"] = {a: dcs(ap[0], s["utility"][0], mp_star) for a, ap in s["advantage"].items()}
         s["t_dcs"] = t_dcs(s["dcs"])
         s["c_dcs"] = c_dcs(s["t_dcs"])
-    return {"summary": summary, "attacks": attacks}
+    return {"summary": summary, "attacks": attacks, "not_applicable": not_applicable}
+
+
+def _ran(summ: dict[str, Any], grid, ds: str) -> list[str]:
+    """The grid's attacks that ran on ``ds`` (an attack refused there, e.g. feature inference on images,
+    has no column)."""
+    S = summ["summary"]
+    return [a for a in grid.attacks if any(a in s["advantage"] for k, s in S.items() if k[0] == ds)]
 
 
 def tidy_rows(cells: list[dict], summ: dict[str, Any]) -> list[dict]:
@@ -87,7 +96,6 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 def leaderboard(grid, summ: dict[str, Any], meta: dict[str, Any]) -> str:
     S, A = summ["summary"], summ["attacks"]
-    names = [a for a in grid.attacks if a in A]
     lines = [f"# fl-split bench leaderboard\n",
              f"Seeds {list(grid.seeds)}, {grid.guests} guest(s), {grid.epochs} epochs, `--protect {grid.protect}`; "
              f"every defence calibrated (no training, the real ledger) so that each guest's ε after training is the "
@@ -103,6 +111,9 @@ def leaderboard(grid, summ: dict[str, Any], meta: dict[str, Any]) -> str:
                      + "; ".join(meta["failed"]) + "\n")
     for ds in grid.datasets:
         lines.append(f"## {ds}\n")
+        names = _ran(summ, grid, ds)
+        for a, why in sorted(summ["not_applicable"].get(ds, {}).items()):
+            lines.append(f"*{a}* is not applicable here: {why}\n")
         none = S.get((ds, "none", None))
         for eps in grid.epsilons or [None]:
             keys = [(ds, d, eps) for d in grid.defences if d != "none" and (ds, d, eps) in S]
@@ -126,7 +137,26 @@ def leaderboard(grid, summ: dict[str, Any], meta: dict[str, Any]) -> str:
                 cells += [f"**{s['c_dcs']:.3f}**" if s["c_dcs"] is not None else "–", eps_rep]
                 out.append("| " + " | ".join(cells) + " |")
             lines.append("\n".join(out) + "\n")
+            if keys:
+                lines.append(_winners(S, keys, names) + "\n")
     return "\n".join(lines)
+
+
+def _winners(S: dict, keys: list[tuple], names: list[str]) -> str:
+    """Which defence has the best utility, which the lowest attack advantage per attack, and which the
+    best C-DCS at this ε (means over seeds; ties listed together)."""
+    def best(f, low=False):
+        vals = {k[1]: f(S[k]) for k in keys if f(S[k]) is not None and f(S[k]) == f(S[k])}
+        if not vals:
+            return "–"
+        b = (min if low else max)(vals.values())  # ties at the shown precision are listed together
+        return ", ".join(d for d, v in vals.items() if f"{v:.3f}" == f"{b:.3f}") + f" ({b:.3f})"
+
+    parts = [f"best utility: {best(lambda s: s['utility'][0])}"]
+    parts += [f"lowest {a} advantage: {best(lambda s, a=a: s['advantage'].get(a, (None,))[0], low=True)}"
+              for a in names]
+    parts.append(f"best C-DCS: {best(lambda s: s['c_dcs'])}")
+    return "At this ε — " + "; ".join(parts) + "."
 
 
 def plot(grid, summ: dict[str, Any], path_of) -> list[Path]:
@@ -136,9 +166,9 @@ def plot(grid, summ: dict[str, Any], path_of) -> list[Path]:
     import matplotlib.pyplot as plt
 
     S, A = summ["summary"], summ["attacks"]
-    names = [a for a in grid.attacks if a in A]
     written = []
     for ds in grid.datasets:
+        names = _ran(summ, grid, ds)
         panels = [("utility", "utility (host's test metric)")] + \
                  [(a, f"{a} advantage ({A[a]['adversary']} → {A[a]['victim']})") for a in names] + \
                  ([("c_dcs", "C-DCS (VFLAIR, higher is better)")] if names else [])

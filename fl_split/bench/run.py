@@ -121,6 +121,7 @@ def run_cell(spec: dict) -> dict:
     from fl_split.attacks.runner import make_session, run_attack
     from fl_split.config import RunConfig
     from fl_split.engine import LocalEngine
+    from fl_split.errors import ConfigError
     from fl_split.seeding import PrivateSeed
 
     torch.set_num_threads(1)
@@ -128,14 +129,21 @@ def run_cell(spec: dict) -> dict:
     cfg = RunConfig(**spec["config"])
     seed = PrivateSeed.insecure(int(spec["seed"]))
     opts = {name: options_from_mapping(o) for name, o in spec["attacks"]}
-    results, attacks = None, {}
+    results, attacks, not_applicable = None, {}, {}
     for group in _groups(list(opts)):
-        session = make_session(cfg, opts[group[0]], seed)
+        session = None
         for name in group:
-            r = run_attack(cfg, opts[name], session=session)
+            try:  # an attack refused on this dataset (e.g. feature inference on images) is refused
+                # by its own check before its session trains: recorded as not applicable, not a failure
+                if session is None:
+                    session = make_session(cfg, opts[name], seed)
+                r = run_attack(cfg, opts[name], session=session)
+            except ConfigError as exc:
+                not_applicable[name] = str(exc)
+                continue
             attacks[name] = r
-        if results is None and group is not None and not session.public_parties and session._acting_host is None:
-            results = {"final": r["final"], "privacy": r["privacy"]}
+            if results is None and not session.public_parties and session._acting_host is None:
+                results = {"final": r["final"], "privacy": r["privacy"]}
     if results is None:
         res = LocalEngine(cfg, private_seed=seed).run()
         results = {"final": res["final"], "privacy": res.get("privacy", {})}
@@ -158,7 +166,7 @@ def run_cell(spec: dict) -> dict:
                  dict(row, party=r["victim"], metric=f"{name}:advantage", value=float(adv))]
         meta[name] = {"adversary": r["adversary"], "victim": r["victim"], "metric": r["metric"],
                       "better": r["better"], "baseline_name": r["baseline_name"]}
-    return {"key": spec["key"], "hash": spec["hash"], "rows": rows, "attacks": meta,
+    return {"key": spec["key"], "hash": spec["hash"], "rows": rows, "attacks": meta, "not_applicable": not_applicable,
             "utility_metric": results["final"].get("metric", "accuracy"), "seconds": time.perf_counter() - t0}
 
 
