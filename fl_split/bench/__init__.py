@@ -42,7 +42,7 @@ def bench(grid: Grid, out: str | Path, workers: int | None = None, progress: boo
     res = run_grid(grid, out, workers=workers, progress=progress, log=log)
     summ = report.summarise(res["cells"])
     report.write_csv(report.tidy_rows(res["cells"], summ), out / "bench.csv")
-    meta = {"grid": grid.to_dict(), "accountant": "pld", "delta": 1e-5, "tolerance": cal.TOLERANCE,
+    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "grid": grid.to_dict(), "accountant": "pld", "delta": 1e-5, "tolerance": cal.TOLERANCE,
             "private_seed": PRIVATE_SEED, "workers": workers, "cells": res["total"], "ran": res["ran"],
             "skipped": res["skipped"], "failed": res["failed"], "seconds": round(time.perf_counter() - t0, 1),
             "cell_seconds": round(sum(c.get("seconds", 0.0) for c in res["cells"]), 1),
@@ -50,6 +50,13 @@ def bench(grid: Grid, out: str | Path, workers: int | None = None, progress: boo
     (out / "leaderboard.md").write_text(report.leaderboard(grid, summ, meta))
     if plots:
         report.plot(grid, summ, lambda ds: out / f"{ds}.png")
+    # every invocation on this directory, oldest first (a resumed run's own counts and seconds)
+    this = {k: meta[k] for k in ("date", "workers", "cells", "ran", "skipped", "failed", "seconds")}
+    runs = []
+    if (out / "bench.json").is_file():
+        old = json.loads((out / "bench.json").read_text())
+        runs = old.get("runs") or [{k: old.get(k) for k in this}]
+    meta["runs"] = runs + [this]
     (out / "bench.json").write_text(json.dumps(meta, indent=1) + "\n")
     return {**res, "summary": summ, "meta": meta}
 

@@ -172,9 +172,14 @@ def plot(grid, summ: dict[str, Any], path_of) -> list[Path]:
         panels = [("utility", "utility (host's test metric)")] + \
                  [(a, f"{a} advantage ({A[a]['adversary']} → {A[a]['victim']})") for a in names] + \
                  ([("c_dcs", "C-DCS (VFLAIR, higher is better)")] if names else [])
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), dpi=110, squeeze=False)
+        ncols = min(3, len(panels))
+        nrows = -(-len(panels) // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.6 * nrows), dpi=110, squeeze=False)
+        flat = [ax for row in axes for ax in row]
+        for ax in flat[len(panels):]:
+            ax.set_visible(False)
         none = S.get((ds, "none", None))
-        for ax, (what, title) in zip(axes[0], panels):
+        for ax, (what, title) in zip(flat, panels):
             for d in grid.defences:
                 if d == "none":
                     continue
@@ -196,7 +201,7 @@ def plot(grid, summ: dict[str, Any], path_of) -> list[Path]:
                 if ref is not None:
                     ax.axhline(ref, color="grey", ls=":", lw=1, label="no defence")
             ax.set_xscale("log")
-            ax.set_xlabel(f"per-guest ε (PLD, δ = {1e-5:g}, calibrated)")
+            ax.set_xlabel(f"target ε per guest (PLD, δ = {1e-5:g})", fontsize=8)
             ax.set_title(title, fontsize=9)
             ax.set_ylim(-0.02, 1.02)
             ax.grid(True, which="both", alpha=0.3)
