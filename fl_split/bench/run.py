@@ -243,7 +243,7 @@ def _run_ray(todo: list[dict], workers: int, finish) -> None:
         # the workers import fl_split.bench.run by reference: they inherit this PYTHONPATH (as the Flower
         # engine does; a runtime_env would start Ray's runtime-env agent, slow on a loaded machine)
         os.environ["PYTHONPATH"] = os.pathsep.join([*sys.path, *([old] if old else [])])
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        _start_ray(workers)
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(run_cell)
         pending = {task.remote(s): s for s in todo}
@@ -263,6 +263,35 @@ def _run_ray(todo: list[dict], workers: int, finish) -> None:
                 os.environ.pop("PYTHONPATH", None)
             else:
                 os.environ["PYTHONPATH"] = old
+
+
+#: tries at a local Ray start (a loaded machine can miss Ray's fixed start-up limits, as in the Flower engine)
+RAY_START_ATTEMPTS = 3
+
+
+def _start_ray(workers: int) -> None:
+    """Start a local Ray with ``workers`` CPUs; a timed-out start is ended (nothing left running) and
+    tried again, then refused in one line pointing at ``--workers 1`` (no Ray)."""
+    import contextlib
+
+    import ray
+
+    from fl_split.errors import FlSplitError
+    from fl_split.flower.processes import descendants, end_processes
+
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        before = set(descendants(os.getpid()))
+        try:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for a timed-out start
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            end_processes(set(descendants(os.getpid())) - before)
+            if attempt == RAY_START_ATTEMPTS:
+                raise FlSplitError(f"Ray did not start on this machine ({attempt} attempts): "
+                                   f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; finished "
+                                   "cells are kept: run again, or with --workers 1 (no Ray)") from None
 
 
 __all__ = ["PRIVATE_SEED", "calibrations", "cell_specs", "run_cell", "run_grid"]
