@@ -254,16 +254,11 @@ def run_fsha(seed: int, opts: dict, **kw: Any) -> dict:
 
 
 def advantage(r: dict, perfect: float | None = None) -> float:
-    """An attack's success as a normalised advantage over its trivial baseline, in [0, 1]:
-    0 = no better than the baseline, 1 = perfect. Higher-is-better metrics (accuracy, AUC, F1,
-    SSIM): ``(value − baseline)/(perfect − baseline)`` with ``perfect`` = 1; lower-is-better (MSE):
-    ``(baseline − value)/baseline``. Clipped at 0 (an attack worse than its baseline has learnt
-    nothing the baseline does not know)."""
-    v, b = float(r["value"]), float(r["baseline"])
-    if r.get("better", "higher") == "lower":
-        return max(0.0, (b - v) / b) if b > 0 else 0.0
-    top = 1.0 if perfect is None else perfect
-    return max(0.0, min(1.0, (v - b) / (top - b))) if top > b else 0.0
+    """An attack's success as a normalised advantage over its trivial baseline, in [0, 1]
+    (:func:`fl_split.bench.scores.advantage`, which ``fl-split bench`` uses too)."""
+    from fl_split.bench.scores import advantage as _advantage
+
+    return _advantage(r, perfect)
 
 
 def dcs(ap: float, mp: float, mp_star: float, ap_star: float = 0.0, beta: float = 0.5) -> float:

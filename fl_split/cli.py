@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fl_split.privacy.audit_cli import add_parser as _add_audit_parser
 
     _add_audit_parser(sub, _add_train_flags, _add_private_seed)  # fl-split audit (docs/accounting.md)
+    from fl_split.bench.cli import add_parser as _add_bench_parser
+
+    _add_bench_parser(sub)  # fl-split bench (issue 28, experiments/README.md)
     certs = sub.add_parser("certs", help="make a CA, TLS certificates and SuperNode keys for a deployment",
                            description="Write ca.crt/ca.key, superlink.crt/.key and dataplane-host.crt/.key (server "
                                        "certificates for --hosts), and with --node-keys an ECDSA P-384 key pair "
@@ -592,6 +595,10 @@ def main(argv: list[str] | None = None) -> int:
 
             ns.argv = list(sys.argv[1:] if argv is None else argv)
             return cmd_audit(ns)
+        if ns.command == "bench":
+            from fl_split.bench.cli import cmd_bench
+
+            return cmd_bench(ns)
         if ns.command == "certs":
             return cmd_certs(ns)
         if ns.command == "seed":
