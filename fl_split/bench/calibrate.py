@@ -82,12 +82,21 @@ def probe(base: dict, defense: str = "rr", limit: int = 40) -> dict:
     return out
 
 
-def epsilon_of(base: dict, defense: str, value: float, parties: dict) -> float:
-    """The largest planned ε over the guests of ``base`` with ``defense``'s parameter at ``value``."""
+def epsilon_of(base: dict, defense: str, value: float, parties: dict) -> float | None:
+    """The largest planned ε over the guests of ``base`` with ``defense``'s parameter at ``value``
+    (``None``: the mechanism claims no privacy, e.g. a plug-in without ``privacy_cost``)."""
     name, _ = parameter_of(defense)
     cfg = RunConfig(**{**base, "defense": defense, name: value})
-    eps = [planned_epsilon(cfg, p["width"], p["releases"]) for p in parties.values()]
-    return max(e for e in eps if e is not None)
+    eps = [e for p in parties.values() if (e := planned_epsilon(cfg, p["width"], p["releases"])) is not None]
+    return max(eps) if eps else None
+
+
+def claims_privacy(base: dict, defense: str, parties: dict) -> bool:
+    """Whether ``defense`` has a DP event to account (a plug-in without one cannot be calibrated to
+    any ε: ``fl-split bench`` runs it once, at its own options, as "no privacy claimed")."""
+    name, _ = parameter_of(defense)
+    value = RunConfig(**{**base, "defense": defense}).to_dict().get(name.replace("-", "_"))
+    return epsilon_of(base, defense, value if value is not None else 1.0, parties) is not None
 
 
 def calibrate(base: dict, defense: str, target: float, parties: dict, iters: int = 60) -> dict:
@@ -104,6 +113,8 @@ def calibrate(base: dict, defense: str, target: float, parties: dict, iters: int
     # until the target is bracketed: extreme parameters make the PLD slow and are never needed
     x = target / releases if increasing else 1.0
     ex = f(x)
+    if ex is None:
+        raise ValueError(f"{defense}: claims no privacy (no DP event), so it cannot be calibrated to ε {target}")
     safer = (lambda v: v / 2) if increasing else (lambda v: v * 2)  # noqa: E731
     riskier = (lambda v: v * 2) if increasing else (lambda v: v / 2)  # noqa: E731
     for _ in range(40):

@@ -53,7 +53,7 @@ def summarise(cells: list[dict]) -> dict[str, Any]:
              "epsilon": {p: max(v) for (p, m), v in by.items() if m == "epsilon"},
              "within": all(v == 1.0 for (p, m), vs in by.items() if m == "epsilon_within_tolerance" for v in vs),
              "parameter": {m.split(":", 1)[1]: v[0] for (p, m), v in by.items() if m.startswith("parameter:")},
-             "advantage": {m.split(":")[0]: _ms(v) for (p, m), v in by.items() if m.endswith(":advantage")}}
+             "advantage": {m.rsplit(":", 1)[0]: _ms(v) for (p, m), v in by.items() if m.endswith(":advantage")}}
         summary[key] = s
     for (ds, d, eps), s in summary.items():
         none = summary.get((ds, "none", None))
@@ -124,7 +124,11 @@ def leaderboard(grid, summ: dict[str, Any], meta: dict[str, Any]) -> str:
                 f"{a} ({A[a]['adversary']} → {A[a]['victim']})" for a in names] + \
                 [f"DCS {a}" for a in names] + ["C-DCS", "ε reported"]
             out = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
-            rows = ([("–", (ds, "none", None))] if none else []) + [(str(i + 1), k) for i, k in enumerate(keys)]
+            # defences without a DP event (plug-ins: "no privacy claimed") ran once, uncalibrated: shown
+            # under every ε beside the undefended run, never ranked against an ε they do not claim
+            unclaimed = [("no claim", (ds, d, None)) for d in grid.defences if d != "none" and (ds, d, None) in S]
+            rows = ([("–", (ds, "none", None))] if none else []) + unclaimed + \
+                [(str(i + 1), k) for i, k in enumerate(keys)]
             for rank, k in rows:
                 s = S[k]
                 eps_rep = ", ".join(f"{p} {v:.3g}" for p, v in sorted(s["epsilon"].items())) or "–"
@@ -200,6 +204,13 @@ def plot(grid, summ: dict[str, Any], path_of) -> list[Path]:
                        else none["advantage"].get(what, (None,))[0])
                 if ref is not None:
                     ax.axhline(ref, color="grey", ls=":", lw=1, label="no defence")
+            for d in grid.defences:  # no privacy claimed: one uncalibrated run, a dashed line
+                s = S.get((ds, d, None)) if d != "none" else None
+                if s is not None:
+                    ref = (s["utility"][0] if what == "utility" else s["c_dcs"] if what == "c_dcs"
+                           else s["advantage"].get(what, (None,))[0])
+                    if ref is not None:
+                        ax.axhline(ref, ls="--", lw=1, color="black", alpha=0.6, label=f"{d} (no privacy claimed)")
             ax.set_xscale("log")
             ax.set_xlabel(f"target ε per guest (PLD, δ = {1e-5:g})", fontsize=8)
             ax.set_title(title, fontsize=9)

@@ -70,6 +70,13 @@ def calibrations(grid: Grid, out: Path, log: Callable[[str], None] = print) -> d
         for d in grid.defences:
             if d == "none":
                 continue
+            claim_key = f"{ds}/{d}/claim/{h}"
+            if claim_key not in cache:
+                cache[claim_key] = cal.claims_privacy(base, d, parties)
+                changed = True
+            if not cache[claim_key]:
+                log(f"{ds} {d}: no privacy claimed (no DP event): run once at its own options, not calibrated")
+                continue
             for eps in grid.epsilons:
                 k = f"{ds}/{d}/{eps:g}/{h}"
                 if k not in cache:
@@ -84,13 +91,18 @@ def calibrations(grid: Grid, out: Path, log: Callable[[str], None] = print) -> d
     return {k.rsplit("/", 1)[0]: v for k, v in cache.items() if "/probe/" not in k}
 
 
+def _claims(calib: dict[str, dict], ds: str, d: str) -> bool:
+    """False for a defence :func:`calibrations` found without a DP event (run once, ε = None)."""
+    return d != "none" and calib.get(f"{ds}/{d}/claim", True) is not False
+
+
 def cell_specs(grid: Grid, calib: dict[str, dict]) -> list[dict]:
     """Every cell of ``grid`` as a JSON-able specification (what :func:`run_cell` needs), in grid order."""
     specs = []
     attacks = [[a, attack_options(grid, a).to_dict()] for a in grid.attacks]
     for ds in grid.datasets:
         for d in grid.defences:
-            for eps in ([None] if d == "none" else grid.epsilons):
+            for eps in (grid.epsilons if _claims(calib, ds, d) else [None]):
                 c = None if eps is None else calib[f"{ds}/{d}/{eps:g}"]
                 changes = {} if c is None else dict(c["changes"])
                 for seed in grid.seeds:
