@@ -296,28 +296,34 @@ def _align_step(cfg: RunConfig, role, req, state, op: str, table) -> dict[str, A
 
 
 def _psi_step(cfg: RunConfig, role, state, op: str, frame: bytes | None, table):
-    """One PSI step of this node (start, blind, finish), its state restored from and saved to its
-    own ``context.state`` (a fresh ClientApp process continues from there)."""
-    from fl_split.psi import PsiParty
-
+    """One PSI step of this node (start, blind, finish) in the alignment phase (:func:`psi_step`)."""
     if cfg.align != "psi":
         raise ProtocolError(f"{role.party}: '{op}' but the run aligns with --align {cfg.align}")
     parties = ["host", *(f"guest-{i}" for i in range(1, cfg.guests + 1))]
-    rec = state.config_records.get(PSI_STATE)
+    return psi_step(role.party, parties, table.slice.ids, state, op, frame)
+
+
+def psi_step(party: str, parties: list[str], ids, state, op: str, frame: bytes | None, key: str = PSI_STATE):
+    """One PSI step of ``party`` holding ``ids`` (start, blind, finish), its state restored from and
+    saved to its own ``context.state`` under ``key`` (a fresh ClientApp process continues from
+    there); also the prediction job's alignment (:mod:`fl_split.flower.predicting`)."""
+    from fl_split.psi import PsiParty
+
+    rec = state.config_records.get(key)
     if op == "psi-start":
         if rec is not None:
-            raise ProtocolError(f"{role.party}: a second PSI start in this run")
-        party = PsiParty(role.party, table.slice.ids, parties)
-        out = party.start()
+            raise ProtocolError(f"{party}: a second PSI start in this run")
+        psi = PsiParty(party, ids, parties)
+        out = psi.start()
     else:
         if rec is None:
-            raise ProtocolError(f"{role.party}: '{op}' before this node's PSI start")
-        party = PsiParty.import_state(role.party, table.slice.ids, parties, dict(rec.items()))
-        out = party.hop(frame) if op == "psi-blind" else party.finish(frame)
+            raise ProtocolError(f"{party}: '{op}' before this node's PSI start")
+        psi = PsiParty.import_state(party, ids, parties, dict(rec.items()))
+        out = psi.hop(frame) if op == "psi-blind" else psi.finish(frame)
     if op == "psi-finish":
-        state.config_records.pop(PSI_STATE, None)  # the PSI is over: no key, no seed left
+        state.config_records.pop(key, None)  # the PSI is over: no key, no seed left
     else:
-        state[PSI_STATE] = ConfigRecord(party.export_state())
+        state[key] = ConfigRecord(psi.export_state())
     return out
 
 

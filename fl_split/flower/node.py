@@ -44,6 +44,7 @@ from fl_split.config import RunConfig
 from fl_split.errors import ConfigError, ProtocolError
 from fl_split.flower import records as R
 from fl_split.flower.alignment import MSG_ALIGN
+from fl_split.flower.predicting import MSG_PREDICT
 from fl_split.flower.records import FederationError
 
 #: (run id, node id) -> (state token, live party)
@@ -356,6 +357,10 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
 
             return _reply(message, **handle_align(RunConfig.from_mapping(R.loads(str(req["config"]))), role, req,
                                                   context.state))
+        if mtype == MSG_PREDICT:  # the prediction job: its own part, its own new table
+            from fl_split.flower.predicting import handle_predict
+
+            return _reply(message, **handle_predict(role, req, context))
         party, config_json = _restore(context, role, handoff)
         if mtype == R.MSG_EPOCH:
             return _epoch(message, context, role, party, config_json, req, handoff)
@@ -532,7 +537,7 @@ def client_app_for(handler):
 
     app = ClientApp()
     for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_EPOCH,
-                  MSG_ALIGN):
+                  MSG_ALIGN, MSG_PREDICT):
         category, action = mtype.split(".")
         getattr(app, category)(action)(handler)
     return app
