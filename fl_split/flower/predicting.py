@@ -53,8 +53,6 @@ MSG_PREDICT = "query.predict"
 #: context.state keys of a node in the prediction job: its shared list, its PSI state
 SHARED = "fl_split.predict.shared"
 PSI_STATE = "fl_split.predict.psi"
-#: the run-config key of ``flwr run`` that makes the ServerApp run a prediction job (its JSON spec)
-JOB_KEY = "predict-job"
 
 
 # -- the job ----------------------------------------------------------------------------------------
@@ -281,9 +279,10 @@ def federation_config(manifest_config: dict[str, Any], guests: int, **overrides:
     """The configuration a prediction job's federation runs under: the saved run's public
     configuration (its ``--node-timeout``, devices…), relay data plane (scoring is one exchange per
     step), nothing to save, check or checkpoint."""
-    cfg = RunConfig.from_mapping(manifest_config)
-    return cfg.replace(guests=int(guests), engine="flower", data_plane="flower", progress=False, save_model="",
-                       checkpoint_dir="", resume=False, init_from="", data="", **overrides)
+    values = dict(guests=int(guests), engine="flower", data_plane="flower", progress=False, save_model="",
+                  checkpoint_dir="", resume=False, init_from="", data="")
+    values.update(overrides)
+    return RunConfig.from_mapping(manifest_config).replace(**values)
 
 
 # -- running it --------------------------------------------------------------------------------------
