@@ -70,7 +70,7 @@ def test_flower_predict_refuses_a_missing_party_table(tmp_path):
     from fl_split.flower.predicting import job_spec, predict_flower
 
     paths = _tables(tmp_path, guests=1)
-    _train(tmp_path, paths, epochs=1)
+    _train(tmp_path, paths)
     with pytest.raises(ConfigError, match="one new table per party"):
         predict_flower(str(tmp_path / "model"), {"host": str(paths["host"])}, "ID", str(tmp_path / "p.csv"))
     with pytest.raises(ConfigError, match="align"):

@@ -180,6 +180,7 @@ def handle_predict(role, req, context) -> dict[str, Any]:
             released[g] = torch.from_numpy(np.ascontiguousarray(arr))
         _, _, out = _paths(role, node_config, spec)
         summary = write_predictions(scorer, shared, released, R.loads(str(req["privacy"])), spec["id_column"], out)
+        summary["out"] = "the host's predict-out" if role.mode == "deployment" else out  # its path stays with it
         return {"summary": R.dumps(summary)}
     raise ProtocolError(f"{role.party}: unknown prediction step {op!r}")
 
