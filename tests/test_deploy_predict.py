@@ -19,7 +19,7 @@ import pytest
 from fl_split.builder import prepare_data
 from fl_split.config import RunConfig
 from fl_split.errors import PartyError
-from fl_split.flower.predicting import MSG_PREDICT, federation_config, job_spec, predict_job
+from fl_split.flower.predicting import federation_config, job_spec, predict_job
 from fl_split.serving import load_part
 from tests.test_deploy_align import PARTIES, RUN, RecordingGrid, _overlapping, _scan
 
@@ -61,21 +61,6 @@ def _job(model, align="psi", budget=None):
     return federation_config(host["config"], 2), job_spec("ID", "Y", align, budget, 2)
 
 
-class PredictGrid(RecordingGrid):
-    """The recording grid, noting each prediction step and who got it."""
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        for m in messages:
-            if m.metadata.message_type == MSG_PREDICT:
-                from fl_split.flower import records as R
-
-                conf = self.contexts[m.metadata.dst_node_id].node_config
-                party = "host" if conf["role"] == "host" else f"guest-{conf['guest-index']}"
-                self.ops.append((party, str(R.request_of(m.content)["op"])))
-        return super().push_messages(messages)
-
-
 def test_deployment_nodes_predict_the_runs_metrics_with_psi_and_send_no_id(tmp_path):
     """Acceptance: train (PSI on three partly overlapping tables) → save → each deployment node predicts
     with its own part on its own new table, whose IDs are the run's test rows plus IDs outside the
@@ -85,7 +70,7 @@ def test_deployment_nodes_predict_the_runs_metrics_with_psi_and_send_no_id(tmp_p
     cfg, res = _train(tmp_path, paths)
     test_ids = prepare_data(cfg).test_ids
     tables = _new_tables(tmp_path, paths, np.concatenate([test_ids, outside]))
-    grid = PredictGrid(_node_configs(tables, tmp_path / "model", tmp_path / "pred.csv"), fresh_process=True)
+    grid = RecordingGrid(_node_configs(tables, tmp_path / "model", tmp_path / "pred.csv"), fresh_process=True)
     s = predict_job(grid, *_job(tmp_path / "model"))
     assert s["records"] == len(test_ids) and s["alignment"]["shared_ids"] == len(test_ids)
     assert s["metrics"] == res["final"]["metrics"]
@@ -114,7 +99,7 @@ def test_deployment_nodes_charge_their_own_inference_ledgers(tmp_path):
     tables = _new_tables(tmp_path, paths, ids)
     eps = []
     for _ in range(2):
-        grid = PredictGrid(_node_configs(tables, tmp_path / "model", tmp_path / "pred.csv"), fresh_process=True)
+        grid = RecordingGrid(_node_configs(tables, tmp_path / "model", tmp_path / "pred.csv"), fresh_process=True)
         s = predict_job(grid, *_job(tmp_path / "model", align="public"))
         assert [s["privacy"][g]["records"] for g in ("guest-1", "guest-2")] == [40, 40]
         assert all(s["privacy"][g]["covered"] for g in ("guest-1", "guest-2"))
@@ -136,12 +121,64 @@ def test_a_deployment_node_takes_its_files_from_its_own_node_config(tmp_path):
     conf, spec = _job(tmp_path / "model")
     with pytest.raises(PartyError, match="names files; in a deployment each SuperNode takes its own"):
         bad = {**spec, "model": str(tmp_path / "model"), "tables": tables, "out": str(tmp_path / "x.csv")}
-        predict_job(PredictGrid(_node_configs(tables, tmp_path / "model", tmp_path / "p.csv")), conf, bad)
+        predict_job(RecordingGrid(_node_configs(tables, tmp_path / "model", tmp_path / "p.csv")), conf, bad)
     nodes = _node_configs(tables, tmp_path / "model", tmp_path / "p.csv")
     nodes[1].pop("model-dir")
     with pytest.raises(PartyError, match="guest-1 node-config: no model-dir"):
-        predict_job(PredictGrid(nodes), conf, spec)
+        predict_job(RecordingGrid(nodes), conf, spec)
     nodes = _node_configs(tables, tmp_path / "model", tmp_path / "p.csv")
     nodes[0].pop("predict-out")
     with pytest.raises(PartyError, match="host node-config: no predict-out"):
-        predict_job(PredictGrid(nodes), conf, spec)
+        predict_job(RecordingGrid(nodes), conf, spec)
+
+
+@pytest.mark.slow
+def test_deploy_local_trains_saves_and_predicts_the_runs_metrics(tmp_path):
+    """End to end (separate processes): ``deploy local --save-model DIR`` trains on three partly
+    overlapping tables (PSI) and each SuperNode writes its own part (node-config model-dir);
+    ``fl-split predict --engine deploy-local`` then scores the held-out rows — new tables that also
+    hold IDs outside the intersection, aligned by PSI — with exactly the metrics the deployment
+    reported; the guests say their releases are not covered (no defence); no log, result or SuperLink
+    database holds an ID outside the intersection; nothing is left running."""
+    import subprocess
+    import sys
+
+    from fl_split.deploy_predict import deploy_predict
+    from fl_split.seeding import PrivateSeed
+    from fl_split.secure_files import write_private
+    from tests.test_deploy import _deployment_pids, _kill
+    from tests.test_own_data import data_flags
+
+    paths, inter, outside = _overlapping(tmp_path)
+    seed = write_private(tmp_path / "seed", PrivateSeed.generate().file_text().encode())
+    run = ["--guests", "2", "--seed", str(RUN["seed"]), "--epochs", "1", "--batch-size", "64", "--private-seed-file",
+           str(seed), "--node-timeout", "600"]
+    model, out = tmp_path / "model", tmp_path / "dep.json"
+    proc = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "local", "--insecure", *data_flags(paths),
+                           "--align", "psi", *run, "--save-model", str(model), "--workdir", str(tmp_path / "train"),
+                           "--out", str(out)], capture_output=True, text=True, timeout=1500)
+    left = _deployment_pids(tmp_path / "train")
+    _kill(left)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    dep = json.loads(out.read_text())
+    assert sorted(q.name for q in model.iterdir()) == sorted(PARTIES)  # each node wrote its own part
+    spec = ";".join(f"{p}={v}" for p, v in paths.items())
+    test_ids = prepare_data(RunConfig(data=spec, align="psi", **RUN)).test_ids
+    tables = _new_tables(tmp_path, paths, np.concatenate([test_ids, outside]))
+    lines: list[str] = []
+    workdir = tmp_path / "predict"
+    s = deploy_predict(str(model), tables, "ID", str(tmp_path / "pred.csv"), align="psi", label_column="Y",
+                       workdir=str(workdir), tls=False, echo=lines.append)
+    left = _deployment_pids(workdir)
+    _kill(left)
+    assert left == []
+    assert s["records"] == len(test_ids) and s["alignment"]["shared_ids"] == len(test_ids)
+    assert s["metrics"] == dep["final"]["metrics"]
+    assert not any(s["privacy"][g]["covered"] for g in ("guest-1", "guest-2"))
+    assert sorted(pd.read_csv(tmp_path / "pred.csv").ID) == sorted(test_ids)
+    run_config = (workdir / "run-config.toml").read_text()
+    assert "predict-job = " in run_config and "new-host.csv" not in run_config and str(model) not in run_config
+    seen = "\n".join(lines).encode() + json.dumps(s).encode()
+    seen += b"".join(p.read_bytes() for p in (workdir / "logs").glob("*.log"))
+    seen += b"".join(p.read_bytes() for p in workdir.glob("superlink.db*"))
+    assert _scan(seen, outside) == []

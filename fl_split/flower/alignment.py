@@ -138,13 +138,28 @@ def _frame(rec, key: str, party: str) -> bytes:
     return bytes(v)
 
 
+def psi_over(route, parties: list[str]) -> dict[str, Any]:
+    """:func:`fl_split.psi.run_psi` over ``route`` (the starts already in ``route.started``); returns
+    the alignment's sizes: shared IDs, PSI messages and bytes (never an ID)."""
+    from fl_split.psi import run_psi
+
+    counts = {"messages": 0, "bytes": 0}
+
+    def count(kind, sender, receiver, blob):
+        counts["messages"] += 1
+        counts["bytes"] += len(blob)
+
+    shared_n = run_psi(route, parties, count)
+    return {"align": "psi", "shared_ids": int(shared_n), "psi_messages": counts["messages"], "psi_bytes": counts["bytes"]}
+
+
 def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
     """The alignment phase (module docstring); returns ``results["alignment"]`` — the same keys and
     values as :func:`fl_split.data.own.load_own`'s on the same tables (sizes and PSI traffic, never an
     ID). ``log(line)`` gets one line per step."""
     from fl_split.data.base import feature_parties
     from fl_split.data.own import check_column_owner, check_encode
-    from fl_split.psi import ids_digest, run_psi
+    from fl_split.psi import ids_digest
 
     say = log or (lambda line: None)
     config_json = R.dumps(cfg.to_flower())
@@ -164,15 +179,9 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
     check_encode(cfg, columns)
     say(f"alignment: every party's table checked ({', '.join(f'{p}: {len(c)} columns' for p, c in columns.items())})")
     if cfg.align == "psi":
-        counts = {"messages": 0, "bytes": 0}
-
-        def count(kind, sender, receiver, blob):
-            counts["messages"] += 1
-            counts["bytes"] += len(blob)
-
-        shared_n = run_psi(route, parties, count)
-        alignment: dict[str, Any] = {"align": "psi", "shared_ids": int(shared_n), "psi_messages": counts["messages"],
-                                     "psi_bytes": counts["bytes"], "time_s": round(time.perf_counter() - t0, 3)}
+        alignment: dict[str, Any] = {**psi_over(route, parties), "time_s": round(time.perf_counter() - t0, 3)}
+        shared_n = alignment["shared_ids"]
+        counts = {"messages": alignment["psi_messages"], "bytes": alignment["psi_bytes"]}
         say(f"alignment: private set intersection of {len(parties)} parties: {shared_n} shared IDs "
             f"({counts['messages']} PSI messages, {counts['bytes']} bytes)")
     else:

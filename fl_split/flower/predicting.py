@@ -221,7 +221,7 @@ def predict_nodes(transport, spec: dict[str, Any], log=None) -> dict[str, Any]:
     """The prediction job over the federation of ``transport`` (module docstring); returns the summary
     (records, task, the host's predictions file, metrics when the host has the label, each guest's
     privacy report, the alignment's sizes)."""
-    from fl_split.psi import run_psi
+    from fl_split.flower.alignment import _frame, psi_over
     from fl_split.serving import check_parts
 
     say = log or (lambda line: None)
@@ -236,15 +236,8 @@ def predict_nodes(transport, spec: dict[str, Any], log=None) -> dict[str, Any]:
         route = _route(transport, job)
         route.say = say
         route.started = {p: _frame(r, "frame", p) for p, r in opened.items()}
-        counts = {"messages": 0, "bytes": 0}
-
-        def count(kind, sender, receiver, blob):
-            counts["messages"] += 1
-            counts["bytes"] += len(blob)
-
-        n = int(run_psi(route, parties, count))
-        alignment: dict[str, Any] = {"align": "psi", "shared_ids": n, "psi_messages": counts["messages"],
-                                     "psi_bytes": counts["bytes"]}
+        alignment: dict[str, Any] = psi_over(route, parties)
+        n = alignment["shared_ids"]
     else:
         from fl_split.psi import ids_digest
 
@@ -267,13 +260,6 @@ def predict_nodes(transport, spec: dict[str, Any], log=None) -> dict[str, Any]:
         say(f"{g}: {r['mechanism']}, epsilon {r['epsilon']:.4g} over all its inference releases" if r.get("covered")
             else f"{g}: {r.get('note', 'not covered')}")
     return summary
-
-
-def _frame(rec, key: str, party: str) -> bytes:
-    v = rec.get(key, None)
-    if not isinstance(v, (bytes, bytearray)):
-        raise ProtocolError(f"{party}: the reply's {key!r} is not bytes")
-    return bytes(v)
 
 
 def federation_config(manifest_config: dict[str, Any], guests: int, **overrides: Any) -> RunConfig:
