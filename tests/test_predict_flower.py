@@ -75,3 +75,12 @@ def test_flower_predict_refuses_a_missing_party_table(tmp_path):
         predict_flower(str(tmp_path / "model"), {"host": str(paths["host"])}, "ID", str(tmp_path / "p.csv"))
     with pytest.raises(ConfigError, match="align"):
         job_spec("ID", "Y", "hash", None, 1)
+
+
+def test_predict_deploy_local_needs_a_workdir(tmp_path, capsys):
+    from fl_split.cli import main
+
+    code = main(["predict", "--engine", "deploy-local", "--model", str(tmp_path / "m"), "--data", "host=h.csv",
+                 "--out", str(tmp_path / "p.csv")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--workdir" in err and "deploy-local" in err and len(err.strip().splitlines()) == 1
