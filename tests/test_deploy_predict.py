@@ -87,6 +87,34 @@ def test_deployment_nodes_predict_the_runs_metrics_with_psi_and_send_no_id(tmp_p
         assert (tmp_path / "model" / p / "model.pt").read_bytes()[-4096:] not in wire
 
 
+def test_deployment_nodes_train_save_and_predict_the_runs_metrics(tmp_path):
+    """Train on deployment nodes that read their own tables (PSI), each saving its own part into its
+    node-config model-dir at the end of the run; then predict on the same kind of nodes with PSI on the
+    held-out rows: the parts make one model (a guest, which never sees the labels, takes the run's
+    public task and outputs from the report request) and the metrics are exactly the run's."""
+    from fl_split.flower.strategy import VerticalSplitStrategy
+    from fl_split.seeding import PrivateSeed
+    from fl_split.secure_files import write_private
+
+    paths, inter, outside = _overlapping(tmp_path)
+    seed = PrivateSeed.parse(PS_HEX)
+    nodes = []
+    for p in PARTIES:
+        f = write_private(tmp_path / f"seed-{p}", seed.for_party(p).file_text().encode())
+        role = {"role": "host"} if p == "host" else {"role": "guest", "guest-index": int(p.split("-")[1])}
+        nodes.append({**role, "data-path": paths[p], "private-seed-file": str(f), "model-dir": str(tmp_path / "model")})
+    cfg = RunConfig(data="node-tables", align="psi", engine="flower", data_plane="flower", save_model="saved",
+                    **RUN)
+    res = VerticalSplitStrategy(cfg).run(RecordingGrid(nodes, fresh_process=True))
+    assert {load_part(tmp_path / "model", p)[0]["task"] for p in PARTIES} == {"binary"}
+    spec = ";".join(f"{p}={v}" for p, v in paths.items())
+    test_ids = prepare_data(RunConfig(data=spec, align="psi", **RUN)).test_ids
+    tables = _new_tables(tmp_path, paths, np.concatenate([test_ids, outside]))
+    grid = RecordingGrid(_node_configs(tables, tmp_path / "model", tmp_path / "pred.csv"), fresh_process=True)
+    s = predict_job(grid, *_job(tmp_path / "model"))
+    assert s["records"] == len(test_ids) and s["metrics"] == res["final"]["metrics"]
+
+
 def test_deployment_nodes_charge_their_own_inference_ledgers(tmp_path):
     """Each guest node charges the inference ledger beside its own part, one release per scored record;
     a second job composes on the same ledger (Laplace, ε = 2 per release: basic ε 4 exactly)."""

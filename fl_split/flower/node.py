@@ -273,7 +273,7 @@ def _node_inputs(cfg: RunConfig, role: NodeRole, state=None, handoff=None):
     return data, facts, plan
 
 
-def _save_model(context: Context, role: NodeRole, party, config_json: str, handoff=None) -> None:
+def _save_model(context: Context, role: NodeRole, party, config_json: str, handoff=None, req=None) -> None:
     """``--save-model``: this node's party writes its own part, on its own machine (a simulation: the
     run's directory; a deployment: the SuperNode's ``--node-config "model-dir='…'"``); the coordinator
     never holds a model (fl_split/serving.py)."""
@@ -289,7 +289,13 @@ def _save_model(context: Context, role: NodeRole, party, config_json: str, hando
             raise FederationError(f"{role.party} node-config: no model-dir; the run saves the model (--save-model), "
                                   f"and a party keeps its part on its own machine: --node-config \"... "
                                   f"model-dir='/path/private/to/{role.party}'\"")
-    save_part(party, _node_inputs(cfg, role, context.state, handoff)[2], directory)
+    plan = _node_inputs(cfg, role, context.state, handoff)[2]
+    public = R.loads(str(req["plan"])) if req is not None and "plan" in req else None
+    if public is not None and role.role == "guest":  # a guest reading its own table cannot resolve the task
+        import dataclasses
+
+        plan = dataclasses.replace(plan, task=str(public["task"]), num_outputs=int(public["num_outputs"]))
+    save_part(party, plan, directory)
 
 
 # -- state ---------------------------------------------------------------------------------------
@@ -385,7 +391,7 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
         if mtype == R.MSG_REPORT:  # the run's end: the party reports (and saves its own part)
             from fl_split.devices import report_with_device
 
-            _save_model(context, role, party, config_json, handoff)
+            _save_model(context, role, party, config_json, handoff, req)
             return _reply(message, report=R.dumps(report_with_device(party)))
         raise ProtocolError(f"{role.party}: unknown message type {mtype!r}")
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the coordinator

@@ -103,6 +103,7 @@ class VerticalSplitStrategy:
             state = self.checkpoints.start()
             checkpoint = {"run": state.run, "round": state.round, "resume": bool(self.cfg.resume)}
         self.plan = setup(self.transport, self.cfg, checkpoint)
+        self.transport.public_plan = {"task": self.plan.task, "num_outputs": int(self.plan.num_outputs)}
         self._mark("setup_done")
         if self.cfg.data_plane == "direct":
             from fl_split.flower.direct import check_direct
