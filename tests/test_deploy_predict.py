@@ -81,6 +81,9 @@ def test_deployment_nodes_predict_the_runs_metrics_with_psi_and_send_no_id(tmp_p
                         ("guest-1", "release"), ("guest-2", "release"), ("host", "score")]
     wire = b"".join(grid.wire)
     assert _scan(wire, outside) == [] and _scan(wire, inter) == []
+    # every field that crossed, both ways: the role query, then the job's (no ID list with PSI, no weights)
+    assert grid.keys == {"worker", "role", "job", "op", "manifest", "frame", "digest", "value", "privacy",
+                         "released.guest-1", "released.guest-2", "summary"}
     # the host's predictions file stays its own (the role query's reply names each node's data-path, as in training)
     assert str(tmp_path / "pred.csv").encode() not in wire
     for p in PARTIES:  # nor any weight
