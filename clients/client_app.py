@@ -13,6 +13,8 @@ message type:
 ``train.host``     relay: the host trains on the released activations
 ``evaluate.host``  relay: the host evaluates the test split, returns the epoch's aggregate metrics
 ``query.report``   the party's end-of-run report (no data, no weights, no secret)
+``query.align``    deployment with its own table: one step of the ID alignment
+``query.predict``  the prediction job: one step (its own saved part, its own new table)
 =================  =========================================================================
 """
 

@@ -232,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--budget", dest="pred_budget", type=float, default=None, metavar="E",
                     help="refuse a guest's release that would take its inference ledger over epsilon E "
                          "[default: no budget]")
+    pr.add_argument("--engine", dest="pred_engine", default="local", choices=("local", "flower", "deploy-local"),
+                    help="local: one process; flower: a Flower simulation, one SuperNode per party; deploy-local: "
+                         "a SuperLink and one SuperNode per party on this machine (each node-config: its model-dir, "
+                         "its new table) [default: local]")
+    pr.add_argument("--workdir", dest="pred_workdir", default=None, metavar="DIR",
+                    help="deploy-local: certificates, FLWR_HOME, SuperLink state and logs go here")
+    pr.add_argument("--insecure", dest="pred_tls", action="store_false", default=True,
+                    help="deploy-local: plaintext and no node authentication (loopback tests only)")
     from fl_split.export_cli import add_parser as _add_export_model_parser
 
     _add_export_model_parser(sub)  # fl-split export-model (docs/serving.md, "Serving outside fl_split")
@@ -510,12 +518,26 @@ def cmd_predict(ns: argparse.Namespace) -> int:
             if not sep or not path:
                 raise ConfigError("data", item, "PARTY=PATH, e.g. host=a.csv")
             tables[party.strip()] = path.strip()
-    s = predict(ns.model, tables, ns.id_column, ns.pred_out, ns.align, ns.label_column, ns.pred_budget)
+    args = (ns.model, tables, ns.id_column, ns.pred_out, ns.align, ns.label_column, ns.pred_budget)
+    if ns.pred_engine == "flower":
+        from fl_split.flower.predicting import predict_flower
+
+        s = predict_flower(*args)
+    elif ns.pred_engine == "deploy-local":
+        from fl_split.deploy_predict import deploy_predict
+
+        if not ns.pred_workdir:
+            raise ConfigError("workdir", "", "a directory", reason="--engine deploy-local needs a work directory")
+        s = deploy_predict(*args, workdir=ns.pred_workdir, tls=ns.pred_tls)
+    else:
+        s = predict(*args)
     print(f"scored {s['records']} records ({s['task']}); predictions (host only): {s['out']}")
     print("host: releases nothing when it predicts (no gradients); the predictions and metrics stay with it")
     for g, r in s["privacy"].items():
         print(f"{g}: {r['mechanism']}, epsilon {r['epsilon']:.4g} over all its inference releases (ledger "
               f"{r['ledger']})" if r["covered"] else f"{g}: {r['note']}")
+    if "alignment" in s:
+        print(f"alignment (--align {s['alignment']['align']}): {s['alignment']['shared_ids']} shared IDs")
     for m, v in (s.get("metrics") or {}).items():
         print(f"{m}: {v:.4f}")
     return 0

@@ -368,7 +368,16 @@ class LocalDeployment:
             items.append(f"checkpoint-dir={_literal(checkpoint_dir_of(self.cfg, party))}")
         if self.private_seed is not None:  # the path only: the seed itself is never on a command line
             items.append(f"private-seed-file={_literal(self.seed_file(party))}")
+        items += self.model_items(party)
         return " ".join(items)
+
+    def model_items(self, party: str) -> list[str]:
+        """``--save-model DIR``: the node writes its own part into ``DIR/<party>/`` (its node-config
+        ``model-dir``; on loopback every node's is the one ``DIR``, so ``fl-split predict --model DIR``
+        finds every part)."""
+        if not self.cfg.save_model:
+            return []
+        return [f"model-dir={_literal(Path(self.cfg.save_model).expanduser().resolve())}"]
 
     def start_supernodes(self) -> None:
         self.dataplane_port = free_port()

@@ -214,11 +214,7 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
     by name (a lambda, a notebook's function; :class:`fl_split.api.SavedModel` passes it)."""
     if budget is not None and not (isinstance(budget, (int, float)) and budget > 0 and np.isfinite(budget)):
         raise ConfigError("budget", budget, "a number > 0")
-    import pandas as pd
-
-    from fl_split.secure_files import create_private
     from fl_split.serving import check_parts, load_part
-    from fl_split.tasks import task_metrics
 
     if "host" not in tables:
         raise ConfigError("data", ";".join(f"{p}={v}" for p, v in tables.items()), "host=PATH;guest-1=PATH;…",
@@ -237,6 +233,20 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
     released, privacy = {}, {}
     for g, s in guests.items():  # each guest releases its new rows' cut-layer outputs
         released[g], privacy[g] = s.release(shared, budget)
+    return write_predictions(host, shared, released, privacy, id_column, out)
+
+
+def write_predictions(host: HostScorer, shared: np.ndarray, released: dict[str, torch.Tensor],
+                      privacy: dict[str, Any], id_column: str, out: str) -> dict[str, Any]:
+    """The host's last step, wherever the parties run (one process, a Flower simulation or
+    deployment, :mod:`fl_split.flower.predicting`): merge the guests' ``released`` cut-layer outputs
+    of the ``shared`` rows, run the top, write ``out`` (owner-only) and return the summary (with the
+    task's metrics when the host's table has the label; ``privacy``: the guests' reports)."""
+    import pandas as pd
+
+    from fl_split.secure_files import create_private
+    from fl_split.tasks import task_metrics
+
     out_t = host.predict(shared, released)["out"]
     task = host.task_info["task"]
     # the host's own ID values (text IDs: its mapping from keys, fl_split.data.ids), as its table writes them

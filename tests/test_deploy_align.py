@@ -24,6 +24,7 @@ from fl_split.errors import DataError, PartyError, ProtocolError
 from fl_split.flower import records as R
 from fl_split.flower.alignment import ALIGNED, MSG_ALIGN, PSI_STATE, handle_align
 from fl_split.flower.node import NodeRole
+from fl_split.flower.predicting import MSG_PREDICT
 from fl_split.flower.strategy import VerticalSplitStrategy
 from fl_split.seeding import PrivateSeed
 from fl_split.secure_files import write_private
@@ -59,7 +60,7 @@ def _nodes(tmp_path, paths: dict[str, str], seed: PrivateSeed) -> list[dict]:
 
 class RecordingGrid(_AuditedGrid):
     """The audit grid of tests/test_adversary_identity.py (every message both ways, serialised as a
-    SuperLink stores it, in ``wire``) that also notes each alignment step and who got it."""
+    SuperLink stores it, in ``wire``) that also notes each alignment (or prediction) step and who got it."""
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
@@ -68,7 +69,7 @@ class RecordingGrid(_AuditedGrid):
     def push_messages(self, messages):
         messages = list(messages)
         for m in messages:
-            if m.metadata.message_type == MSG_ALIGN:
+            if m.metadata.message_type in (MSG_ALIGN, MSG_PREDICT):  # (the prediction job's steps too)
                 conf = self.contexts[m.metadata.dst_node_id].node_config
                 party = "host" if conf["role"] == "host" else f"guest-{conf['guest-index']}"
                 self.ops.append((party, str(R.request_of(m.content)["op"])))

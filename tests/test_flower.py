@@ -189,6 +189,8 @@ def test_pyproject_app_config_is_runconfig():
     # the parties' private seed file (simulation only) is the one key that is not a RunConfig option:
     # the ServerApp drops it, only the ClientApps read it; a seed value is never a key (issue 16)
     assert app_cfg.pop("private-seed-file") == "" and "private-seed" not in app_cfg
+    # the prediction job (fl-split predict --engine deploy-local): empty = train; the ServerApp drops it
+    assert app_cfg.pop("predict-job") == ""
     want = {key_of(f.name): MAIN_JOB.get(f.name, f.default) for f in option_fields()}
     assert list(app_cfg) == list(want)
     for k, v in want.items():

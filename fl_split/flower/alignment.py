@@ -138,13 +138,28 @@ def _frame(rec, key: str, party: str) -> bytes:
     return bytes(v)
 
 
+def psi_over(route, parties: list[str]) -> dict[str, Any]:
+    """:func:`fl_split.psi.run_psi` over ``route`` (the starts already in ``route.started``); returns
+    the alignment's sizes: shared IDs, PSI messages and bytes (never an ID)."""
+    from fl_split.psi import run_psi
+
+    counts = {"messages": 0, "bytes": 0}
+
+    def count(kind, sender, receiver, blob):
+        counts["messages"] += 1
+        counts["bytes"] += len(blob)
+
+    shared_n = run_psi(route, parties, count)
+    return {"align": "psi", "shared_ids": int(shared_n), "psi_messages": counts["messages"], "psi_bytes": counts["bytes"]}
+
+
 def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
     """The alignment phase (module docstring); returns ``results["alignment"]`` — the same keys and
     values as :func:`fl_split.data.own.load_own`'s on the same tables (sizes and PSI traffic, never an
     ID). ``log(line)`` gets one line per step."""
     from fl_split.data.base import feature_parties
     from fl_split.data.own import check_column_owner, check_encode
-    from fl_split.psi import ids_digest, run_psi
+    from fl_split.psi import ids_digest
 
     say = log or (lambda line: None)
     config_json = R.dumps(cfg.to_flower())
@@ -164,15 +179,9 @@ def align_nodes(transport, cfg: RunConfig, log=None) -> dict[str, Any]:
     check_encode(cfg, columns)
     say(f"alignment: every party's table checked ({', '.join(f'{p}: {len(c)} columns' for p, c in columns.items())})")
     if cfg.align == "psi":
-        counts = {"messages": 0, "bytes": 0}
-
-        def count(kind, sender, receiver, blob):
-            counts["messages"] += 1
-            counts["bytes"] += len(blob)
-
-        shared_n = run_psi(route, parties, count)
-        alignment: dict[str, Any] = {"align": "psi", "shared_ids": int(shared_n), "psi_messages": counts["messages"],
-                                     "psi_bytes": counts["bytes"], "time_s": round(time.perf_counter() - t0, 3)}
+        alignment: dict[str, Any] = {**psi_over(route, parties), "time_s": round(time.perf_counter() - t0, 3)}
+        shared_n = alignment["shared_ids"]
+        counts = {"messages": alignment["psi_messages"], "bytes": alignment["psi_bytes"]}
         say(f"alignment: private set intersection of {len(parties)} parties: {shared_n} shared IDs "
             f"({counts['messages']} PSI messages, {counts['bytes']} bytes)")
     else:
@@ -296,28 +305,34 @@ def _align_step(cfg: RunConfig, role, req, state, op: str, table) -> dict[str, A
 
 
 def _psi_step(cfg: RunConfig, role, state, op: str, frame: bytes | None, table):
-    """One PSI step of this node (start, blind, finish), its state restored from and saved to its
-    own ``context.state`` (a fresh ClientApp process continues from there)."""
-    from fl_split.psi import PsiParty
-
+    """One PSI step of this node (start, blind, finish) in the alignment phase (:func:`psi_step`)."""
     if cfg.align != "psi":
         raise ProtocolError(f"{role.party}: '{op}' but the run aligns with --align {cfg.align}")
     parties = ["host", *(f"guest-{i}" for i in range(1, cfg.guests + 1))]
-    rec = state.config_records.get(PSI_STATE)
+    return psi_step(role.party, parties, table.slice.ids, state, op, frame)
+
+
+def psi_step(party: str, parties: list[str], ids, state, op: str, frame: bytes | None, key: str = PSI_STATE):
+    """One PSI step of ``party`` holding ``ids`` (start, blind, finish), its state restored from and
+    saved to its own ``context.state`` under ``key`` (a fresh ClientApp process continues from
+    there); also the prediction job's alignment (:mod:`fl_split.flower.predicting`)."""
+    from fl_split.psi import PsiParty
+
+    rec = state.config_records.get(key)
     if op == "psi-start":
         if rec is not None:
-            raise ProtocolError(f"{role.party}: a second PSI start in this run")
-        party = PsiParty(role.party, table.slice.ids, parties)
-        out = party.start()
+            raise ProtocolError(f"{party}: a second PSI start in this run")
+        psi = PsiParty(party, ids, parties)
+        out = psi.start()
     else:
         if rec is None:
-            raise ProtocolError(f"{role.party}: '{op}' before this node's PSI start")
-        party = PsiParty.import_state(role.party, table.slice.ids, parties, dict(rec.items()))
-        out = party.hop(frame) if op == "psi-blind" else party.finish(frame)
+            raise ProtocolError(f"{party}: '{op}' before this node's PSI start")
+        psi = PsiParty.import_state(party, ids, parties, dict(rec.items()))
+        out = psi.hop(frame) if op == "psi-blind" else psi.finish(frame)
     if op == "psi-finish":
-        state.config_records.pop(PSI_STATE, None)  # the PSI is over: no key, no seed left
+        state.config_records.pop(key, None)  # the PSI is over: no key, no seed left
     else:
-        state[PSI_STATE] = ConfigRecord(party.export_state())
+        state[key] = ConfigRecord(psi.export_state())
     return out
 
 

@@ -86,7 +86,11 @@ def render() -> str:
               "empty = fresh OS entropy per party. A seed value (private-seed) is refused: the SuperLink stores "
               "the run config. In a deployment set it in a SuperNode's --node-config, never here "
               "(docs/accounting.md, threat model)",
-              'private-seed-file = ""']
+              'private-seed-file = ""',
+              "# set by `fl-split predict --engine deploy-local` only: the JSON of a prediction job (ID and label "
+              "column names, --align, --budget; no path): the ServerApp then scores new rows with each "
+              "SuperNode's saved part instead of training (fl_split/flower/predicting.py, docs/serving.md)",
+              'predict-job = ""']
     lines.append(END)
     return "\n".join(lines) + "\n"
 

@@ -289,6 +289,13 @@ class FlowerEngine:
         self.handoff = Handoff.offer(list(cfgs), put=ray.put)
         return make_client_app(self.private_seed, self.handoff)
 
+    def server_app(self, cfgs: list[RunConfig], sink: dict[str, Any], poll: float, done: threading.Event):
+        """The ServerApp of the simulation (the training coordinator; the prediction job,
+        :mod:`fl_split.flower.predicting`, gives its own)."""
+        from fl_split.flower.strategy import make_server_app
+
+        return make_server_app(cfgs, sink, poll, done=done)
+
     def run(self) -> dict[str, Any]:
         """Run :attr:`cfg`; returns its results dictionary."""
         return self.run_series([self.cfg])[0]
@@ -315,7 +322,6 @@ class FlowerEngine:
             cfgs = self._share_cpus(cfgs, [float(local_cpus())], "on this machine")
         from flwr.simulation import run_simulation
 
-        from fl_split.flower.strategy import make_server_app
         from fl_split.flower.vce import prompt_runtime
 
         client_app = self.client_app
@@ -363,7 +369,7 @@ class FlowerEngine:
 
                 with widened_worker_pool(self.num_supernodes if any(c.data_plane == "direct" for c in cfgs) else 0), \
                         prompt_runtime():
-                    run_simulation(server_app=make_server_app(list(cfgs), sink, self.poll_interval, done=server_done),
+                    run_simulation(server_app=self.server_app(list(cfgs), sink, self.poll_interval, server_done),
                                    client_app=client_app, num_supernodes=self.num_supernodes,
                                    backend_config=self.backend_config(), verbose_logging=self.verbose)
                 timeline["simulation_returned"] = time.perf_counter()

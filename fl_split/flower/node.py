@@ -44,6 +44,7 @@ from fl_split.config import RunConfig
 from fl_split.errors import ConfigError, ProtocolError
 from fl_split.flower import records as R
 from fl_split.flower.alignment import MSG_ALIGN
+from fl_split.flower.predicting import MSG_PREDICT
 from fl_split.flower.records import FederationError
 
 #: (run id, node id) -> (state token, live party)
@@ -272,7 +273,7 @@ def _node_inputs(cfg: RunConfig, role: NodeRole, state=None, handoff=None):
     return data, facts, plan
 
 
-def _save_model(context: Context, role: NodeRole, party, config_json: str, handoff=None) -> None:
+def _save_model(context: Context, role: NodeRole, party, config_json: str, handoff=None, req=None) -> None:
     """``--save-model``: this node's party writes its own part, on its own machine (a simulation: the
     run's directory; a deployment: the SuperNode's ``--node-config "model-dir='…'"``); the coordinator
     never holds a model (fl_split/serving.py)."""
@@ -288,7 +289,13 @@ def _save_model(context: Context, role: NodeRole, party, config_json: str, hando
             raise FederationError(f"{role.party} node-config: no model-dir; the run saves the model (--save-model), "
                                   f"and a party keeps its part on its own machine: --node-config \"... "
                                   f"model-dir='/path/private/to/{role.party}'\"")
-    save_part(party, _node_inputs(cfg, role, context.state, handoff)[2], directory)
+    plan = _node_inputs(cfg, role, context.state, handoff)[2]
+    public = R.loads(str(req["plan"])) if req is not None and "plan" in req else None
+    if public is not None and role.role == "guest":  # a guest reading its own table cannot resolve the task
+        import dataclasses
+
+        plan = dataclasses.replace(plan, task=str(public["task"]), num_outputs=int(public["num_outputs"]))
+    save_part(party, plan, directory)
 
 
 # -- state ---------------------------------------------------------------------------------------
@@ -356,6 +363,10 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
 
             return _reply(message, **handle_align(_coordinator_config(str(req["config"]), context), role, req,
                                                   context.state))
+        if mtype == MSG_PREDICT:  # the prediction job: its own part, its own new table
+            from fl_split.flower.predicting import handle_predict
+
+            return _reply(message, **handle_predict(role, req, context))
         party, config_json = _restore(context, role, handoff)
         if mtype == R.MSG_EPOCH:
             return _epoch(message, context, role, party, config_json, req, handoff)
@@ -380,7 +391,7 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
         if mtype == R.MSG_REPORT:  # the run's end: the party reports (and saves its own part)
             from fl_split.devices import report_with_device
 
-            _save_model(context, role, party, config_json, handoff)
+            _save_model(context, role, party, config_json, handoff, req)
             return _reply(message, report=R.dumps(report_with_device(party)))
         raise ProtocolError(f"{role.party}: unknown message type {mtype!r}")
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the coordinator
@@ -542,7 +553,7 @@ def client_app_for(handler):
 
     app = ClientApp()
     for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_EPOCH,
-                  MSG_ALIGN):
+                  MSG_ALIGN, MSG_PREDICT):
         category, action = mtype.split(".")
         getattr(app, category)(action)(handler)
     return app

@@ -103,6 +103,7 @@ class VerticalSplitStrategy:
             state = self.checkpoints.start()
             checkpoint = {"run": state.run, "round": state.round, "resume": bool(self.cfg.resume)}
         self.plan = setup(self.transport, self.cfg, checkpoint)
+        self.transport.public_plan = {"task": self.plan.task, "num_outputs": int(self.plan.num_outputs)}
         self._mark("setup_done")
         if self.cfg.data_plane == "direct":
             from fl_split.flower.direct import check_direct
@@ -202,6 +203,8 @@ def privacy_line(party: str, rep: dict[str, Any]) -> str:
 
 #: run-config keys the coordinator must not use, send or write (read by the ClientApps only)
 PRIVATE_KEYS = ("private-seed", "private-seed-file")
+#: the run-config key of a prediction job (fl_split.flower.predicting; empty: train)
+JOB_KEY = "predict-job"
 
 
 def config_from_context(context: Context) -> RunConfig:
@@ -214,7 +217,7 @@ def config_from_context(context: Context) -> RunConfig:
         raise ConfigError("private-seed", "<hidden>", "empty; give private-seed-file = a path to an owner-only "
                           "seed file (simulation) or each SuperNode's node-config private-seed-file",
                           reason="the SuperLink stores the run config and every party can read it")
-    public = {k: v for k, v in dict(context.run_config).items() if k not in PRIVATE_KEYS}
+    public = {k: v for k, v in dict(context.run_config).items() if k not in PRIVATE_KEYS and k != JOB_KEY}
     return RunConfig.from_mapping(public).replace(engine="flower", progress=False)
 
 
@@ -226,6 +229,12 @@ def flwr_run_app() -> ServerApp:
     def main(grid: Grid, context: Context) -> None:
         _log_through_flower()
         cfg = config_from_context(context)
+        job = str(context.run_config.get(JOB_KEY, "") or "").strip()
+        if job:  # a deployment's prediction job (fl_split/deploy_predict.py): no training
+            from fl_split.flower.predicting import run_flwr_job
+
+            run_flwr_job(grid, cfg, job)
+            return
         VerticalSplitStrategy(cfg, fit_resources=True).run(grid, write_out=True)
 
     return app

@@ -67,6 +67,8 @@ class FlowerTransport:
         self.setup_replies: dict[str, Any] = {}
         #: ``{party: reply to the role query}`` (a simulated node's carries its ``capacity``)
         self.role_replies: dict[str, Any] = {}
+        #: the run's public ``task`` and ``num_outputs``, sent with the report request (set after setup)
+        self.public_plan: dict[str, Any] | None = None
 
     # -- one exchange ----------------------------------------------------------------------------
     def exchange(self, requests: dict[str, tuple[str, RecordDict]], round_: int | None,
@@ -163,7 +165,10 @@ class FlowerTransport:
         """Every party's report but those of the guests the run went on without (``absent``,
         ``--on-guest-failure pad``): their nodes failed, and their ledgers are their own (as in the
         local engine, they have no entry)."""
-        reqs = {p: (R.MSG_REPORT, R.content()) for p in self.nodes if p not in absent}
+        # the run's public task and outputs (the host's facts): a guest that read its own table cannot
+        # know them, and writes them into its saved part's manifest (fl_split/serving.py)
+        extra = {} if self.public_plan is None else {"plan": R.dumps(self.public_plan)}
+        reqs = {p: (R.MSG_REPORT, R.content(**extra)) for p in self.nodes if p not in absent}
         rep = self.exchange(reqs, None)
         return {p: R.loads(str(rep[p]["report"])) for p in ["host", *self.guests] if p not in absent}
 
