@@ -229,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--budget", dest="pred_budget", type=float, default=None, metavar="E",
                     help="refuse a guest's release that would take its inference ledger over epsilon E "
                          "[default: no budget]")
+    rt = sub.add_parser("party-runtime", help="run a SuperNode with its party warm in one long-lived process",
+                        description="Start `flower-supernode ARGS` with --isolation process and run every ClientApp "
+                                    "task of it in this process (torch, fl_split and the party stay loaded) until "
+                                    "the SuperNode ends (docs/deploy.md, \"The warm party\").")
+    rt.add_argument("--poll", type=float, default=0.05, metavar="S", help="seconds between task polls [default: 0.05]")
+    rt.add_argument("supernode", nargs=argparse.REMAINDER, metavar="-- flower-supernode ARGS")
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser
@@ -262,6 +268,9 @@ def _add_deploy_parser(sub) -> None:
                    help="format of the exported party files [default: npz]")
     g.add_argument("--deploy-timeout", type=float, default=1800.0, metavar="S",
                    help="give up (and tear down) after S seconds [default: 1800]")
+    g.add_argument("--clientapp", choices=("warm", "per-message"), default="warm",
+                   help="warm: each party in one long-lived process (fl-split party-runtime); per-message: "
+                        "Flower's fresh flwr-clientapp process per message [default: warm]")
     from fl_split.kit import add_kit_parsers  # deploy kit, deploy node, deploy local --from-kits
 
     add_kit_parsers(kinds, g, _add_train_flags)
@@ -462,7 +471,8 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
     print(f"deploy local: {cfg.guests + 1} parties on 127.0.0.1, work directory {ns.workdir}", flush=True)
     results = deploy_local(cfg, ns.workdir, tls=ns.tls, node_auth=ns.node_auth, private_seed=ns.seed_value,
                            party_format=ns.party_format, timeout=ns.deploy_timeout, party_files=party_dir,
-                           deployment=_kit_deployment() if ns.from_kits else None)
+                           deployment=_kit_deployment() if ns.from_kits else None,
+                           warm=ns.clientapp == "warm")
     if cfg.out:
         write_json_atomic(cfg.out, results)
     print_summary(results)
@@ -593,6 +603,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_predict(ns)
         if ns.command == "flwr-run":
             return cmd_flwr_run(ns)
+        if ns.command == "party-runtime":
+            from fl_split.flower.warm import main as party_runtime
+
+            return party_runtime(ns.supernode, poll=ns.poll)
         if ns.command == "datasets":
             return cmd_datasets()
         if ns.command == "models":

@@ -185,7 +185,7 @@ def write_kits(cfg: RunConfig, out: str | os.PathLike, parties: list[str], super
             conf.update({"superlink": superlink, "dataplane": dataplane,
                          "clientappio-port": (clientappio_ports or {}).get(name, 9094),
                          "data-path": "", "checkpoint-dir": "checkpoints" if cfg.checkpoint_dir else "",
-                         "private-seed-file": ""})
+                         "private-seed-file": "", "clientapp": "warm"})
             if name == "host":
                 conf["guests"] = [p for p in parties if p != "host"]
         (kit / KIT_FILE).write_text(_toml(conf), encoding="utf-8")
@@ -464,6 +464,14 @@ def node_step(step: str, kit_dir: str | os.PathLike) -> list[str]:
     args = _start_args(kit, conf)
     sys.stdout.flush()
     os.chdir(kit)
+    if conf["party"] != COORDINATOR and conf.get("clientapp", "warm") == "warm":
+        # the party warm in this one process for the whole run (fl_split/flower/warm.py); kit.toml
+        # clientapp = "per-message" keeps Flower's flwr-clientapp process per message
+        from fl_split.flower.warm import main as party_runtime
+
+        os.environ.clear()
+        os.environ.update(_env(kit))
+        sys.exit(party_runtime(args))
     os.execve(args[0], args, _env(kit))  # the organisation's long-running service
     raise AssertionError("unreachable")
 
