@@ -234,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "task of it in this process (torch, fl_split and the party stay loaded) until "
                                     "the SuperNode ends (docs/deploy.md, \"The warm party\").")
     rt.add_argument("--poll", type=float, default=0.05, metavar="S", help="seconds between task polls [default: 0.05]")
+    rt.add_argument("--supernode-poll", type=float, default=0.25, metavar="S",
+                    help="seconds between the SuperNode's polls of the SuperLink when idle (Flower's own: 3; "
+                         "3 runs Flower's flower-supernode unchanged) [default: 0.25]")
     rt.add_argument("supernode", nargs=argparse.REMAINDER, metavar="-- flower-supernode ARGS")
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
@@ -606,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command == "party-runtime":
             from fl_split.flower.warm import main as party_runtime
 
-            return party_runtime(ns.supernode, poll=ns.poll)
+            return party_runtime(ns.supernode, poll=ns.poll, supernode_poll=ns.supernode_poll)
         if ns.command == "datasets":
             return cmd_datasets()
         if ns.command == "models":

@@ -59,6 +59,9 @@ from typing import Callable
 
 #: seconds between ``AcquireTask`` polls (Flower's SuperExec default: 1.0)
 POLL_INTERVAL = 0.05
+#: seconds between the SuperNode's polls of the SuperLink when idle, and of its local state for a
+#: reply (flwr 1.41 ``start_client_internal``: a fixed ``time.sleep(3)`` / ``time.sleep(0.5)``)
+SUPERNODE_POLL = 0.25
 #: the ClientApp reference a FAB must name to be run here (pyproject.toml ``[tool.flwr.app.components]``)
 CLIENTAPP_REF = "clients.client_app:app"
 
@@ -68,6 +71,33 @@ _PR_SET_PDEATHSIG = 1
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class _PollClock:
+    """The ``time`` module as :mod:`flwr.supernode.start_client_internal` sees it, with every sleep
+    cut to ``poll`` seconds: the SuperNode loop's only use of ``time`` is those fixed waits."""
+
+    def __init__(self, poll: float) -> None:
+        self.poll = poll
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, self.poll))
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def supernode(argv: list[str], poll: float = SUPERNODE_POLL) -> None:
+    """``flower-supernode ARGV`` in this process, polling the SuperLink every ``poll`` s when idle
+    (and its state for a reply every ``poll`` s) instead of Flower's fixed 3 s (0.5 s): one message
+    costs up to 3.5 s of waiting otherwise, a warm party's whole epoch on a small table. The price:
+    an idle node asks the SuperLink ``1/poll`` times a second instead of once in 3 s."""
+    import flwr.supernode.start_client_internal as loop
+    from flwr.supernode.cli.flower_supernode import flower_supernode
+
+    loop.time = _PollClock(poll)  # type: ignore[assignment]
+    sys.argv = ["flower-supernode", *argv]
+    flower_supernode()
 
 
 def runtime_address(supernode_args: list[str]) -> str:
@@ -83,8 +113,8 @@ def runtime_address(supernode_args: list[str]) -> str:
     if known.isolation not in (None, "process"):
         from fl_split.errors import ConfigError
 
-        raise ConfigError(f"party-runtime: the SuperNode's --isolation is {known.isolation!r}; the runtime "
-                          f"runs the ClientApps itself, allowed: 'process' (or leave it out)")
+        raise ConfigError("isolation", known.isolation, "'process' (or leave it out)",
+                          reason="party-runtime runs the SuperNode's ClientApps itself")
     host = "127.0.0.1" if known.host in ("0.0.0.0", "", "::") else known.host
     return f"[{host}]:{known.port}" if ":" in host else f"{host}:{known.port}"
 
@@ -234,7 +264,8 @@ def _end(proc: subprocess.Popen, grace: float) -> int:
     return proc.returncode
 
 
-def main(supernode_args: list[str], poll: float = POLL_INTERVAL, grace: float = 10.0) -> int:
+def main(supernode_args: list[str], poll: float = POLL_INTERVAL, grace: float = 10.0,
+         supernode_poll: float = SUPERNODE_POLL) -> int:
     """``fl-split party-runtime -- flower-supernode ARGS…``: start the SuperNode with
     ``--isolation process`` and serve its ClientApp tasks here until it ends (module docstring);
     returns the exit code (the SuperNode's, or 1 with one line if the runtime failed)."""
@@ -244,11 +275,14 @@ def main(supernode_args: list[str], poll: float = POLL_INTERVAL, grace: float = 
     if args and args[0] == "--":
         args = args[1:]
     if not args or Path(args[0]).name != "flower-supernode":
-        raise ConfigError(f"party-runtime: got {' '.join(args[:1]) or 'no command'!r}; allowed: "
-                          f"-- flower-supernode ARGS… (the SuperNode it serves)")
+        raise ConfigError("party-runtime", " ".join(args[:1]) or "no command",
+                          "-- flower-supernode ARGS… (the SuperNode it serves)")
     if any(a == "--superexec-auth-secret-file" or a.startswith("--superexec-auth-secret-file=") for a in args):
-        raise ConfigError("party-runtime: --superexec-auth-secret-file is made by the runtime (a fresh secret "
-                          "per start); leave it out")
+        raise ConfigError("superexec-auth-secret-file", "given", "left out",
+                          reason="the runtime makes a fresh secret per start")
+    for key, value in (("poll", poll), ("supernode-poll", supernode_poll)):
+        if not 0 < value <= 60:
+            raise ConfigError(key, value, "seconds, more than 0 and at most 60")
     address = runtime_address(args[1:])
     if "--isolation" not in args:
         args += ["--isolation", "process"]
@@ -270,6 +304,8 @@ def main(supernode_args: list[str], poll: float = POLL_INTERVAL, grace: float = 
         raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    if supernode_poll < 3:  # Flower's SuperNode with shorter waits (supernode()); 3: Flower's own binary
+        args = [sys.executable, "-m", "fl_split.flower.warm", "--supernode-poll", repr(supernode_poll), *args[1:]]
     proc = subprocess.Popen(args, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     print(f"party-runtime: pid {os.getpid()} serves the ClientApp tasks of SuperNode pid {proc.pid} "
           f"(Runtime API {address}, isolation process): one process, the party stays loaded", file=sys.stderr,
@@ -284,6 +320,7 @@ def main(supernode_args: list[str], poll: float = POLL_INTERVAL, grace: float = 
         runtime = PartyRuntime(address, secret, poll=poll)
         runtime.serve(alive)
         code = proc.wait()
+        code = 128 - code if code < 0 else code  # killed by a signal: the shell's convention
         print(f"party-runtime: the SuperNode exited with code {code}; {runtime.handled} messages served",
               file=sys.stderr, flush=True)
     except KeyboardInterrupt:
@@ -303,3 +340,11 @@ def main(supernode_args: list[str], poll: float = POLL_INTERVAL, grace: float = 
         with contextlib.suppress(OSError):
             secret_dir.rmdir()
     return code
+
+
+if __name__ == "__main__":  # the SuperNode process main() starts: python -m fl_split.flower.warm --supernode-poll S ARGS
+    _argv = sys.argv[1:]
+    _poll = SUPERNODE_POLL
+    if _argv[:1] == ["--supernode-poll"]:
+        _poll, _argv = float(_argv[1]), _argv[2:]
+    supernode(_argv, _poll)

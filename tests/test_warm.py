@@ -1,0 +1,158 @@
+"""The warm party (issue 25, fl_split/flower/warm.py): ``fl-split party-runtime`` and its SuperNode.
+
+The runtime's message handling runs in every deployment test (``deploy local`` and the kits use it by
+default; tests/test_deploy.py checks that one process served every message of each party). Here: the
+command's one-line refusals, the FAB check, and the lifetime guarantee — the runtime and its
+SuperNode end together, whichever goes first (SIGKILL included), so that no node is left accepting
+messages nobody answers and no process outlives a deployment.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fl_split.errors import ConfigError
+from fl_split.flower.processes import process_table
+from fl_split.flower.warm import CLIENTAPP_REF, fab_clientapp, runtime_address
+from tests.services import free_port
+
+FLSPLIT = [sys.executable, "-m", "fl_split.cli"]
+BIN = Path(sys.executable).parent
+
+
+def _fab(clientapp: str) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("pyproject.toml", f'[tool.flwr.app.components]\nserverapp = "strategies.server_app:app"\n'
+                                      f'clientapp = "{clientapp}"\n')
+    return buf.getvalue()
+
+
+def test_runtime_address_follows_the_supernode_flags():
+    assert runtime_address(["--superlink", "x:9093", "--host", "127.0.0.1", "--port", "9123"]) == "127.0.0.1:9123"
+    assert runtime_address(["--host", "0.0.0.0", "--port", "9200"]) == "127.0.0.1:9200"  # wildcard: loopback
+    assert runtime_address([]) == "127.0.0.1:9094"  # Flower's defaults
+    with pytest.raises(ConfigError, match="--isolation: got 'subprocess'.*allowed: 'process'"):
+        runtime_address(["--isolation", "subprocess"])
+
+
+def test_the_runtime_runs_only_fl_splits_clientapp():
+    assert fab_clientapp(_fab(CLIENTAPP_REF)) == CLIENTAPP_REF
+    assert fab_clientapp(_fab("evil.app:app")) == "evil.app:app"  # run_task refuses anything but CLIENTAPP_REF
+    # the repository's own app names it (the FAB flwr run builds from this checkout)
+    root = Path(__file__).resolve().parents[1]
+    assert f'clientapp = "{CLIENTAPP_REF}"' in (root / "pyproject.toml").read_text()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["party-runtime"], "no command"),
+    (["party-runtime", "--", "flwr-clientapp", "--token", "x"], "flwr-clientapp"),
+    (["party-runtime", "--", "flower-supernode", "--superexec-auth-secret-file", "/tmp/s"], "fresh secret per start"),
+])
+def test_party_runtime_refuses_with_one_line(argv, words):
+    out = subprocess.run([*FLSPLIT, *argv], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and words in out.stderr, out.stderr
+
+
+def _start(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
+    """A runtime whose SuperNode looks for a SuperLink that is not there (it keeps retrying): the
+    pair is up, no task ever comes. Returns the runtime, the SuperNode's PID and the log."""
+    log = tmp_path / "runtime.log"
+    env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"), FLWR_TELEMETRY_ENABLED="0")
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([*FLSPLIT, "party-runtime", "--", str(BIN / "flower-supernode"), "--insecure",
+                                 "--superlink", f"127.0.0.1:{free_port()}", "--host", "127.0.0.1",
+                                 "--port", str(free_port()), "--node-config", "role='host' data-path='x.npz'"],
+                                stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        if "serves the ClientApp tasks of SuperNode pid" in text:
+            pid = int(text.split("SuperNode pid ", 1)[1].split()[0])
+            # the secret file is removed once the SuperNode has read it (its Runtime API is open)
+            for _ in range(200):
+                if "--superexec-auth-secret-file" in _cmdline(pid) and not Path(_secret_path(pid)).exists():
+                    return proc, pid, log
+                time.sleep(0.1)
+            break
+        assert proc.poll() is None, text
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(log.read_text(errors="replace"))
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
+
+
+def _secret_path(pid: int) -> str:
+    args = _cmdline(pid)
+    return args[args.index("--superexec-auth-secret-file") + 1]
+
+
+def _alive(pid: int) -> bool:
+    state = process_table().get(pid)
+    return state is not None and state[0] != "Z"
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _cleanup(proc: subprocess.Popen, pid: int) -> None:
+    for p in (proc.pid, pid):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_supernode_dies_with_its_runtime_even_on_sigkill(tmp_path):
+    proc, node, _ = _start(tmp_path)
+    try:
+        assert _alive(node)
+        assert "--isolation" in _cmdline(node) and "process" in _cmdline(node)
+        os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the kernel's parent-death signal ends the node
+        proc.wait(timeout=30)
+        assert _gone_within(node, 30), "the SuperNode outlived its SIGKILLed runtime"
+    finally:
+        _cleanup(proc, node)
+
+
+@pytest.mark.slow
+def test_sigterm_ends_both_and_a_dead_supernode_ends_the_runtime(tmp_path):
+    proc, node, log = _start(tmp_path)
+    try:
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM, log.read_text(errors="replace")[-2000:]
+        assert _gone_within(node, 30), log.read_text(errors="replace")[-2000:]
+    finally:
+        _cleanup(proc, node)
+    (tmp_path / "second").mkdir()
+    proc, node, log = _start(tmp_path / "second")
+    try:
+        os.kill(node, signal.SIGKILL)  # the node goes first: its runtime has nothing to serve
+        assert proc.wait(timeout=60) == 128 + signal.SIGKILL, log.read_text(errors="replace")[-2000:]
+        assert "the SuperNode exited with code 137; 0 messages served" in log.read_text()
+    finally:
+        _cleanup(proc, node)
