@@ -47,7 +47,7 @@ FLSPLIT = [sys.executable, "-m", "fl_split.cli"]
 RUNS = ("flower", "per-message", "warm")
 _ARRIVAL = re.compile(r"^\[\s*([0-9.]+) s\] (.*)$")
 _MESSAGE = re.compile(r"party-runtime: message (\d+) \(([\w.]+)\): pull ([0-9.]+) s, app ([0-9.]+) s, "
-                      r"push ([0-9.]+) s")
+                      r"push ([0-9.]+) s(?: \(pull: context \+ FAB ([0-9.]+) s\))?")
 
 
 def write_tables(out: Path, n: int) -> tuple[list[str], int]:
@@ -94,7 +94,8 @@ def runtime_messages(workdir: Path) -> dict[str, list[dict]]:
             m = _MESSAGE.search(line)
             if m:
                 rows.append({"n": int(m.group(1)), "type": m.group(2), "pull_s": float(m.group(3)),
-                             "app_s": float(m.group(4)), "push_s": float(m.group(5))})
+                             "app_s": float(m.group(4)), "push_s": float(m.group(5)),
+                             "pull_context_fab_s": float(m.group(6)) if m.group(6) else None})
         out[log.stem.replace("supernode-", "")] = rows
     return out
 

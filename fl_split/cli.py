@@ -229,15 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--budget", dest="pred_budget", type=float, default=None, metavar="E",
                     help="refuse a guest's release that would take its inference ledger over epsilon E "
                          "[default: no budget]")
-    rt = sub.add_parser("party-runtime", help="run a SuperNode with its party warm in one long-lived process",
-                        description="Start `flower-supernode ARGS` with --isolation process and run every ClientApp "
-                                    "task of it in this process (torch, fl_split and the party stay loaded) until "
-                                    "the SuperNode ends (docs/deploy.md, \"The warm party\").")
-    rt.add_argument("--poll", type=float, default=0.05, metavar="S", help="seconds between task polls [default: 0.05]")
-    rt.add_argument("--supernode-poll", type=float, default=0.25, metavar="S",
-                    help="seconds between the SuperNode's polls of the SuperLink when idle (Flower's own: 3; "
-                         "3 runs Flower's flower-supernode unchanged) [default: 0.25]")
-    rt.add_argument("supernode", nargs=argparse.REMAINDER, metavar="-- flower-supernode ARGS")
+    from fl_split.flower.warm import add_parser as _add_runtime_parser
+
+    _add_runtime_parser(sub)
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser

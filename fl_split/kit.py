@@ -234,7 +234,9 @@ def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_
                       f"     Guests must reach your data plane at {dataplane} (you listen on its port)."]
         else:
             steps += ["  2. (the host signs your CSR; put the returned certificate in inbox/)"]
-        steps += ["  3. sh run.sh start     starts your SuperNode with your own table (keep it running)",
+        steps += ["  3. sh run.sh start     starts your SuperNode with your own table (keep it running); your party",
+                  "                        lives in this one process for the whole run (kit.toml clientapp = \"warm\";",
+                  "                        \"per-message\": Flower's fresh flwr-clientapp process per message)",
                   "  4. (the coordinator runs the job)",
                   "Keep secret: keys/, your table, your seed file, checkpoints/ (your secret and weights)."]
     return "\n".join(head + steps + ["", "You send:"] + (sends or ["  nothing"]) + ["", "You receive:"]
@@ -464,7 +466,10 @@ def node_step(step: str, kit_dir: str | os.PathLike) -> list[str]:
     args = _start_args(kit, conf)
     sys.stdout.flush()
     os.chdir(kit)
-    if conf["party"] != COORDINATOR and conf.get("clientapp", "warm") == "warm":
+    mode = conf.get("clientapp", "warm")
+    if mode not in ("warm", "per-message"):
+        raise ConfigError("clientapp", mode, f"'warm' or 'per-message' (edit {kit / KIT_FILE})")
+    if conf["party"] != COORDINATOR and mode == "warm":
         # the party warm in this one process for the whole run (fl_split/flower/warm.py); kit.toml
         # clientapp = "per-message" keeps Flower's flwr-clientapp process per message
         from fl_split.flower.warm import main as party_runtime

@@ -126,6 +126,41 @@ def fab_clientapp(fab_content: bytes) -> str:
     return str(conf.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get("clientapp", ""))
 
 
+#: first wait (s) when a message's objects are not in the SuperNode's store yet: the SuperNode
+#: creates the task before it has pulled the message's objects from the SuperLink, and Flower's
+#: default first wait is 1 s (``PULL_INITIAL_BACKOFF``), doubling — a second on every message
+PULL_BACKOFF = 0.02
+
+
+def pull_task_input(client, marks: dict | None = None):
+    """Flower's ``run_clientapp.pull_task_input`` (the task's context, run and FAB, then its
+    message), with a short first wait for objects the SuperNode is still pulling."""
+    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
+    from flwr.proto.node_pb2 import Node
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
+    from flwr.app import Message
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+        make_confirm_message_received_fn_protobuf, make_pull_object_fn_protobuf)
+    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+    from flwr.supercore.task_identity import TaskIdentity
+
+    res = client.PullTaskInput(PullTaskInputRequest())
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = res.task_id, res.run.run_id, res.context.node_id
+    context, run, fab = context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
+    if marks is not None:
+        marks["input"] = time.monotonic()
+    pulled = client.PullMessages(PullAppMessagesRequest())
+    if not pulled.messages_list:
+        raise RuntimeError("no message for this task in the SuperNode's Runtime API")
+    node, tree = Node(node_id=context.node_id), pulled.message_object_trees[0]
+    message = pull_and_inflate_object_from_tree(
+        tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
+        return_type=Message, initial_backoff=PULL_BACKOFF, backoff_cap=0.5, max_tries_per_object=None)
+    message.metadata.__dict__["_message_id"] = tree.object_id  # a deflated message lacks its own ID
+    return message, context, run, fab
+
+
 class PartyRuntime:
     """SuperExec + in-process ClientApp for one SuperNode's Runtime API (module docstring)."""
 
@@ -173,7 +208,7 @@ class PartyRuntime:
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
         from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
-        from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+        from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
         invoker = make_simple_http_retry_invoker()
         client = RuntimeHttpClient.from_server_address(
@@ -187,7 +222,7 @@ class PartyRuntime:
         mtype = "?"
         try:
             heartbeat.start()
-            message, context, _run, fab = pull_task_input(client)
+            message, context, _run, fab = pull_task_input(client, marks)
             mtype = message.metadata.message_type
             marks["pulled"] = time.monotonic()
             ref = fab_clientapp(fab.content)
@@ -216,9 +251,10 @@ class PartyRuntime:
             marks["pushed"] = time.monotonic()
         self.handled += 1
         t = {"pull": marks.get("pulled", marks["app"]) - marks["start"],
+             "input": marks.get("input", marks["start"]) - marks["start"],
              "app": marks["app"] - marks.get("pulled", marks["app"]), "push": marks["pushed"] - marks["app"]}
         self.log(f"party-runtime: message {self.handled} ({mtype}): pull {t['pull']:.3f} s, "
-                 f"app {t['app']:.3f} s, push {t['push']:.3f} s")
+                 f"app {t['app']:.3f} s, push {t['push']:.3f} s (pull: context + FAB {t['input']:.3f} s)")
         return t
 
     def serve(self, alive: Callable[[], bool]) -> None:
@@ -238,6 +274,20 @@ class PartyRuntime:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.client.close()
+
+
+def add_parser(sub) -> None:
+    """``fl-split party-runtime`` on the CLI's subcommand parsers."""
+    rt = sub.add_parser("party-runtime", help="run a SuperNode with its party warm in one long-lived process",
+                        description="Start `flower-supernode ARGS` with --isolation process and run every ClientApp "
+                                    "task of it in this process (torch, fl_split and the party stay loaded) until "
+                                    "the SuperNode ends (docs/deploy.md, \"The warm party\").")
+    rt.add_argument("--poll", type=float, default=POLL_INTERVAL, metavar="S",
+                    help=f"seconds between task polls [default: {POLL_INTERVAL}]")
+    rt.add_argument("--supernode-poll", type=float, default=SUPERNODE_POLL, metavar="S",
+                    help="seconds between the SuperNode's polls of the SuperLink when idle (Flower's own: 3; "
+                         f"3 runs Flower's flower-supernode unchanged) [default: {SUPERNODE_POLL}]")
+    rt.add_argument("supernode", nargs=argparse.REMAINDER, metavar="-- flower-supernode ARGS")
 
 
 def _wait_port(address: str, alive: Callable[[], bool], timeout: float = 120.0) -> bool:
