@@ -74,15 +74,17 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
                                  "--superlink", f"127.0.0.1:{free_port()}", "--host", "127.0.0.1",
                                  "--port", str(free_port()), "--node-config", "role='host' data-path='x.npz'"],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         text = log.read_text(errors="replace")
         if "serves the ClientApp tasks of SuperNode pid" in text:
             pid = int(text.split("SuperNode pid ", 1)[1].split()[0])
-            # the secret file is removed once the SuperNode has read it (its Runtime API is open)
-            for _ in range(200):
+            # the secret file is removed once the SuperNode has read it (its Runtime API is open;
+            # importing flwr may take tens of seconds on a loaded machine)
+            while time.monotonic() < deadline:
                 if "--superexec-auth-secret-file" in _cmdline(pid) and not Path(_secret_path(pid)).exists():
                     return proc, pid, log
+                assert proc.poll() is None, log.read_text(errors="replace")
                 time.sleep(0.1)
             break
         assert proc.poll() is None, text
