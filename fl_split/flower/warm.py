@@ -132,6 +132,22 @@ def fab_clientapp(fab_content: bytes) -> str:
 PULL_BACKOFF = 0.02
 
 
+def short_object_waits(grid) -> None:
+    """The ServerApp side of :data:`PULL_BACKOFF`: the SuperLink lists a reply before the SuperNode has
+    pushed all its objects, and the deployment grid (flwr 1.41 ``HttpGrid.pull_messages``) then
+    waits 1 s, doubling, for them. Its module's ``pull_objects`` gets a 0.02 s first wait (0.5 s
+    cap); the simulation's in-memory grid has no such wait and is left as it is."""
+    import functools
+
+    module = sys.modules.get(type(grid).__module__)
+    pull = getattr(module, "pull_objects", None)
+    if pull is None or getattr(pull, "_fl_split_short", False):
+        return
+    short = functools.partial(pull, initial_backoff=PULL_BACKOFF, backoff_cap=0.5, max_tries_per_object=None)
+    short._fl_split_short = True  # type: ignore[attr-defined]
+    module.pull_objects = short  # type: ignore[union-attr]
+
+
 def pull_task_input(client, marks: dict | None = None):
     """Flower's ``run_clientapp.pull_task_input`` (the task's context, run and FAB, then its
     message), with a short first wait for objects the SuperNode is still pulling."""
