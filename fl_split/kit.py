@@ -474,8 +474,7 @@ def node_step(step: str, kit_dir: str | os.PathLike) -> list[str]:
         # clientapp = "per-message" keeps Flower's flwr-clientapp process per message
         from fl_split.flower.warm import main as party_runtime
 
-        os.environ.clear()
-        os.environ.update(_env(kit))
+        os.environ.update(_env(kit))  # what execve would have given the SuperNode (a superset of ours)
         sys.exit(party_runtime(args))
     os.execve(args[0], args, _env(kit))  # the organisation's long-running service
     raise AssertionError("unreachable")

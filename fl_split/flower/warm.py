@@ -381,7 +381,8 @@ def main(supernode_args: list[str], poll: float = POLL_INTERVAL, grace: float = 
     try:
         alive = lambda: proc.poll() is None  # noqa: E731
         if not _wait_port(address, alive):
-            raise RuntimeError(f"the SuperNode's Runtime API {address} did not open")
+            raise RuntimeError(f"the SuperNode's Runtime API {address} did not open" + (
+                f" (the SuperNode exited with code {proc.returncode})" if proc.poll() is not None else " in 120 s"))
         secret_file.unlink()  # read by the SuperNode at start-up; the runtime keeps it in memory
         runtime = PartyRuntime(address, secret, poll=poll)
         runtime.serve(alive)
