@@ -113,7 +113,12 @@ def cold_import_seconds(env: dict[str, str], repeats: int = 3) -> list[float]:
 
 def summary(name: str, wall: float, code: int, res: dict | None, workdir: Path | None) -> dict:
     row: dict = {"run": name, "wall_s": round(wall, 2), "exit": code}
-    if res is None:
+    if res is None:  # a failed deployment: what its log says up to the failure
+        if workdir is not None:
+            lines = arrivals(workdir)
+            row.update(psi_phase_s=psi_phase(lines), messages=runtime_messages(workdir),
+                       log_arrivals=[[t, s] for t, s in lines if "epoch" in s or "federation" in s
+                                     or re.search(r"align|PSI|psi|failed", s)])
         return row
     row.update(train_s=round(res["time_s"], 2), epochs_s=[round(h["epoch_time_s"], 2) for h in res["history"]],
                accuracy=res["final"]["value"], train_loss=res["final"]["train_loss"],

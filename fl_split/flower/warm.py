@@ -52,6 +52,7 @@ import sys
 import tempfile
 import time
 import tomllib
+import types
 import zipfile
 from io import BytesIO
 from pathlib import Path
@@ -96,6 +97,7 @@ def supernode(argv: list[str], poll: float = SUPERNODE_POLL) -> None:
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     loop.time = _PollClock(poll)  # type: ignore[assignment]
+    short_object_waits(loop)  # a message's objects the ServerApp is still pushing to the SuperLink
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 
@@ -133,13 +135,15 @@ PULL_BACKOFF = 0.02
 
 
 def short_object_waits(grid) -> None:
-    """The ServerApp side of :data:`PULL_BACKOFF`: the SuperLink lists a reply before the SuperNode has
-    pushed all its objects, and the deployment grid (flwr 1.41 ``HttpGrid.pull_messages``) then
-    waits 1 s, doubling, for them. Its module's ``pull_objects`` gets a 0.02 s first wait (0.5 s
-    cap); the simulation's in-memory grid has no such wait and is left as it is."""
+    """:data:`PULL_BACKOFF` where Flower pulls a message's objects from the SuperLink: the SuperLink
+    lists a message before its sender has pushed all its objects, and ``pull_objects`` then waits
+    1 s, doubling. ``grid``: the ServerApp's deployment grid (flwr 1.41 ``HttpGrid.pull_messages``,
+    the replies) or a module (the SuperNode's loop, :func:`supernode`); its module's ``pull_objects``
+    gets a 0.02 s first wait (0.5 s cap). The simulation's in-memory grid has no such wait and is
+    left as it is."""
     import functools
 
-    module = sys.modules.get(type(grid).__module__)
+    module = grid if isinstance(grid, types.ModuleType) else sys.modules.get(type(grid).__module__)
     pull = getattr(module, "pull_objects", None)
     if pull is None or getattr(pull, "_fl_split_short", False):
         return
