@@ -54,6 +54,27 @@ def test_the_runtime_runs_only_fl_splits_clientapp():
     assert f'clientapp = "{CLIENTAPP_REF}"' in (root / "pyproject.toml").read_text()
 
 
+def test_short_object_waits_apply_where_flower_pulls_objects_only():
+    import types
+
+    from fl_split.flower.warm import PULL_BACKOFF, short_object_waits
+
+    calls = []
+    module = types.ModuleType("fake_grid_module")
+    module.pull_objects = lambda **kw: calls.append(kw)
+    short_object_waits(module)
+    short_object_waits(module)  # once: no partial of a partial
+    module.pull_objects(object_ids=["a"], pull_object_fn=None)
+    assert calls == [{"object_ids": ["a"], "pull_object_fn": None, "initial_backoff": PULL_BACKOFF,
+                      "backoff_cap": 0.5, "max_tries_per_object": None}]
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+    import flwr.superlink.grid.inmemory_grid as inmemory
+
+    before = dict(vars(inmemory))
+    short_object_waits(InMemoryGrid.__new__(InMemoryGrid))  # the simulation's grid: nothing to shorten
+    assert dict(vars(inmemory)) == before
+
+
 @pytest.mark.parametrize("argv, words", [
     (["party-runtime"], "no command"),
     (["party-runtime", "--", "flwr-clientapp", "--token", "x"], "flwr-clientapp"),
