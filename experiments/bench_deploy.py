@@ -4,6 +4,7 @@ One job — three raw CSV tables (``raw_world`` of ``tests/test_raw_tables.py``:
 empty cells, partly overlapping IDs; ``--ids 800`` gives 498 rows in all three), ``--align psi``,
 2 guests, the same private seed file — run three ways in one invocation, one after the other:
 
+* ``fl-split train`` (the local engine: its alignment time is the PSI computation alone);
 * ``fl-split train --engine flower`` (the Flower simulation, in one process);
 * ``fl-split deploy local --tls --clientapp per-message`` (before: Flower's fresh ``flwr-clientapp``
   process per message, which imports torch + fl_split and restores the party from ``context.state``);
@@ -22,7 +23,10 @@ the epoch's time. The issue's targets are checked and printed.
     python experiments/bench_deploy.py                       # 3 epochs, ~10 min on the loaded 2-core machine
     python experiments/bench_deploy.py --epochs 2 --only warm flower
 
-Writes ``experiments/results/bench_deploy.json`` (``--tag T``: ``bench_deploy_T.json``).
+Writes ``experiments/results/bench_deploy.json`` (``--tag T``: ``bench_deploy_T.json``). Committed:
+``_run1`` (per-message and warm at load 17-38; the simulation's Ray did not start), ``_run2``
+(simulation and warm, load 13 -> 5; PSI computation from the deployment's own alignment time),
+``_run3`` (all four, see docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 FLSPLIT = [sys.executable, "-m", "fl_split.cli"]
-RUNS = ("flower", "per-message", "warm")
+RUNS = ("local", "flower", "per-message", "warm")
 _ARRIVAL = re.compile(r"^\[\s*([0-9.]+) s\] (.*)$")
 _MESSAGE = re.compile(r"party-runtime: message (\d+) \(([\w.]+)\): pull ([0-9.]+) s, app ([0-9.]+) s, "
                       r"push ([0-9.]+) s(?: \(pull: context \+ FAB ([0-9.]+) s\))?")
@@ -152,9 +156,9 @@ def main() -> None:
     rows = []
     for name in a.only:
         out = work / f"{name}.json"
-        workdir = None if name == "flower" else work / f"deploy-{name}"
-        if name == "flower":
-            args = [*FLSPLIT, "train", "--engine", "flower", *job, "--out", str(out)]
+        workdir = None if name in ("local", "flower") else work / f"deploy-{name}"
+        if name in ("local", "flower"):
+            args = [*FLSPLIT, "train", "--engine", name, *job, "--out", str(out)]
         else:
             args = [*FLSPLIT, "deploy", "local", "--tls", *job, "--clientapp", name, "--workdir", str(workdir),
                     "--out", str(out)]
@@ -176,10 +180,13 @@ def main() -> None:
         targets["training <= 2x simulation + 10 s"] = {
             "deployment_s": dep["train_s"], "limit_s": round(2 * sim["train_s"] + 10, 2),
             "met": dep["train_s"] <= 2 * sim["train_s"] + 10}
-        psi = (dep.get("alignment") or {}).get("time_s")
+        # the PSI computation: the local engine's (one process, no messages) when it ran, else the
+        # deployment's own alignment time (its wall time, messages included: a looser limit)
+        psi = (by.get("local", dep).get("alignment") or {}).get("time_s")
         if dep.get("psi_phase_s") is not None and psi is not None:
             targets["PSI phase <= 10 s + PSI computation"] = {
-                "phase_s": dep["psi_phase_s"], "psi_computation_s": round(psi, 2),
+                "phase_s": dep["psi_phase_s"], "psi_computation_s": round(psi, 3),
+                "psi_computation_from": "local engine" if "local" in by else "deployment alignment time_s",
                 "limit_s": round(10 + psi, 2), "met": dep["psi_phase_s"] <= 10 + psi}
         targets["deploy local wall <= 2x --engine flower wall"] = {
             "deploy_s": dep["wall_s"], "limit_s": round(2 * sim["wall_s"], 2), "met": dep["wall_s"] <= 2 * sim["wall_s"]}
