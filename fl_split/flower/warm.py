@@ -186,7 +186,6 @@ class PartyRuntime:
 
     def __init__(self, address: str, secret: bytes | None, app=None, poll: float = POLL_INTERVAL,
                  log: Callable[[str], None] | None = None) -> None:
-        from flwr.proto.runtime_pb2 import AcquireTaskRequest  # noqa: F401 - fail early without flwr
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
         from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
