@@ -524,7 +524,8 @@ class KitDeployment(LocalDeployment):
         for who in [COORDINATOR] + self.parties:  # (1) each organisation makes its keys
             self._step(who, "init")
         for party in self.parties:  # (0) each organisation names its own table (and seed) in its kit.toml
-            values: dict[str, Any] = {"data_path": str(self.party_file(party))}
+            values: dict[str, Any] = {"data_path": str(self.party_file(party)),
+                                      "clientapp": "warm" if self.warm else "per-message"}
             if self.private_seed is not None:
                 write_private(kits[party] / "keys" / "private-seed",
                               self.private_seed.for_party(party).file_text().encode("ascii"))
