@@ -243,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fl_split.export_cli import add_parser as _add_export_model_parser
 
     _add_export_model_parser(sub)  # fl-split export-model (docs/serving.md, "Serving outside fl_split")
+    from fl_split.flower.warm import add_parser as _add_runtime_parser
+
+    _add_runtime_parser(sub)
     sub.add_parser("datasets", help="list datasets and whether each is available offline")
     sub.add_parser("models", help="list model architectures and their cut positions")
     return parser
@@ -276,6 +279,9 @@ def _add_deploy_parser(sub) -> None:
                    help="format of the exported party files [default: npz]")
     g.add_argument("--deploy-timeout", type=float, default=1800.0, metavar="S",
                    help="give up (and tear down) after S seconds [default: 1800]")
+    g.add_argument("--clientapp", choices=("warm", "per-message"), default="warm",
+                   help="warm: each party in one long-lived process (fl-split party-runtime); per-message: "
+                        "Flower's fresh flwr-clientapp process per message [default: warm]")
     from fl_split.kit import add_kit_parsers  # deploy kit, deploy node, deploy local --from-kits
 
     add_kit_parsers(kinds, g, _add_train_flags)
@@ -480,7 +486,8 @@ def cmd_deploy(ns: argparse.Namespace) -> int:
     print(f"deploy local: {cfg.guests + 1} parties on 127.0.0.1, work directory {ns.workdir}", flush=True)
     results = deploy_local(cfg, ns.workdir, tls=ns.tls, node_auth=ns.node_auth, private_seed=ns.seed_value,
                            party_format=ns.party_format, timeout=ns.deploy_timeout, party_files=party_dir,
-                           deployment=_kit_deployment() if ns.from_kits else None)
+                           deployment=_kit_deployment() if ns.from_kits else None,
+                           warm=ns.clientapp == "warm")
     if cfg.out:
         write_json_atomic(cfg.out, results)
     print_summary(results)
@@ -633,6 +640,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_export_model(ns)
         if ns.command == "flwr-run":
             return cmd_flwr_run(ns)
+        if ns.command == "party-runtime":
+            from fl_split.flower.warm import main as party_runtime
+
+            return party_runtime(ns.supernode, poll=ns.poll, supernode_poll=ns.supernode_poll)
         if ns.command == "datasets":
             return cmd_datasets()
         if ns.command == "models":

@@ -70,6 +70,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def warm_command(supernode_args: list[str]) -> list[str]:
+    """``flower-supernode ARGS`` run under ``fl-split party-runtime`` (fl_split/flower/warm.py): the
+    party lives in one process for the whole run instead of one process per message."""
+    return [sys.executable, "-m", "fl_split.cli", "party-runtime", "--", *supernode_args]
+
+
 def _bin(name: str) -> str:
     here = Path(sys.executable).parent / name
     if here.exists():
@@ -185,8 +191,11 @@ class LocalDeployment:
     def __init__(self, cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True, node_auth: bool = True,
                  private_seed=None, party_format: str = "npz",
                  echo: Callable[[str], None] | None = None, timeout: float = 1800.0, grace: float = 10.0,
-                 party_files: str | os.PathLike | None = None) -> None:
+                 party_files: str | os.PathLike | None = None, warm: bool = True) -> None:
         self.cfg, self.tls, self.node_auth = cfg, tls, node_auth and tls
+        #: each SuperNode under ``fl-split party-runtime`` (its party warm in one process,
+        #: fl_split/flower/warm.py) or Flower's per-message ``flwr-clientapp`` processes
+        self.warm = warm
         self.private_seed, self.party_format = private_seed, party_format
         #: ``--party-files DIR``: the parties' files exist already (export-parties); used where they are
         self.given_parties = Path(party_files).expanduser().resolve() if party_files else None
@@ -390,7 +399,8 @@ class LocalDeployment:
                     args += ["--auth-supernode-private-key", str(self.certs / f"auth-{party}.key")]
             else:
                 args.append("--insecure")
-            self.group.spawn(f"supernode-{party}", args, self.env, cwd=self.workdir)
+            self.group.spawn(f"supernode-{party}", warm_command(args) if self.warm else args, self.env,
+                             cwd=self.workdir)
         self._mark("supernodes")
 
     def _check_alive(self) -> None:
@@ -501,7 +511,7 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
                  private_seed=None, party_format: str = "npz",
                  echo: Callable[[str], None] | None = None, timeout: float = 1800.0,
                  party_files: str | os.PathLike | None = None,
-                 deployment: type[LocalDeployment] | None = None) -> dict[str, Any]:
+                 deployment: type[LocalDeployment] | None = None, warm: bool = True) -> dict[str, Any]:
     """Run ``cfg`` as a loopback deployment (module docstring); ``deployment``: the class that runs it
     (:class:`LocalDeployment`, or :class:`fl_split.kit.KitDeployment` — by executing the organisations'
     kits, always TLS and node authentication — which the caller imports: kit builds on this module); returns the results dictionary
@@ -517,7 +527,8 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
     kind = deployment or LocalDeployment
     from_kits = getattr(kind, "FROM_KITS", False)
     dep = kind(cfg, workdir, tls=tls, node_auth=node_auth, private_seed=private_seed,
-                          party_format=party_format, echo=echo, timeout=timeout, party_files=party_files)
+                          party_format=party_format, echo=echo, timeout=timeout, party_files=party_files,
+                          warm=warm)
     previous = previous_int = None
     if threading.current_thread() is threading.main_thread():
         def _on_term(signum, frame):  # noqa: ARG001

@@ -185,7 +185,7 @@ def write_kits(cfg: RunConfig, out: str | os.PathLike, parties: list[str], super
             conf.update({"superlink": superlink, "dataplane": dataplane,
                          "clientappio-port": (clientappio_ports or {}).get(name, 9094),
                          "data-path": "", "checkpoint-dir": "checkpoints" if cfg.checkpoint_dir else "",
-                         "private-seed-file": ""})
+                         "private-seed-file": "", "clientapp": "warm"})
             if name == "host":
                 conf["guests"] = [p for p in parties if p != "host"]
         (kit / KIT_FILE).write_text(_toml(conf), encoding="utf-8")
@@ -234,7 +234,9 @@ def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_
                       f"     Guests must reach your data plane at {dataplane} (you listen on its port)."]
         else:
             steps += ["  2. (the host signs your CSR; put the returned certificate in inbox/)"]
-        steps += ["  3. sh run.sh start     starts your SuperNode with your own table (keep it running)",
+        steps += ["  3. sh run.sh start     starts your SuperNode with your own table (keep it running); your party",
+                  "                        lives in this one process for the whole run (kit.toml clientapp = \"warm\";",
+                  "                        \"per-message\": Flower's fresh flwr-clientapp process per message)",
                   "  4. (the coordinator runs the job)",
                   "Keep secret: keys/, your table, your seed file, checkpoints/ (your secret and weights)."]
     return "\n".join(head + steps + ["", "You send:"] + (sends or ["  nothing"]) + ["", "You receive:"]
@@ -466,6 +468,16 @@ def node_step(step: str, kit_dir: str | os.PathLike) -> list[str]:
     args = _start_args(kit, conf)
     sys.stdout.flush()
     os.chdir(kit)
+    mode = conf.get("clientapp", "warm")
+    if mode not in ("warm", "per-message"):
+        raise ConfigError("clientapp", mode, f"'warm' or 'per-message' (edit {kit / KIT_FILE})")
+    if conf["party"] != COORDINATOR and mode == "warm":
+        # the party warm in this one process for the whole run (fl_split/flower/warm.py); kit.toml
+        # clientapp = "per-message" keeps Flower's flwr-clientapp process per message
+        from fl_split.flower.warm import main as party_runtime
+
+        os.environ.update(_env(kit))  # what execve would have given the SuperNode (a superset of ours)
+        sys.exit(party_runtime(args))
     os.execve(args[0], args, _env(kit))  # the organisation's long-running service
     raise AssertionError("unreachable")
 
@@ -514,7 +526,8 @@ class KitDeployment(LocalDeployment):
         for who in [COORDINATOR] + self.parties:  # (1) each organisation makes its keys
             self._step(who, "init")
         for party in self.parties:  # (0) each organisation names its own table (and seed) in its kit.toml
-            values: dict[str, Any] = {"data_path": str(self.party_file(party))}
+            values: dict[str, Any] = {"data_path": str(self.party_file(party)),
+                                      "clientapp": "warm" if self.warm else "per-message"}
             if self.private_seed is not None:
                 write_private(kits[party] / "keys" / "private-seed",
                               self.private_seed.for_party(party).file_text().encode("ascii"))

@@ -93,6 +93,15 @@ def test_loopback_tls_deployment_with_two_guests(tls_deployment):
     # the run went through the SuperLink with TLS; the private seed stayed in the node configs
     assert "https://127.0.0.1" in (workdir / "logs" / "superlink.log").read_text()
     assert "private-seed" not in (workdir / "run-config.toml").read_text()
+    # the warm party (fl_split/flower/warm.py): one process per party served every message, no
+    # flwr-clientapp process was started (the SuperNodes ran with --isolation process)
+    for party in ("host", "guest-1", "guest-2"):
+        log = (workdir / "logs" / f"supernode-{party}.log").read_text(errors="replace")
+        assert log.count("party-runtime: pid ") == 1, log[-2000:]
+        served = [line.split("(", 1)[1].split(")")[0] for line in log.splitlines()
+                  if line.startswith("party-runtime: message ")]
+        assert served == ["query.role", "query.setup", "train.epoch", "query.report"], served
+        assert "flwr-clientapp" not in log
     assert {r["private_randomness"] for r in results["privacy"].values()} == {"private-seed"}
     # the local engine, same options and seeds, in this process
     from fl_split.cli import build_parser, config_from_args

@@ -178,6 +178,9 @@ def test_loopback_deployment_from_the_kits(tmp_path):
         assert (kits[party] / "keys" / "private-seed").is_file()
     _assert_no_foreign_secret(kits, secrets)
     assert "https://127.0.0.1" in (workdir / "logs" / "superlink.log").read_text()
+    for party in PARTIES:  # each kit's `start` kept its party warm: one process served every message
+        log = (workdir / "logs" / f"supernode-{party}.log").read_text(errors="replace")
+        assert log.count("party-runtime: pid ") == 1 and "party-runtime: message 3 (train.epoch)" in log, log[-2000:]
     from fl_split.cli import build_parser, config_from_args
     from fl_split.engine import run_experiment
     from fl_split.seeding import PrivateSeed

@@ -57,6 +57,9 @@ class FlowerTransport:
     """
 
     def __init__(self, grid, nodes: dict[str, int], timeout: float, poll: float = POLL_INTERVAL) -> None:
+        from fl_split.flower.warm import short_object_waits
+
+        short_object_waits(grid)  # a deployment's replies: no 1 s first wait for their objects
         self.grid = grid
         self.nodes = dict(nodes)
         self.guests = sorted((p for p in nodes if p != "host"), key=lambda p: int(p.split("-")[1]))
