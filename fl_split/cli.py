@@ -527,7 +527,7 @@ def cmd_predict(ns: argparse.Namespace) -> int:
             tables[party.strip()] = path.strip()
     args = (ns.model, tables, ns.id_column, ns.pred_out, ns.align, ns.label_column, ns.pred_budget)
     if ns.pred_engine == "flower":
-        from fl_split.flower.predicting import predict_flower
+        from fl_split.flower.predict_sim import predict_flower
 
         s = predict_flower(*args)
     elif ns.pred_engine == "deploy-local":

@@ -27,7 +27,7 @@ def _with_extra_rows(paths, new, train_ids):
 
 
 def test_flower_predict_with_psi_gives_the_runs_metrics(tmp_path):
-    from fl_split.flower.predicting import predict_flower
+    from fl_split.flower.predict_sim import predict_flower
 
     paths = _tables(tmp_path, guests=1)
     cfg, res = _train(tmp_path, paths)
@@ -45,7 +45,7 @@ def test_flower_predict_with_psi_gives_the_runs_metrics(tmp_path):
 
 
 def test_flower_predict_charges_each_guests_inference_ledger(tmp_path):
-    from fl_split.flower.predicting import predict_flower
+    from fl_split.flower.predict_sim import predict_flower
     from fl_split.predict import predict
     from fl_split.privacy.ledger import Ledger
     from fl_split.state import unflatten
@@ -67,7 +67,8 @@ def test_flower_predict_charges_each_guests_inference_ledger(tmp_path):
 
 
 def test_flower_predict_refuses_a_missing_party_table(tmp_path):
-    from fl_split.flower.predicting import job_spec, predict_flower
+    from fl_split.flower.predicting import job_spec
+    from fl_split.flower.predict_sim import predict_flower
 
     paths = _tables(tmp_path, guests=1)
     _train(tmp_path, paths)

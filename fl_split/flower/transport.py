@@ -57,7 +57,7 @@ class FlowerTransport:
     """
 
     def __init__(self, grid, nodes: dict[str, int], timeout: float, poll: float = POLL_INTERVAL) -> None:
-        from fl_split.flower.warm import short_object_waits
+        from fl_split.flower.objectwaits import short_object_waits
 
         short_object_waits(grid)  # a deployment's replies: no 1 s first wait for their objects
         self.grid = grid

@@ -128,28 +128,9 @@ def fab_clientapp(fab_content: bytes) -> str:
     return str(conf.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get("clientapp", ""))
 
 
-#: first wait (s) when a message's objects are not in the SuperNode's store yet: the SuperNode
-#: creates the task before it has pulled the message's objects from the SuperLink, and Flower's
-#: default first wait is 1 s (``PULL_INITIAL_BACKOFF``), doubling — a second on every message
-PULL_BACKOFF = 0.02
-
-
-def short_object_waits(grid) -> None:
-    """:data:`PULL_BACKOFF` where Flower pulls a message's objects from the SuperLink: the SuperLink
-    lists a message before its sender has pushed all its objects, and ``pull_objects`` then waits
-    1 s, doubling. ``grid``: the ServerApp's deployment grid (flwr 1.41 ``HttpGrid.pull_messages``,
-    the replies) or a module (the SuperNode's loop, :func:`supernode`); its module's ``pull_objects``
-    gets a 0.02 s first wait (0.5 s cap). The simulation's in-memory grid has no such wait and is
-    left as it is."""
-    import functools
-
-    module = grid if isinstance(grid, types.ModuleType) else sys.modules.get(type(grid).__module__)
-    pull = getattr(module, "pull_objects", None)
-    if pull is None or getattr(pull, "_fl_split_short", False):
-        return
-    short = functools.partial(pull, initial_backoff=PULL_BACKOFF, backoff_cap=0.5, max_tries_per_object=None)
-    short._fl_split_short = True  # type: ignore[attr-defined]
-    module.pull_objects = short  # type: ignore[union-attr]
+# short_object_waits / PULL_BACKOFF live in a leaf module: the ServerApp's transport uses them too,
+# and importing this module from there would close an import circle (warm -> node -> … -> transport)
+from fl_split.flower.objectwaits import PULL_BACKOFF, short_object_waits  # noqa: E402
 
 
 def pull_task_input(client, marks: dict | None = None):
