@@ -92,7 +92,7 @@ from fl_split.local_update import LocalUpdate
 from fl_split.merge import Merge
 from fl_split.privacy.base import Mechanism, NoDefense, PostProcess
 from fl_split.privacy.bounds import PeerTrust
-from fl_split.privacy.guard import TrainTestGuard
+from fl_split.privacy.guard import RECENT, TrainTestGuard
 from fl_split.privacy.diagnostics import LocalDiagnostics
 from fl_split.privacy.disclosure import party_privacy_report
 from fl_split.protocol import (Message, batch_digest, encode, frame_limit, handoff, open_message, receive_expected,
@@ -915,6 +915,7 @@ class HostParty(_Party):
         self.trust = PeerTrust("host", "activations", dict(guest_mechanisms or {}), frozen=True)
         #: per-guest training vs test release statistics (issue 25: a guest poisoning its training releases)
         self.guard = TrainTestGuard("host")
+        self._train_round_batches = 0  # batches in the last training round decoded (the guard's ``defer``)
         if data.y_train is None:
             raise ValueError("the host must hold the labels")
         if report_metrics not in ("epoch", "none"):
@@ -986,9 +987,16 @@ class HostParty(_Party):
             for k, t in zip(keys, out[g]):
                 self.trust.check(g, k, t, round_)
         if keys and keys[0].phase == "test":  # the epoch's honest-looking test releases vs the training ones
+            # after a long relay round the recent training releases come from an older model: compare
+            # these test releases with the next round instead (fl_split/privacy/guard.py, "Like with like")
+            defer = self._train_round_batches > RECENT
             for g in fresh:
                 self.guard.check_test(g, out[g], f"{keys[0].phase}[epoch {keys[0].epoch}]", round_,
-                                      noisy=self.trust.public_range(g, keys[0]) is not None)
+                                      noisy=self.trust.public_range(g, keys[0]) is not None, defer=defer)
+        elif keys and keys[0].phase == "train":
+            for g in fresh:
+                self.guard.check_deferred(g, out[g], f"{keys[0].phase}[epoch {keys[0].epoch}]", round_)
+            self._train_round_batches = len(keys)
         for g in fresh:
             for k, t in zip(keys, out[g]):
                 self.trust.record(g, k, t)

@@ -183,3 +183,50 @@ def test_under_a_defence_only_a_degenerate_scale_is_refused():
         assert (guard.violation("g", test, noisy=True) is not None) is refused
         assert guard.violation("g", test, noisy=False) is not None  # without a defence both are
     assert DEGENERATE < 1 / NORM_RATIO
+
+
+# -- long relay rounds (--batches-per-round epoch): the comparison waits for the next round ---------------
+
+@pytest.mark.parametrize("defence", ["none", "gaussian"])
+def test_honest_runs_with_one_round_per_epoch_raise_no_alarm(defence):
+    """One relay round per epoch releases the whole epoch from the model at its start, so at evaluation
+    the recent training releases are an epoch of updates older than the test releases (before the
+    deferral an honest digits run stopped in epoch 1: norm ratio 0.24). The deferred check compares
+    like with like."""
+    for seed in (3, 4):
+        results = LocalEngine(_cfg(defence, epochs=3, seed=seed, batches_per_round="epoch"),
+                              private_seed=PrivateSeed.legacy(seed)).run()
+        assert results["stopped_reason"] == "completed" and results["guest_failures"] == []
+
+
+LONG_ROUND_ATTACKS = [("x10", "none", "mean per-record norm"),
+                      ("constant", "none", "mean per-element standard deviation of"),
+                      ("flip", "gaussian", "correlates -")]
+
+
+@pytest.mark.parametrize("kind,defence,says", LONG_ROUND_ATTACKS, ids=[a[0] for a in LONG_ROUND_ATTACKS])
+def test_long_rounds_detect_poisoning_in_the_next_epochs_first_round(kind, defence, says):
+    """A guest tampering with every training release under one round per epoch: epoch 1's training has
+    no test reference yet; epoch 1's test releases are kept and epoch 2's (only) training round, released
+    by the same model, is refused before the host trains on it."""
+    engine = LocalEngine(_cfg(defence, epochs=3, batches_per_round="epoch"), private_seed=PrivateSeed.legacy(1),
+                         transport=lambda t: PoisoningGuest(t, kind, start=1))
+    with pytest.raises(ReleaseOutOfRange) as err:
+        engine.run()
+    e = err.value
+    text = str(e)
+    assert (e.sender, e.receiver, e.what) == ("guest-1", "host", "activations") and "poisoning check" in text
+    assert "train[epoch 2]" in text and "compared with the test releases of test[epoch 1]" in text, text
+    assert says in text and "stopped (--on-guest-failure stop)" in text
+
+
+def test_deferred_check_keeps_nothing_once_used():
+    """check_test(defer=True) records nothing it compares now; check_deferred uses the kept test
+    releases once (a second training round is not compared with them again)."""
+    gen = torch.Generator().manual_seed(0)
+    honest = [torch.randn(32, 16, generator=gen) + torch.linspace(-2, 2, 16) for _ in range(RECENT)]
+    guard = TrainTestGuard()
+    guard.check_test("guest-1", honest, "test[epoch 1]", 2, defer=True)  # nothing to compare yet: no error
+    with pytest.raises(PoisoningDetected):
+        guard.check_deferred("guest-1", [-t for t in honest], "train[epoch 2]", 3)
+    guard.check_deferred("guest-1", [-t for t in honest], "train[epoch 2]", 4)  # used up: nothing kept

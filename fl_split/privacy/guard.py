@@ -27,6 +27,18 @@ evaluation (before anything of the evaluation changes):
   0.24×) and the range already bounds the scale, so only a degenerate release is refused there:
   a standard-deviation ratio below :data:`DEGENERATE` (no noisy mechanism releases a constant).
 
+**Like with like.** The check needs training and test releases from (nearly) the same bottom model.
+With one batch per round the last :data:`RECENT` training batches are at most that many updates
+older than the test releases. A relay round of more batches (``--batches-per-round 64`` or
+``epoch``, FedBCD-style) releases its whole round from the model at the round's start, so at
+evaluation the recent training releases are a round of updates older than the test releases (an
+honest digits run with one round per epoch measured a norm ratio of 0.24 in epoch 1, refused). There
+the host *defers* the comparison (:meth:`TrainTestGuard.check_test` with ``defer``): it keeps the
+epoch's test releases and compares them with the next epoch's first training round
+(:meth:`TrainTestGuard.check_deferred`), which the guest releases from the very model that produced
+those test releases — before the host trains on that round. The first epoch's training releases
+then have no test reference (the public range and the frozen scale monitor still apply).
+
 The checks start once the guest made :data:`RECENT` training releases (a bottom with batch
 normalisation releases its first test batches through running statistics still far off).
 
@@ -82,6 +94,8 @@ class TrainTestGuard:
         self.receiver = receiver
         #: guest → last RECENT training batches as (sum over rows, sum of squares, sum of row norms, rows)
         self._recent: dict[str, deque] = {}
+        #: guest → (test releases, their batch name, noisy) kept for the next training round (``defer``)
+        self._pending: dict[str, tuple[list[torch.Tensor], str, bool]] = {}
 
     @staticmethod
     def _moments(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float, int]:
@@ -93,13 +107,33 @@ class TrainTestGuard:
             self._recent.setdefault(guest, deque(maxlen=RECENT)).append(self._moments(t))
 
     def check_test(self, guest: str, tensors: list[torch.Tensor], batch: str, round_: int | None,
-                   noisy: bool = False) -> None:
+                   noisy: bool = False, defer: bool = False) -> None:
         """Raise :class:`PoisoningDetected` if ``guest``'s recent training releases disagree with
         its test releases ``tensors`` (one epoch's); nothing recorded either way. ``noisy``: the
-        guest's mechanism has a public range (a defence)."""
+        guest's mechanism has a public range (a defence). ``defer``: the recent training releases
+        came from an older model (a long relay round): keep ``tensors`` for :meth:`check_deferred`."""
+        if defer:
+            self._pending[guest] = ([t.detach() for t in tensors], batch, noisy)
+            return
         why = self.violation(guest, tensors, noisy)
         if why is not None:
             raise PoisoningDetected(guest, self.receiver, "activations", batch, round_, why)
+
+    def check_deferred(self, guest: str, train: list[torch.Tensor], batch: str, round_: int | None) -> None:
+        """The deferred comparison: ``guest``'s training releases ``train`` (the first round after a
+        deferred evaluation, released by the model that produced the kept test releases) against
+        those test releases; raise :class:`PoisoningDetected` before the host uses the round."""
+        pending = self._pending.pop(guest, None)
+        if pending is None:
+            return
+        test, test_batch, noisy = pending
+        fresh = TrainTestGuard(self.receiver)
+        for t in train[-RECENT:]:
+            fresh.record_train(guest, t)
+        why = fresh.violation(guest, test, noisy)
+        if why is not None:
+            raise PoisoningDetected(guest, self.receiver, "activations", batch, round_,
+                                    f"{why}; compared with the test releases of {test_batch}, from the same model")
 
     def statistics(self, guest: str, tensors: list[torch.Tensor]) -> dict[str, float] | None:
         """``{"rho", "norm_ratio", "sd_ratio", "spread_se"}`` of ``guest``'s recent training releases against
