@@ -53,10 +53,8 @@ import platform
 import queue
 import secrets
 import shutil
-import socket
 import socketserver
 import statistics
-import struct
 import subprocess
 import sys
 import threading
@@ -71,7 +69,6 @@ if str(ROOT) not in sys.path:
 SERVICE_IP = "10.213.0.1"          # the host's data-plane address, on its loopback; guests route to it over their veth
 HOST_PORT, RELAY_PORT, PROBE_PORT = 29300, 29301, 29302
 RATES = {"1gbit": 10**9, "100mbit": 10**8, "10mbit": 10**7}
-PROBE_BYTES = 1_000_000
 
 
 def _ns(i: int) -> str:
@@ -133,6 +130,8 @@ def worker(party: str, workdir: Path) -> None:
                 built = (cfg, p, state, direct.new_identity(state))
                 _emit(proto, {"public": built[3]})
             elif msg["cmd"] == "probe":
+                from experiments.netrelay import probe
+
                 _emit(proto, {"probe": probe(msg["address"])})
             elif msg["cmd"] == "epoch":
                 cfg, p, state, _ = built
@@ -212,66 +211,6 @@ def _instrument_host(on_listen) -> dict:
 
     H.HostEndpoint, H.HostDataPlane = Endpoint, Plane
     return timing
-
-
-# ================================================================================================
-# the link check: an echo/sink server on the host's side, a probe in the guest's namespace
-# ================================================================================================
-class _ProbeHandler(socketserver.BaseRequestHandler):
-    """Requests ``mode (1 byte) + length (8 bytes)``: E = echo that many bytes, U = read them and
-    answer one byte, D = send that many bytes."""
-
-    def handle(self) -> None:
-        s = self.request
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        while True:
-            head = _recv_exact(s, 9)
-            if head is None:
-                return
-            mode, n = head[:1], struct.unpack("<Q", head[1:])[0]
-            if mode == b"D":
-                s.sendall(bytes(n))
-                continue
-            data = _recv_exact(s, n)
-            if data is None:
-                return
-            s.sendall(data if mode == b"E" else b"k")
-
-
-def _recv_exact(s, n: int):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(min(1 << 20, n - len(buf)))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-def probe(address: str, pings: int = 15) -> dict:
-    """Round trip of a 64-byte echo (median of ``pings``) and 1 MB each way, through the link."""
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=60) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        rtts = []
-        for _ in range(pings):
-            t = time.perf_counter()
-            s.sendall(b"E" + struct.pack("<Q", 64) + bytes(64))
-            _recv_exact(s, 64)
-            rtts.append(time.perf_counter() - t)
-        rtt = statistics.median(rtts)
-        t = time.perf_counter()
-        s.sendall(b"U" + struct.pack("<Q", PROBE_BYTES) + bytes(PROBE_BYTES))
-        _recv_exact(s, 1)
-        up = time.perf_counter() - t
-        t = time.perf_counter()
-        s.sendall(b"D" + struct.pack("<Q", PROBE_BYTES))
-        _recv_exact(s, PROBE_BYTES)
-        down = time.perf_counter() - t
-    # one round trip of each transfer is latency, not rate
-    mbit = lambda secs: 8 * PROBE_BYTES / max(secs - rtt, 1e-6) / 1e6  # noqa: E731
-    return {"rtt_ms": 1e3 * rtt, "rtt_min_ms": 1e3 * min(rtts), "up_mbit_s": mbit(up), "down_mbit_s": mbit(down),
-            "up_s": up, "down_s": down}
 
 
 # ================================================================================================
@@ -447,7 +386,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dataset", default="digits")
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--tag", default="")
+    ap.add_argument("--table", metavar="JSON", help="print the markdown tables of a saved result and exit")
     args = ap.parse_args(argv)
+    if args.table:
+        print(tables(json.loads(Path(args.table).read_text())))
+        return 0
     if args.worker:
         worker(args.worker, Path(args.workdir))
         return 0
@@ -459,6 +402,8 @@ def main(argv=None) -> int:
         print("bench_network: needs root (it creates network namespaces, veth pairs and tc qdiscs); run it as root",
               file=sys.stderr)
         return 2
+    from experiments.netrelay import PROBE_BYTES, DelayRelay, ProbeHandler
+
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(mode=0o700, parents=True)
@@ -476,19 +421,17 @@ def main(argv=None) -> int:
     out = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
            "setup": {"dataset": args.dataset, "guests": args.guests, "limit": args.limit, "epochs": args.epochs,
                      "service": f"{SERVICE_IP}", "probe_bytes": PROBE_BYTES}, "cells": []}
-    from experiments.netrelay import DelayRelay
-
     relays, parties = [], {}
     t_start = time.time()
     setup_net(args.guests)
     try:
         relay = DelayRelay((SERVICE_IP, RELAY_PORT), ("127.0.0.1", HOST_PORT))
         socketserver.ThreadingTCPServer.allow_reuse_address = True
-        echo = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _ProbeHandler)
+        echo = socketserver.ThreadingTCPServer(("127.0.0.1", 0), ProbeHandler)
         echo.daemon_threads = True
         threading.Thread(target=echo.serve_forever, daemon=True).start()
         probe_relay = DelayRelay((SERVICE_IP, PROBE_PORT), echo.server_address)
-        direct_probe = socketserver.ThreadingTCPServer((SERVICE_IP, 0), _ProbeHandler)
+        direct_probe = socketserver.ThreadingTCPServer((SERVICE_IP, 0), ProbeHandler)
         direct_probe.daemon_threads = True
         threading.Thread(target=direct_probe.serve_forever, daemon=True).start()
         for r in (relay, probe_relay):
@@ -539,6 +482,7 @@ def main(argv=None) -> int:
     (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1))
     write_csv(out, RESULTS / f"{stem}.csv")
     plot(out, RESULTS / f"{stem}.png")
+    print(tables(out))
     print(f"wrote {RESULTS / stem}.json, .csv, .png ({out['wall_s']:.0f} s)")
     return 0
 
@@ -560,12 +504,35 @@ def write_csv(out: dict, path: Path) -> None:
             w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items() if k in CSV_FIELDS})
 
 
+def tables(out: dict) -> str:
+    """Markdown: ms per training step, then seconds per epoch; a row per link, a column per (K, defence)."""
+    cells = out["cells"]
+    variants = list(dict.fromkeys((c["batches_per_round"], c["defense"]) for c in cells))
+    links = list(dict.fromkeys(c["link"] for c in cells))
+    by = {(c["link"], c["batches_per_round"], c["defense"]): c for c in cells}
+    text = []
+    for field, title, fmt in (("step_ms", "ms per training step", "{:.1f}"), ("epoch_s", "s per epoch", "{:.2f}")):
+        head = [title, "probe RTT (ms)", "probe up/down (Mbit/s)"] + [f"K={k} {d}" for k, d in variants]
+        text += ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
+        for link in links:
+            first = next(c for c in cells if c["link"] == link)
+            p = first["probe"]
+            row = [link, f"{p['rtt_ms']:.2f}", f"{p['up_mbit_s']:.0f} / {p['down_mbit_s']:.0f}"]
+            for k, d in variants:
+                c = by.get((link, k, d))
+                row.append("—" if c is None else "failed" if "summary" not in c else fmt.format(c["summary"][field]))
+            text.append("| " + " | ".join(row) + " |")
+        text.append("")
+    return "\n".join(text)
+
+
 def plot(out: dict, path: Path) -> None:
     """ms per training step against RTT, a line per rate; a panel per (K, defence)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     cells = [c for c in out["cells"] if "summary" in c]
     variants = sorted({(c["batches_per_round"], c["defense"]) for c in cells},
@@ -587,8 +554,14 @@ def plot(out: dict, path: Path) -> None:
                 if c["rate"] == "unlimited":
                     ax.axhline(c["summary"]["step_ms"], ls=":" if c["relay"] else "--", color="grey",
                                label=c["link"])
-            ax.set_xscale("symlog", linthresh=1)
+            ax.set_xscale("log")
             ax.set_yscale("log")
+            ax.set_xticks([1, 10, 50])
+            ax.set_xlim(0.7, 70)
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.yaxis.set_major_formatter(ScalarFormatter())
+            ax.yaxis.set_minor_formatter(ScalarFormatter())
+            ax.tick_params(axis="y", which="minor", labelsize=7)
             ax.set_title(f"K = {k}, --defense {d}", fontsize=10)
             ax.set_xlabel("RTT (ms)")
             if j == 0:

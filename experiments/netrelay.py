@@ -31,12 +31,17 @@ from __future__ import annotations
 
 import queue
 import socket
+import socketserver
+import statistics
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
 
 #: bytes read per chunk
 CHUNK = 64 * 1024
+#: bytes of the link check's transfer each way
+PROBE_BYTES = 1_000_000
 
 
 @dataclass
@@ -178,3 +183,61 @@ class DelayRelay:
             if not data or broken.is_set():
                 break
         writer.join()
+
+
+# -- the link check: an echo/sink server on the host's side, a probe on the guest's --------------
+class ProbeHandler(socketserver.BaseRequestHandler):
+    """Requests ``mode (1 byte) + length (8 bytes)``: E = echo that many bytes, U = read them and
+    answer one byte, D = send that many bytes."""
+
+    def handle(self) -> None:
+        s = self.request
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while True:
+            head = _recv_exact(s, 9)
+            if head is None:
+                return
+            mode, n = head[:1], struct.unpack("<Q", head[1:])[0]
+            if mode == b"D":
+                s.sendall(bytes(n))
+                continue
+            data = _recv_exact(s, n)
+            if data is None:
+                return
+            s.sendall(data if mode == b"E" else b"k")
+
+
+def _recv_exact(s, n: int):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(min(1 << 20, n - len(buf)))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def probe(address: str, pings: int = 15) -> dict:
+    """Round trip of a 64-byte echo (median of ``pings``) and 1 MB each way, through the link."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rtts = []
+        for _ in range(pings):
+            t = time.perf_counter()
+            s.sendall(b"E" + struct.pack("<Q", 64) + bytes(64))
+            _recv_exact(s, 64)
+            rtts.append(time.perf_counter() - t)
+        rtt = statistics.median(rtts)
+        t = time.perf_counter()
+        s.sendall(b"U" + struct.pack("<Q", PROBE_BYTES) + bytes(PROBE_BYTES))
+        _recv_exact(s, 1)
+        up = time.perf_counter() - t
+        t = time.perf_counter()
+        s.sendall(b"D" + struct.pack("<Q", PROBE_BYTES))
+        _recv_exact(s, PROBE_BYTES)
+        down = time.perf_counter() - t
+    # one round trip of each transfer is latency, not rate
+    mbit = lambda secs: 8 * PROBE_BYTES / max(secs - rtt, 1e-6) / 1e6  # noqa: E731
+    return {"rtt_ms": 1e3 * rtt, "rtt_min_ms": 1e3 * min(rtts), "up_mbit_s": mbit(up), "down_mbit_s": mbit(down),
+            "up_s": up, "down_s": down}
