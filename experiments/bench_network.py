@@ -386,10 +386,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dataset", default="digits")
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--tag", default="")
-    ap.add_argument("--table", metavar="JSON", help="print the markdown tables of a saved result and exit")
+    ap.add_argument("--table", metavar="JSON", nargs="+",
+                    help="print the markdown tables of saved results and exit (several: passes of the same grid, "
+                         "the median of all their steady epochs)")
+    ap.add_argument("--plot", metavar="PNG", help="with --table: also plot the pooled passes into PNG")
     args = ap.parse_args(argv)
     if args.table:
-        print(tables(json.loads(Path(args.table).read_text())))
+        outs = [json.loads(Path(t).read_text()) for t in args.table]
+        print(tables(outs))
+        if args.plot:
+            plot(outs, Path(args.plot))
         return 0
     if args.worker:
         worker(args.worker, Path(args.workdir))
@@ -481,8 +487,8 @@ def main(argv=None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1))
     write_csv(out, RESULTS / f"{stem}.csv")
-    plot(out, RESULTS / f"{stem}.png")
-    print(tables(out))
+    plot([out], RESULTS / f"{stem}.png")
+    print(tables([out]))
     print(f"wrote {RESULTS / stem}.json, .csv, .png ({out['wall_s']:.0f} s)")
     return 0
 
@@ -504,56 +510,69 @@ def write_csv(out: dict, path: Path) -> None:
             w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items() if k in CSV_FIELDS})
 
 
-def tables(out: dict) -> str:
+def pooled(outs: list[dict]) -> dict[tuple, dict]:
+    """``(link, K, defence) -> summary`` over the steady epochs (2..) of every run in ``outs`` (one
+    run: its own summary; several passes of the grid: the median of all their steady epochs)."""
+    rows: dict[tuple, list] = {}
+    probes: dict[str, dict] = {}
+    for out in outs:
+        for c in out["cells"]:
+            key = (c["link"], c["batches_per_round"], c["defense"])
+            rows.setdefault(key, [])
+            probes.setdefault(c["link"], c["probe"])
+            if "epochs" in c:
+                rows[key] += c["epochs"][1:] or c["epochs"]
+    return {key: ({f: _median([r[f] for r in rs]) for f in SUMMARY} | {"n": len(rs), "probe": probes[key[0]]}
+                  if rs else None) for key, rs in rows.items()}
+
+
+def tables(outs: list[dict]) -> str:
     """Markdown: ms per training step, then seconds per epoch; a row per link, a column per (K, defence)."""
-    cells = out["cells"]
-    variants = list(dict.fromkeys((c["batches_per_round"], c["defense"]) for c in cells))
-    links = list(dict.fromkeys(c["link"] for c in cells))
-    by = {(c["link"], c["batches_per_round"], c["defense"]): c for c in cells}
+    pool = pooled(outs)
+    variants = list(dict.fromkeys((k, d) for _, k, d in pool))
+    links = list(dict.fromkeys(link for link, _, _ in pool))
     text = []
     for field, title, fmt in (("step_ms", "ms per training step", "{:.1f}"), ("epoch_s", "s per epoch", "{:.2f}")):
         head = [title, "probe RTT (ms)", "probe up/down (Mbit/s)"] + [f"K={k} {d}" for k, d in variants]
         text += ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
         for link in links:
-            first = next(c for c in cells if c["link"] == link)
-            p = first["probe"]
+            p = next(v["probe"] for (lk, _, _), v in pool.items() if lk == link and v)
             row = [link, f"{p['rtt_ms']:.2f}", f"{p['up_mbit_s']:.0f} / {p['down_mbit_s']:.0f}"]
             for k, d in variants:
-                c = by.get((link, k, d))
-                row.append("—" if c is None else "failed" if "summary" not in c else fmt.format(c["summary"][field]))
+                v = pool.get((link, k, d), "—")
+                row.append(v if isinstance(v, str) else "failed" if v is None else fmt.format(v[field]))
             text.append("| " + " | ".join(row) + " |")
         text.append("")
     return "\n".join(text)
 
 
-def plot(out: dict, path: Path) -> None:
-    """ms per training step against RTT, a line per rate; a panel per (K, defence)."""
+def plot(outs: list[dict], path: Path) -> None:
+    """ms per training step against RTT, a line per rate; a panel per (K, defence) (pooled passes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import ScalarFormatter
 
-    cells = [c for c in out["cells"] if "summary" in c]
-    variants = sorted({(c["batches_per_round"], c["defense"]) for c in cells},
-                      key=lambda v: (v[0] != "1", v[0] == "epoch", v[0], v[1]))
-    if not variants:
+    pool = {key: v for key, v in pooled(outs).items() if v}
+    link_of = {c["link"]: c for out in outs for c in out["cells"]}
+    ks = sorted({k for _, k, _ in pool}, key=lambda k: (k == "epoch", int(k) if k.isdigit() else 0))
+    ds = sorted({d for _, _, d in pool})
+    if not pool:
         return
-    ks = sorted({v[0] for v in variants}, key=lambda k: (k == "epoch", int(k) if k.isdigit() else 0))
-    ds = sorted({v[1] for v in variants})
-    fig, axes = plt.subplots(len(ds), len(ks), figsize=(4.2 * len(ks), 3.4 * len(ds)), squeeze=False,
-                             sharey=True)
-    for (i, d) in enumerate(ds):
-        for (j, k) in enumerate(ks):
+    fig, axes = plt.subplots(len(ds), len(ks), figsize=(4.2 * len(ks), 3.4 * len(ds)), squeeze=False, sharey=True)
+    for i, d in enumerate(ds):
+        for j, k in enumerate(ks):
             ax = axes[i][j]
-            mine = [c for c in cells if c["batches_per_round"] == k and c["defense"] == d]
-            for rate in [r for r in RATES if any(c["rate"] == r for c in mine)]:
-                pts = sorted((c["rtt_ms"], c["summary"]["step_ms"]) for c in mine if c["rate"] == rate)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=rate)
-            for c in mine:
-                if c["rate"] == "unlimited":
-                    ax.axhline(c["summary"]["step_ms"], ls=":" if c["relay"] else "--", color="grey",
-                               label=c["link"])
+            mine = {link: v for (link, kk, dd), v in pool.items() if kk == k and dd == d}
+            for rate in RATES:
+                pts = sorted((link_of[lk]["rtt_ms"], v["step_ms"]) for lk, v in mine.items()
+                             if link_of[lk]["rate"] == rate)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=rate)
+            for lk, v in mine.items():
+                if link_of[lk]["rate"] == "unlimited":
+                    ax.axhline(v["step_ms"], ls=":" if link_of[lk]["relay"] else "--", color="grey", label=lk)
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xticks([1, 10, 50])
@@ -568,8 +587,10 @@ def plot(out: dict, path: Path) -> None:
                 ax.set_ylabel("ms per training step (batch)")
             ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"direct data plane, {out['setup']['dataset']}, {out['setup']['guests']} guests: "
-                 f"ms per training step (median of epochs 2..{out['setup']['epochs']})", fontsize=10)
+    setup = outs[0]["setup"]
+    fig.suptitle(f"direct data plane, {setup['dataset']}, {setup['guests']} guests: ms per training step "
+                 f"(median of epochs 2..{setup['epochs']}{f' of {len(outs)} passes' if len(outs) > 1 else ''})",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
