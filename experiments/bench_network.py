@@ -36,11 +36,14 @@ per round (measured in the guest), the wire bytes (sealed frames) and the test m
 training step`` = the training rounds' time / the training batches (a round carries K batches).
 Medians over epochs 2.. (epoch 1 of a cell is a fresh model's first pass).
 
-    sudo python experiments/bench_network.py                      # the grid, ~10 min on the loaded 2-core machine
+    sudo python experiments/bench_network.py --epochs 4           # the grid: 4-5 min on the shared 2-core machine
     sudo python experiments/bench_network.py --rtts 10 --rates 10mbit --ks 1 --defenses none rr --epochs 2 --tag smoke
+    python experiments/bench_network.py --table RUN.json [RUN2.json ...] [--plot PNG]   # tables of saved passes
 
-Needs root, ``ip`` and ``tc`` (refused in one line otherwise). Writes
-``experiments/results/bench_network[_TAG].json`` and ``.csv`` and ``experiments/results/bench_network[_TAG].png``.
+Needs root, ``ip`` and ``tc`` (refused in one line otherwise); uses the addresses 10.213.0.0/16, the
+namespaces ``flsb-g*`` and ports 29300-29302 (removed again at the end). Writes
+``experiments/results/bench_network[_TAG].json``, ``.csv`` and ``.png``. Results and what they show:
+experiments/README.md, "The data plane under emulated network links".
 """
 
 from __future__ import annotations
