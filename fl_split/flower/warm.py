@@ -52,11 +52,14 @@ import sys
 import tempfile
 import time
 import tomllib
-import types
 import zipfile
 from io import BytesIO
 from pathlib import Path
 from typing import Callable
+
+# short_object_waits / PULL_BACKOFF live in a leaf module: the ServerApp's transport uses them too,
+# and importing this module from there would close an import circle (warm -> node -> … -> transport)
+from fl_split.flower.objectwaits import PULL_BACKOFF, short_object_waits
 
 #: seconds between ``AcquireTask`` polls (Flower's SuperExec default: 1.0)
 POLL_INTERVAL = 0.05
@@ -126,11 +129,6 @@ def fab_clientapp(fab_content: bytes) -> str:
     with zipfile.ZipFile(BytesIO(fab_content)) as zf:
         conf = tomllib.loads(zf.read("pyproject.toml").decode("utf-8"))
     return str(conf.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get("clientapp", ""))
-
-
-# short_object_waits / PULL_BACKOFF live in a leaf module: the ServerApp's transport uses them too,
-# and importing this module from there would close an import circle (warm -> node -> … -> transport)
-from fl_split.flower.objectwaits import PULL_BACKOFF, short_object_waits  # noqa: E402
 
 
 def pull_task_input(client, marks: dict | None = None):
