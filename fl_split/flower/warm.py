@@ -131,6 +131,27 @@ def fab_clientapp(fab_content: bytes) -> str:
     return str(conf.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get("clientapp", ""))
 
 
+def quiet_retry_invoker(max_tries: int | None, max_time: float | None):
+    """A retry invoker for the Runtime API that retries what Flower's does (transport errors, HTTP
+    502/503/504) and raises everything else to its caller.
+
+    Flower's ``make_simple_http_retry_invoker`` answers an HTTP 401 by sending SIGINT *to this
+    process* and sleeping (flwr 1.41 ``supercore/retry/http_retry.py``): right for a one-shot
+    ``flwr-clientapp``, wrong for a long-lived runtime, whose SuperNode answers 401 while it shuts
+    down. Here a 401 is an exception like any other; :meth:`PartyRuntime.serve` decides."""
+    import httpx
+    from flwr.supercore.retry.retry_invoker import RetryInvoker, exponential
+
+    retryable = {httpx.codes.BAD_GATEWAY, httpx.codes.SERVICE_UNAVAILABLE, httpx.codes.GATEWAY_TIMEOUT}
+
+    def giveup(exc: Exception) -> bool:
+        return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code not in retryable
+
+    return RetryInvoker(wait_gen_factory=lambda: exponential(base_delay=0.1, max_delay=2),
+                        recoverable_exceptions=(httpx.TransportError, httpx.HTTPStatusError),
+                        max_tries=max_tries, max_time=max_time, should_giveup=giveup)
+
+
 def pull_task_input(client, marks: dict | None = None):
     """Flower's ``run_clientapp.pull_task_input`` (the task's context, run and FAB, then its
     message), with a short first wait for objects the SuperNode is still pulling."""
@@ -166,7 +187,6 @@ class PartyRuntime:
     def __init__(self, address: str, secret: bytes | None, app=None, poll: float = POLL_INTERVAL,
                  log: Callable[[str], None] | None = None) -> None:
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
 
         self.address, self.poll = address, poll
@@ -180,12 +200,12 @@ class PartyRuntime:
         if secret:
             interceptors.append(SuperExecAuthHttpInterceptor(master_secret=secret,
                                                              protected_methods={"/flwr.proto.Runtime/AcquireTask"}))
-        self.invoker = make_simple_http_retry_invoker()
-        self.invoker.max_tries = 3
+        self.invoker = quiet_retry_invoker(max_tries=3, max_time=None)
         self.client = RuntimeHttpClient.from_server_address(server_address=address, insecure=True,
                                                             root_certificates=None, interceptors=interceptors,
                                                             retry_invoker=self.invoker)
         self.handled = 0
+        self.interruptible: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def acquire(self) -> str | None:
         """One ``AcquireTask`` poll: a ClientApp task's token, or None."""
@@ -204,11 +224,11 @@ class PartyRuntime:
         from flwr.common.constant import ErrorCode, SubStatus
         from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
         from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
-        invoker = make_simple_http_retry_invoker()
+        # a SuperNode that cannot be reached for a minute is gone: give up rather than hang the runtime
+        invoker = quiet_retry_invoker(max_tries=None, max_time=60.0)
         client = RuntimeHttpClient.from_server_address(
             server_address=self.address, insecure=True, root_certificates=None,
             interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
@@ -227,7 +247,8 @@ class PartyRuntime:
             if ref != CLIENTAPP_REF:
                 raise RuntimeError(f"party-runtime runs fl_split's ClientApp only; the submitted app names "
                                    f"clientapp={ref!r}, allowed: {CLIENTAPP_REF!r}")
-            reply = self.app(message=message, context=context)
+            with self.interruptible():
+                reply = self.app(message=message, context=context)
             status, details = SubStatus.COMPLETED, ""
         except Exception as exc:  # noqa: BLE001 - reported to the ServerApp, as flwr-clientapp does
             details = f"{type(exc)}:<'{exc}'>"
@@ -288,6 +309,42 @@ def add_parser(sub) -> None:
     rt.add_argument("supernode", nargs=argparse.REMAINDER, metavar="-- flower-supernode ARGS")
 
 
+class _Stop:
+    """SIGTERM/SIGINT for the runtime: recorded always, raised as KeyboardInterrupt only while a
+    ClientApp task runs (to cut a long task short), never while the runtime imports or sets up.
+
+    Why not raise everywhere: CPython 3.11 marks the process as ended by an *unhandled*
+    KeyboardInterrupt when one passes through ``exec`` of a string (``PyRun_StringFlags`` — every
+    ``@dataclass`` built at import time), even if the runtime catches it later; at exit the
+    interpreter then kills itself with SIGINT, so a SIGTERMed runtime reported -2 instead of 143
+    about once in ten (the signal landing while ``PartyRuntime`` imported fl_split and torch).
+    Outside a task the loops check :attr:`signal` (every ``poll`` s) instead."""
+
+    def __init__(self) -> None:
+        self.signal = 0
+        self._raising = False
+
+    def handler(self, signum, frame) -> None:  # noqa: ARG002
+        first = not self.signal
+        self.signal = self.signal or signum
+        if first and self._raising:  # a second signal during the clean-up is only recorded
+            self._raising = False
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        self.raise_if_stopped()
+        self._raising = True
+        try:
+            yield
+        finally:
+            self._raising = False
+
+    def raise_if_stopped(self) -> None:
+        if self.signal:
+            raise KeyboardInterrupt
+
+
 def _wait_port(address: str, alive: Callable[[], bool], timeout: float = 120.0) -> bool:
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
@@ -345,13 +402,8 @@ def main(supernode_args: list[str], poll: float = POLL_INTERVAL, grace: float = 
         fh.write(secret)
     args += ["--superexec-auth-secret-file", str(secret_file)]
 
-    stop = {"signal": 0}
-
-    def _on_signal(signum, frame):  # noqa: ARG001
-        stop["signal"] = signum
-        raise KeyboardInterrupt
-
-    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    stop = _Stop()
+    previous = {s: signal.signal(s, stop.handler) for s in (signal.SIGTERM, signal.SIGINT)}
     if supernode_poll < 3:  # Flower's SuperNode with shorter waits (supernode()); 3: Flower's own binary
         args = [sys.executable, "-m", "fl_split.flower.warm", "--supernode-poll", repr(supernode_poll), *args[1:]]
     proc = subprocess.Popen(args, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
@@ -361,19 +413,22 @@ def main(supernode_args: list[str], poll: float = POLL_INTERVAL, grace: float = 
     runtime = None
     code = 0
     try:
-        alive = lambda: proc.poll() is None  # noqa: E731
+        alive = lambda: proc.poll() is None and not stop.signal  # noqa: E731
         if not _wait_port(address, alive):
+            stop.raise_if_stopped()
             raise RuntimeError(f"the SuperNode's Runtime API {address} did not open" + (
                 f" (the SuperNode exited with code {proc.returncode})" if proc.poll() is not None else " in 120 s"))
         secret_file.unlink()  # read by the SuperNode at start-up; the runtime keeps it in memory
         runtime = PartyRuntime(address, secret, poll=poll)
+        runtime.interruptible = stop.interruptible
         runtime.serve(alive)
+        stop.raise_if_stopped()
         code = proc.wait()
         code = 128 - code if code < 0 else code  # killed by a signal: the shell's convention
         print(f"party-runtime: the SuperNode exited with code {code}; {runtime.handled} messages served",
               file=sys.stderr, flush=True)
     except KeyboardInterrupt:
-        code = 128 + (stop["signal"] or signal.SIGINT)
+        code = 128 + (stop.signal or signal.SIGINT)
     except Exception as exc:  # noqa: BLE001 - one line; the SuperNode must not outlive its runtime
         print(f"party-runtime: failed: {type(exc).__name__}: {exc}; ending the SuperNode", file=sys.stderr,
               flush=True)
