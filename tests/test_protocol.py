@@ -257,22 +257,24 @@ def test_parties_take_the_fast_path_and_train_as_before():
     """A run's messages all pass the fast path (the slow path, ``open_message`` — ``decode`` for a
     frame —, is never needed), on the wire path and on the in-process one, and the run equals the
     monolithic model (``tests/test_equivalence.py`` checks that in detail)."""
-    import fl_split.parties as P
+    import fl_split.parties.base as B
+    import fl_split.parties.guest as G
     from fl_split.engine import LocalEngine
 
     calls = {"slow": 0}
-    real = P.open_message
+    real = B.open_message
+    assert G.open_message is real  # the two modules that call it
 
     def counting(*a, **k):
         calls["slow"] += 1
         return real(*a, **k)
 
-    P.open_message = counting
+    B.open_message = G.open_message = counting
     try:
         for kw in ({}, {"defense": "rr"}, {"batches_per_round": 3}):
             for codec in (True, False):
                 LocalEngine(RunConfig(dataset="digits", guests=2, epochs=1, limit=200, progress=False, **kw),
                             private_seed=PrivateSeed.legacy(1), codec=codec).run()
     finally:
-        P.open_message = real
+        B.open_message = G.open_message = real
     assert calls["slow"] == 0

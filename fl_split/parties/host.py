@@ -1,0 +1,367 @@
+""":class:`HostParty`: the labels, its own bottom (optional), the merge and the top (spec §2, step 2)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from fl_split.checkpoint import value_digest
+from fl_split.data.base import PartyData
+from fl_split.errors import ProtocolError
+from fl_split.local_update import LocalUpdate
+from fl_split.merge import Merge
+from fl_split.parties.base import _outgoing, _Party, set_mode
+from fl_split.parties.schedule import Importance, MechanismSchedule
+from fl_split.privacy.base import NoDefense, PostProcess
+from fl_split.privacy.bounds import PeerTrust
+from fl_split.privacy.guard import RECENT, TrainTestGuard
+from fl_split.privacy.diagnostics import LocalDiagnostics
+from fl_split.privacy.disclosure import party_privacy_report
+from fl_split.protocol import Message, wire_bytes
+from fl_split.results import write_json_atomic
+from fl_split.schedule import BatchKey, BatchSchedule
+from fl_split.seeding import PartySecret
+
+if TYPE_CHECKING:
+    from fl_split.privacy.ledger import Ledger, LedgerEntry
+    from fl_split.tasks import Objective
+
+
+class HostParty(_Party):
+    """Holds the labels, optionally its own bottom, the merge layer and the top model.
+
+    Privacy: the partial loss ``δ_g`` sent to guest ``g`` is released through
+    ``backward_mechanisms[g]`` and charged to :attr:`ledger` (one release per batch per guest, all
+    batches of a request charged before training on any). A DP-SGD update policy charges its
+    steps to the same ledger. ``one_shot`` (002): the host keeps every received release by record
+    and trains later epochs on that cache; nothing flows back to the guests.
+
+    Only per-epoch aggregates leave the host besides its releases: :meth:`evaluate` returns the
+    epoch's training loss, test metric and test loss and the task's other test metrics
+    (:mod:`fl_split.tasks`; ``report_metrics="epoch"``) or nothing
+    (``"none"``); either way the host appends them to its own ``metrics_file`` if it has one.
+    """
+
+    role = "host"
+
+    def __init__(self, data: PartyData, schedule: BatchSchedule, *, update: LocalUpdate, has_bottom: bool,
+                 merge: Merge, guest_shapes: dict[str, tuple[int, ...]],
+                 backward_mechanisms: dict[str, MechanismSchedule], secret: PartySecret,
+                 ledger: "Ledger | None" = None, sample_rate: float = 1.0,
+                 act_postprocess: PostProcess | None = None, one_shot: bool = False,
+                 importance: Importance | None = None, importance_parts: dict[str, Callable] | None = None,
+                 report_metrics: str = "epoch", metrics_file: str = "",
+                 device: torch.device | str = "cpu",
+                 guest_mechanisms: dict[str, MechanismSchedule] | None = None,
+                 objective: "Objective | None" = None) -> None:
+        super().__init__("host", data, schedule, secret, ledger, sample_rate, device)
+        from fl_split.tasks import Objective, kind_of
+
+        #: the task's loss (fl_split/tasks.py): cross-entropy (optionally class-weighted) or MSE
+        self.task = kind_of(data.task, data.num_classes)
+        self.objective = objective or Objective(self.task)
+        #: what the host checks of each guest's releases: the public range of the guest's forward
+        #: mechanism (``guest_mechanisms``, from the public configuration), else its running scale
+        self.trust = PeerTrust("host", "activations", dict(guest_mechanisms or {}), frozen=True)
+        #: per-guest training vs test release statistics (issue 25: a guest poisoning its training releases)
+        self.guard = TrainTestGuard("host")
+        self._train_round_batches = 0  # batches in the last training round decoded (the guard's ``defer``)
+        if data.y_train is None:
+            raise ValueError("the host must hold the labels")
+        if report_metrics not in ("epoch", "none"):
+            raise ValueError(f"report_metrics must be 'epoch' or 'none', got {report_metrics!r}")
+        self.update = update
+        self.bottom = update.modules[0] if has_bottom else None
+        self.top = update.modules[-1]
+        self.merge = merge
+        self.guest_shapes = {g: tuple(s) for g, s in guest_shapes.items()}
+        self.guests = list(guest_shapes)
+        self.backward_mechanisms = dict(backward_mechanisms)
+        #: receiver-side post-processing of received activations (denoising), identity by default
+        self.act_postprocess = act_postprocess or PostProcess()
+        self.one_shot = one_shot
+        self.importance = importance
+        self.importance_parts = importance_parts or {}
+        self.report_metrics = report_metrics
+        self.metrics_file = metrics_file
+        width = int(np.prod(next(iter(self.guest_shapes.values())))) if self.guest_shapes else 0
+        self.diagnostics = LocalDiagnostics("host", width)
+        self.history: list[dict[str, Any]] = []
+        #: guests that failed, with the round from which their embedding is zero-filled (--on-guest-failure pad)
+        self.absent: dict[str, int] = {}
+        self._train_loss = [0.0, 0]
+        self._cache: dict[str, dict[str, torch.Tensor]] = {}
+        self._cached: dict[str, np.ndarray] = {}
+        self.metric = data.metric
+
+    @property
+    def active_guests(self) -> list[str]:
+        """The guests whose releases the host expects (all but those that failed)."""
+        return [g for g in self.guests if g not in self.absent] if self.absent else self.guests
+
+    def drop_guest(self, guest: str, round_: int) -> None:
+        """``guest`` failed (``--on-guest-failure pad``): from ``round_`` on its embedding is
+        zero-filled (001's padding) and nothing is released to it."""
+        if guest not in self.guests:
+            raise ProtocolError(f"host: cannot drop {guest!r}; the guests are {self.guests}")
+        self.absent.setdefault(guest, int(round_))
+
+    # -- receiving ---------------------------------------------------------------------------
+    def _received(self, keys, blobs_by_guest: dict[str, list[bytes]],
+                  round_: int | None = None) -> dict[str, list[torch.Tensor]]:
+        """Decode and check every guest's messages for ``keys`` (before touching any state).
+
+        In one-shot mode empty lists mean "use what you cached when these records were released".
+        Absent guests (:meth:`drop_guest`) send nothing.
+        """
+        active = self.active_guests
+        if not isinstance(blobs_by_guest, dict) or sorted(g for g in blobs_by_guest
+                                                          if g in active or blobs_by_guest[g]) != sorted(active):
+            got = sorted(blobs_by_guest) if isinstance(blobs_by_guest, dict) else type(blobs_by_guest).__name__
+            raise ProtocolError(f"host: activations from {got}, expected {sorted(active)}")
+        out: dict[str, list[torch.Tensor]] = {}
+        for g in active:
+            blobs = blobs_by_guest[g]
+            if not isinstance(blobs, (list, tuple)):
+                raise ProtocolError(f"host: activations from {g}: expected a list of messages, got "
+                                    f"{type(blobs).__name__}")
+            if self.one_shot and not blobs and keys:
+                out[g] = [self._from_cache(g, k) for k in keys]
+                continue
+            if len(blobs) != len(keys):
+                raise ProtocolError(f"host: {len(blobs)} activation messages from {g}, expected {len(keys)}")
+            out[g] = [self._check(b, "activations", g, k, self.guest_shapes[g], round_).tensor
+                      for b, k in zip(blobs, keys)]
+        fresh = [g for g in active if blobs_by_guest[g]]
+        for g in fresh:  # bounded trust: within the guest's public mechanism (before anything changes)
+            for k, t in zip(keys, out[g]):
+                self.trust.check(g, k, t, round_)
+        if keys and keys[0].phase == "test":  # the epoch's honest-looking test releases vs the training ones
+            # after a long relay round the recent training releases come from an older model: compare
+            # these test releases with the next round instead (fl_split/privacy/guard.py, "Like with like")
+            defer = self._train_round_batches > RECENT
+            for g in fresh:
+                self.guard.check_test(g, out[g], f"{keys[0].phase}[epoch {keys[0].epoch}]", round_,
+                                      noisy=self.trust.public_range(g, keys[0]) is not None, defer=defer)
+        elif keys and keys[0].phase == "train":
+            for g in fresh:
+                self.guard.check_deferred(g, out[g], f"{keys[0].phase}[epoch {keys[0].epoch}]", round_)
+            self._train_round_batches = len(keys)
+        for g in fresh:
+            for k, t in zip(keys, out[g]):
+                self.trust.record(g, k, t)
+                if k.phase == "train":
+                    self.guard.record_train(g, t)
+        if self.one_shot:
+            for g in active:
+                if blobs_by_guest[g]:
+                    for k, t in zip(keys, out[g]):
+                        self._to_cache(g, k, t)
+        return out
+
+    def _to_cache(self, g: str, key: BatchKey, t: torch.Tensor) -> None:
+        n = self.schedule.n_train if key.phase == "train" else self.schedule.n_test
+        name = f"{g}/{key.phase}"
+        if name not in self._cache:
+            self._cache[name] = {"x": torch.zeros((n, *self.guest_shapes[g]))}
+            self._cached[name] = np.zeros(n, dtype=bool)
+        pos = self.schedule.positions(key)
+        self._cache[name]["x"][torch.from_numpy(pos)] = t.cpu()
+        self._cached[name][pos] = True
+
+    def _from_cache(self, g: str, key: BatchKey) -> torch.Tensor:
+        name = f"{g}/{key.phase}"
+        pos = self.schedule.positions(key)
+        if name not in self._cached or not self._cached[name][pos].all():
+            raise ProtocolError(f"host: no cached release from {g} for {key} (one-shot mode caches the "
+                                f"first release of every record)")
+        return self._cache[name]["x"][torch.from_numpy(pos)]
+
+    def _forward(self, key: BatchKey, acts: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        parts: list[torch.Tensor] = []
+        if self.bottom is not None:
+            parts.append(self.bottom(self.rows(key)))
+        leaves: dict[str, torch.Tensor] = {}
+        for g in self.guests:
+            if g in self.absent:  # a failed guest's embedding is zero-filled (001's padding)
+                parts.append(torch.zeros((len(self.schedule.positions(key)), *self.guest_shapes[g]),
+                                         device=self.device))
+                continue
+            a = acts[g].to(self.device)
+            if train and not self.one_shot:
+                a.requires_grad_(True)
+            leaves[g] = a
+            gen = self._gen("denoise") if self.act_postprocess.random else None
+            parts.append(self.act_postprocess(a, gen))
+        return self.top(self.merge(parts)), leaves
+
+    # -- training ----------------------------------------------------------------------------
+    def _entries(self, keys, round_: int, alloc: set[BatchKey] = frozenset()) -> list["LedgerEntry"]:
+        entries = []
+        update_cost = self.update.cost()
+        for key in keys:
+            if key in alloc:  # the importance allocation released before this batch's backward
+                entries.append(self.importance.entry(round_, key, self.data.train_ids))
+            if not self.one_shot:
+                for g in self.active_guests:
+                    cost = self.backward_mechanisms[g](key).cost()
+                    if cost is not None:
+                        entries.append(self._entry(round_, key, "backward", cost))
+            if update_cost is not None:
+                entries.append(self._entry(round_, key, "update", update_cost))
+        return entries
+
+    def train(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int,
+              in_process: bool = False) -> dict[str, list[bytes]]:
+        """Train on every batch in ``keys``; returns the released gradients per guest (nothing
+        else leaves: the training loss stays here until the epoch's aggregate). ``in_process``:
+        the guests are in this process; release :class:`~fl_split.protocol.Handoff` messages
+        instead of frames (``blobs_by_guest`` may hold either)."""
+        keys = self._request(keys, round_, phase="train")
+        msgs = self._received(keys, blobs_by_guest, round_)
+        active = self.active_guests
+        alloc = (self.importance.plan(keys, updates_per_key=1)
+                 if self.importance is not None and not self.one_shot else set())
+        # BudgetExceeded here: nothing trained, nothing released
+        charge = self._charge(self._entries(keys, round_, alloc))
+        digests: list[str] | None = [] if charge is not None else None
+        draws: list[int | None] = []
+        grads: dict[str, list[bytes]] = {g: [] for g in active}
+        out = _outgoing(in_process)
+        dpsgd = self.update.cost() is not None
+        if self.bottom is not None:
+            set_mode(self.bottom, True)
+        set_mode(self.top, True)
+        for i, key in enumerate(keys):
+            y = self.labels(key)
+            mechs = {g: self.backward_mechanisms[g](key) for g in active}
+            if self.importance is not None and not self.one_shot:  # before this batch's backward (see Importance)
+                u, shares, drawn = self.importance.take(key, self._release_allocation, release=key in alloc)
+                if shares is not None and digests is not None:
+                    digests.append(value_digest(shares))
+                    draws.append(drawn)
+                for g, mech in mechs.items():
+                    self.importance.give(mech, u, self.importance_parts.get(g))
+            logits, leaves = self._forward(key, {g: msgs[g][i] for g in active}, train=True)
+            loss = self.objective(logits, y)
+            loss_value = loss.item()
+            if not math.isfinite(loss_value):
+                raise ProtocolError(f"host: the loss of {key} is not finite with the activations from {active} "
+                                    f"(round {round_}); refused: no update and no release from this batch")
+            self.update.zero_grad()
+            self.update.backward(loss)
+            if self.importance is not None:
+                self.importance.update()
+            if not self.one_shot:
+                digest = self.digest(key)
+                self._count_release(key)
+                for g in active:
+                    mech = mechs[g]
+                    rel, blob, c = self._release(mech, leaves[g].grad, lambda r, g=g: out(Message(
+                        "gradients", "host", g, round_, key, digest, r.value, r.encoding)))
+                    self.diagnostics.add(key.epoch, rel.stats)
+                    grads[g].append(blob)
+                    if digests is not None and mech.cost() is not None:
+                        digests.append(value_digest(wire_bytes(blob)))
+                        draws.append(c)
+                    self.released["batches"] += 1
+                    self.released["records"] += len(y)
+            d, c = self._step(dpsgd, digests is not None)
+            self.steps += 1
+            if digests is not None and dpsgd:
+                digests.append(d)
+                draws.append(c)
+            self._train_loss[0] += loss_value * len(y)
+            self._train_loss[1] += len(y)
+        self._settle(charge, digests, draws)
+        self._done(round_)
+        return grads
+
+    @torch.no_grad()
+    def evaluate(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int | None = None) -> dict[str, Any]:
+        """Evaluate the test split (``keys``: all test batches of one epoch) and close the epoch.
+
+        Returns the epoch's aggregates — ``{"epoch", "train_loss", "test_metric", "test_loss"}``
+        with ``report_metrics="epoch"``, only ``{"epoch"}`` with ``"none"`` — and writes them to
+        the host's own metrics file when it has one."""
+        keys = self._request(keys, round_, phase="test")
+        msgs = self._received(keys, blobs_by_guest, round_)
+        active = self.active_guests
+        if self.bottom is not None:
+            set_mode(self.bottom, False)
+        set_mode(self.top, False)
+        from fl_split.tasks import Scorer, epoch_metrics
+
+        scorer = Scorer(self.task, self.data.target_scale)
+        n, loss_sum = 0, 0.0
+        for i, key in enumerate(keys):
+            y = self.labels(key)
+            logits, _ = self._forward(key, {g: msgs[g][i] for g in active}, train=False)
+            scorer.add(logits, y)
+            loss_sum += float(self.objective(logits, y, reduction="sum"))
+            n += len(y)
+        epoch = keys[0].epoch if keys else len(self.history) + 1
+        self.diagnostics.check(epoch, next(iter(self.backward_mechanisms.values()))().name
+                               if self.backward_mechanisms else "none")
+        tl, tn = self._train_loss
+        metrics = {"epoch": int(epoch), "train_loss": tl / tn if tn else math.nan,
+                   **epoch_metrics(self.task, scorer.metrics()), "test_loss": loss_sum / n if n else math.nan}
+        self._train_loss = [0.0, 0]
+        self.history.append(metrics)
+        if self.metrics_file:
+            write_json_atomic(self.metrics_file, {"party": "host", "metric": self.metric, "history": self.history})
+        self._done(round_)
+        return dict(metrics) if self.report_metrics == "epoch" else {"epoch": int(epoch)}
+
+    def report(self) -> dict[str, Any]:
+        """End-of-run facts this party is willing to disclose (no data, no weights, no secret)."""
+        first = {g: m() for g, m in self.backward_mechanisms.items()}
+        mech = next(iter(first.values())) if first else NoDefense()
+        width = int(np.prod(next(iter(self.guest_shapes.values())))) if self.guest_shapes else 0
+        dp = self.update.describe() if self.update.cost() is not None else None
+        return {"role": "host", "optimizer_steps": self.steps,
+                "mechanisms": {g: m.describe() for g, m in first.items()},
+                **self._allocation_report({g: (m, self.importance_parts.get(g)) for g, m in first.items()}),
+                "postprocess": self.act_postprocess.describe(), "released": dict(self.released),
+                "privacy": party_privacy_report(role="host", ledger=self.ledger, mechanism=mech, update=dp,
+                                                released=self.released, cut_width=width,
+                                                randomness=self.secret.source,
+                                                aggregates=self.report_metrics == "epoch",
+                                                per_epoch=self.epsilons_per_epoch())}
+
+    # -- state ------------------------------------------------------------------------------
+    def export_state(self) -> dict[str, Any]:
+        return {
+            **self._common_state(),
+            "bottom": self.bottom.state_dict() if self.bottom is not None else None,
+            "top": self.top.state_dict(),
+            "optimizer": self.update.state_dict(),
+            "importance": self.importance.state_dict() if self.importance is not None else None,
+            "diagnostics": self.diagnostics.state_dict(),
+            "history": json.dumps(self.history),
+            "train_loss": [float(self._train_loss[0]), int(self._train_loss[1])],
+            "cache": {name: {"x": c["x"], "filled": torch.from_numpy(self._cached[name])}
+                      for name, c in self._cache.items()},
+            "absent": json.dumps(self.absent),
+        }
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        self._load_common(state)
+        if self.bottom is not None:
+            self.bottom.load_state_dict(state["bottom"])
+        self.top.load_state_dict(state["top"])
+        self.update.load_state_dict(state["optimizer"])
+        if self.importance is not None:
+            self.importance.load_state_dict(state["importance"])
+        self.diagnostics.load_state_dict(state["diagnostics"])
+        self.history = json.loads(state["history"])
+        self._train_loss = [float(state["train_loss"][0]), int(state["train_loss"][1])]
+        self._cache = {name: {"x": torch.as_tensor(c["x"])} for name, c in state["cache"].items()}
+        self._cached = {name: np.asarray(torch.as_tensor(c["filled"]).numpy(), dtype=bool)
+                        for name, c in state["cache"].items()}
+        self.absent = {str(g): int(r) for g, r in json.loads(state.get("absent", "{}")).items()}
