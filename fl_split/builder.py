@@ -6,7 +6,9 @@ Three layers, so that a Flower node can build only its own party:
   each party align and encode its own slice (cached per process: Flower simulation calls it
   once per node process, not once per message);
 * :func:`plan_run` — the public facts every party agrees on: architecture, cut, batch
-  schedule, each party's input and cut-layer shapes (widths are public metadata in VFL);
+  schedule, each party's input and cut-layer shapes (widths are public metadata in VFL), and each
+  role's privacy facts (:class:`RolePlan`: protected, ledger, DP-SGD, importance allocation),
+  resolved from the configuration once;
 * :func:`make_guest` / :func:`make_host` — one party with its own secret, modules (initialised
   from the secret), local-update policy, mechanisms and ledger. This is the one place that reads
   the run configuration for a party: parties get what they need explicitly.
@@ -132,6 +134,38 @@ def prepare_data(cfg: RunConfig) -> PreparedData:
     return _prepare(_data_key(cfg))
 
 
+@dataclass(frozen=True)
+class RolePlan:
+    """How the run treats the parties of one role (``guest`` / ``host``), resolved once from the
+    configuration by :func:`plan_run` (public: it follows from the public configuration). The party
+    factories read these facts instead of asking :mod:`fl_split.privacy.factory` again."""
+
+    role: str
+    #: a boundary defence covers this role's releases (a guest's forward, the host's backward)
+    protected: bool
+    #: it claims differential privacy for something it releases: it keeps a ledger
+    claims_dp: bool
+    #: what it claims, in words (the module-validation error names it)
+    claims: str
+    #: it trains its own model with DP-SGD
+    dpsgd: bool
+    #: R3eLU's importance allocation shapes its releases (001 Eq. 8–10)
+    importance: bool
+
+
+def _role_plan(cfg: RunConfig, role: str) -> RolePlan:
+    protected = privacy_factory.protects_guests(cfg) if role == "guest" else privacy_factory.protects_host(cfg)
+    dpsgd = privacy_factory.uses_dpsgd(cfg, role)
+    words = []
+    if protected and privacy_factory.is_boundary(cfg):
+        words.append(f"--defense {cfg.defense} protects its {'forward' if role == 'guest' else 'backward'} releases")
+    if dpsgd:
+        words.append("it trains with DP-SGD")
+    return RolePlan(role=role, protected=protected, claims_dp=privacy_factory.claims_dp(cfg, role),
+                    claims=" and ".join(words), dpsgd=dpsgd,
+                    importance=cfg.defense == "r3elu" and cfg.allocation != "uniform" and protected)
+
+
 @dataclass
 class RunPlan:
     """What every party of a run agrees on before training (all public)."""
@@ -148,6 +182,19 @@ class RunPlan:
     guest_cut_activation: str
     #: binary, multiclass, regression or next-item (fl_split/tasks.py; public, like the number of outputs)
     task: str = "multiclass"
+    #: each role's privacy facts, resolved once (:class:`RolePlan`)
+    roles: dict[str, RolePlan] = dataclasses.field(default_factory=dict)
+
+    def role(self, party: str) -> RolePlan:
+        """The :class:`RolePlan` of ``party`` (``host`` or ``guest-N``)."""
+        return self.roles["host" if party == "host" else "guest"]
+
+    def releases(self, direction: str, width: int) -> MechanismSchedule:
+        """The mechanism schedule of one crossing: a guest's ``forward`` releases of ``width``
+        elements per record, or the host's ``backward`` releases to a guest of that width."""
+        make = privacy_factory.forward_mechanism if direction == "forward" else privacy_factory.backward_mechanism
+        return MechanismSchedule(lambda i: make(self.cfg, width, i), self.schedule.num_train_batches(),
+                                 constant=self.cfg.schedule == "constant")
 
     @property
     def guests(self) -> list[str]:
@@ -204,7 +251,8 @@ def plan_run(cfg: RunConfig, prepared: PreparedData | None = None) -> RunPlan:
     return RunPlan(cfg=cfg, arch=arch.name, cut=cut, schedule=schedule, input_shapes=input_shapes,
                    cut_shapes=cut_shapes, merged_shape=merged_shape(cfg.merge, cut_shapes),
                    num_outputs=prepared.num_classes, metric=prepared.metric, guest_cut_activation=act,
-                   task=kind_of(getattr(prepared, "task", "classification"), prepared.num_classes))
+                   task=kind_of(getattr(prepared, "task", "classification"), prepared.num_classes),
+                   roles={r: _role_plan(cfg, r) for r in ("guest", "host")})
 
 
 def objective(cfg: RunConfig, plan: RunPlan, host_data: PartyData) -> Objective:
@@ -219,10 +267,11 @@ def objective(cfg: RunConfig, plan: RunPlan, host_data: PartyData) -> Objective:
     return Objective(plan.task, weights)
 
 
-def make_ledger(cfg: RunConfig, party: str):
-    """The party's ledger, or ``None`` when the party claims no differential privacy."""
-    role = "host" if party == "host" else "guest"
-    if not privacy_factory.claims_dp(cfg, role):
+def make_ledger(cfg: RunConfig, party: str, role: RolePlan | None = None):
+    """The party's ledger, or ``None`` when the party claims no differential privacy (``role``: its
+    resolved :class:`RolePlan`; else resolved here)."""
+    role = role or _role_plan(cfg, "host" if party == "host" else "guest")
+    if not role.claims_dp:
         return None
     from fl_split.privacy.ledger import Ledger
 
@@ -234,40 +283,21 @@ def optimizer_settings(cfg: RunConfig) -> OptimizerSettings:
     return OptimizerSettings(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
 
 
-def _claims(cfg: RunConfig, role: str) -> str:
-    """What a party claims, in words (for the module-validation error)."""
-    parts = []
-    protected = privacy_factory.protects_guests(cfg) if role == "guest" else privacy_factory.protects_host(cfg)
-    if protected and privacy_factory.is_boundary(cfg):
-        parts.append(f"--defense {cfg.defense} protects its {'forward' if role == 'guest' else 'backward'} releases")
-    if privacy_factory.uses_dpsgd(cfg, role):
-        parts.append("it trains with DP-SGD")
-    return " and ".join(parts)
-
-
-def _update_policy(cfg: RunConfig, role: str, party: str, modules: list[nn.Module], frozen: bool = False) -> LocalUpdate:
+def _update_policy(plan: RunPlan, party: str, modules: list[nn.Module], frozen: bool = False) -> LocalUpdate:
     """The party's local-update policy over its ``modules``, after refusing modules that would
     make its per-record guarantee wrong (``fl_split.privacy.validate``)."""
-    if privacy_factory.claims_dp(cfg, role):
+    cfg, role = plan.cfg, plan.role(party)
+    if role.claims_dp:
         check_record_independent(party, {f"model {i + 1}" if len(modules) > 1 else "model": m
-                                         for i, m in enumerate(modules)}, _claims(cfg, role))
+                                         for i, m in enumerate(modules)}, role.claims)
     if frozen:
         return FrozenUpdate(modules)
-    if privacy_factory.uses_dpsgd(cfg, role):
+    if role.dpsgd:
         for m in modules:
             check_opacus_compatible(party, m)
         return DpSgdUpdate(modules, optimizer_settings(cfg), privacy_factory.dpsgd_sigma(cfg), cfg.max_grad_norm,
                            expected_batch_size=cfg.batch_size)
     return OptimizerUpdate(modules, optimizer_settings(cfg))
-
-
-def _mechanisms(plan: RunPlan, factory) -> MechanismSchedule:
-    return MechanismSchedule(factory, plan.schedule.num_train_batches(), constant=plan.cfg.schedule == "constant")
-
-
-def _uses_importance(cfg: RunConfig, role: str) -> bool:
-    protected = privacy_factory.protects_guests(cfg) if role == "guest" else privacy_factory.protects_host(cfg)
-    return cfg.defense == "r3elu" and cfg.allocation != "uniform" and protected
 
 
 def allocation_epsilon(cfg: RunConfig) -> float:
@@ -305,20 +335,20 @@ def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = N
 
         bottom.load_state_dict(init_state(cfg.init_from, name, plan)["bottom"])
     dev = resolve_device(device or cfg.device)
-    update = _update_policy(cfg, "guest", name, [bottom.to(dev)], frozen=cfg.one_shot)
+    update = _update_policy(plan, name, [bottom.to(dev)], frozen=cfg.one_shot)
     width = int(np.prod(plan.cut_shapes[name]))
     importance = None
-    if _uses_importance(cfg, "guest"):
+    if plan.role(name).importance:
         from fl_split.privacy.r3elu import AllocationRelease, ImportanceTracker
 
         tracker = ImportanceTracker(_layer(update.modules[0], last=True), side="output")
         importance = Importance(tracker, AllocationRelease(tracker.n, allocation_epsilon(cfg)), cfg.importance_refresh)
     return GuestParty(name, data, plan.schedule, update=update, cut_shape=plan.cut_shapes[name],
-                      mechanisms=_mechanisms(plan, lambda i: privacy_factory.forward_mechanism(cfg, width, i)),
-                      secret=secret, ledger=make_ledger(cfg, name), sample_rate=plan.sample_rate,
+                      mechanisms=plan.releases("forward", width),
+                      secret=secret, ledger=make_ledger(cfg, name, plan.role(name)), sample_rate=plan.sample_rate,
                       grad_postprocess=privacy_factory.postprocess(cfg, "backward"), importance=importance,
                       device=dev, max_test_requests=int(cfg.max_test_requests),
-                      host_mechanisms=_mechanisms(plan, lambda i: privacy_factory.backward_mechanism(cfg, width, i)))
+                      host_mechanisms=plan.releases("backward", width))
 
 
 def _host_importance(plan: RunPlan, top: nn.Module):
@@ -370,20 +400,18 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, priv
             bottom.load_state_dict(saved["bottom"])
     dev = resolve_device(device or cfg.device)
     modules = [m.to(dev) for m in (bottom, top) if m is not None]
-    update = _update_policy(cfg, "host", "host", modules)
+    update = _update_policy(plan, "host", modules)
     guest_shapes = {g: plan.cut_shapes[g] for g in plan.guests}
     widths = {g: int(np.prod(s)) for g, s in guest_shapes.items()}
-    mechanisms = {g: _mechanisms(plan, lambda i, w=w: privacy_factory.backward_mechanism(cfg, w, i))
-                  for g, w in widths.items()}
-    importance, parts = (_host_importance(plan, update.modules[-1]) if _uses_importance(cfg, "host") else (None, {}))
+    mechanisms = {g: plan.releases("backward", w) for g, w in widths.items()}
+    importance, parts = (_host_importance(plan, update.modules[-1]) if plan.role("host").importance else (None, {}))
     return HostParty(data, plan.schedule, update=update, has_bottom=bottom is not None, merge=Merge(cfg.merge),
                      guest_shapes=guest_shapes, backward_mechanisms=mechanisms, secret=secret,
-                     ledger=make_ledger(cfg, "host"), sample_rate=plan.sample_rate,
+                     ledger=make_ledger(cfg, "host", plan.role("host")), sample_rate=plan.sample_rate,
                      act_postprocess=privacy_factory.postprocess(cfg, "forward"), one_shot=cfg.one_shot,
                      importance=importance, importance_parts=parts, report_metrics=cfg.report_metrics,
                      metrics_file=cfg.host_metrics, device=dev, objective=objective(cfg, plan, data),
-                     guest_mechanisms={g: _mechanisms(plan, lambda i, w=w: privacy_factory.forward_mechanism(cfg, w, i))
-                                       for g, w in widths.items()})
+                     guest_mechanisms={g: plan.releases("forward", w) for g, w in widths.items()})
 
 
 @functools.lru_cache(maxsize=4)
