@@ -422,10 +422,8 @@ class RunConfig:
                               reason="with --defense none and no --dp-sgd nothing is charged to any party, so the "
                                      "budget would never bind")
         for key, value in (("save-model", self.save_model), ("init-from", self.init_from)):
-            if value and (self.monolithic or (key == "init-from" and self.engine == "flower")):
-                raise ConfigError(key, value, "empty with " + ("--monolithic" if self.monolithic else "--engine flower"),
-                                  reason="a monolithic run has no parties to save" if self.monolithic else
-                                  "under Flower each node would read its own part: not built yet (docs/serving.md)")
+            if value and self.monolithic:
+                raise ConfigError(key, value, "empty with --monolithic", reason="a monolithic run has no parties to save")
         if is_model_factory(self.model) and self.engine == "flower":
             raise ConfigError("model", factory_label(self.model), "with --engine flower a function the ClientApp "
                               "processes can import: defined at the top level of a module on their import path "

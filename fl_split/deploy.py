@@ -383,10 +383,14 @@ class LocalDeployment:
     def model_items(self, party: str) -> list[str]:
         """``--save-model DIR``: the node writes its own part into ``DIR/<party>/`` (its node-config
         ``model-dir``; on loopback every node's is the one ``DIR``, so ``fl-split predict --model DIR``
-        finds every part)."""
-        if not self.cfg.save_model:
-            return []
-        return [f"model-dir={_literal(Path(self.cfg.save_model).expanduser().resolve())}"]
+        finds every part). ``--init-from DIR``: the node continues from its own ``DIR/<party>/`` (its
+        node-config ``init-from``)."""
+        items = []
+        if self.cfg.save_model:
+            items.append(f"model-dir={_literal(Path(self.cfg.save_model).expanduser().resolve())}")
+        if self.cfg.init_from:  # --init-from DIR: each node continues from its own DIR/<party>/
+            items.append(f"init-from={_literal(Path(self.cfg.init_from).expanduser().resolve())}")
+        return items
 
     def start_supernodes(self) -> None:
         self.dataplane_port = free_port()

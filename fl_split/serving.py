@@ -171,13 +171,13 @@ def init_state(directory: str | Path, party: str, plan) -> dict[str, Any]:
     """``--init-from``: ``party``'s own saved weights, after checking that its part fits this run's plan
     (architecture, cut, merge, task, this party's input and cut-layer shapes)."""
     manifest, files = load_part(directory, party)
-    here = {"arch": plan.arch, "cut": plan.cut, "merge": plan.cfg.merge, "task": plan.task,
-            "num_outputs": plan.num_outputs,
+    here = {"arch": plan.arch, "cut": plan.cut, "merge": plan.cfg.merge,
             "input_shape": list(plan.input_shapes[party]) if party in plan.input_shapes else None}
-    if party != "host":
+    if party != "host":  # a guest's bottom does not depend on the task (a deployed guest may not know it)
         here["cut_shape"] = list(plan.cut_shapes[party])
     else:
-        here["guest_shapes"] = {g: list(plan.cut_shapes[g]) for g in plan.guests}
+        here.update(task=plan.task, num_outputs=plan.num_outputs,
+                    guest_shapes={g: list(plan.cut_shapes[g]) for g in plan.guests})
     for k, v in here.items():
         if manifest.get(k) != v:
             raise DataError(f"--init-from {directory}: {party}'s saved part has {k} {_short(manifest.get(k))}, this run "

@@ -321,7 +321,8 @@ def _restore(context: Context, role: NodeRole, handoff=None):
     cached = _PARTIES.get((context.run_id, context.node_id))
     if cached is not None and cached[0] == meta["token"]:
         return cached[1], str(meta["config"])
-    cfg = RunConfig.from_mapping(R.loads(str(meta["config"])))
+    # the weights come from the node's state: a saved part (--init-from) is read at setup only
+    cfg = RunConfig.from_mapping(R.loads(str(meta["config"]))).replace(init_from="")
     state = unflatten(R.record_to_arrays(context.state.array_records[R.STATE_ARRAYS]), R.loads(str(meta["skeleton"])))
     party, _ = build_party(cfg, role, secret=PartySecret.from_state(state["secret"]), state=context.state,
                            handoff=handoff)
@@ -351,7 +352,8 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
             config_json = str(req["config"])
             cfg = _coordinator_config(config_json, context)
             seed = private_seed_of(role, context, private_seed)
-            party, facts = build_party(cfg, role, seed, state=context.state, handoff=handoff)
+            party, facts = build_party(_init_from_here(cfg, role, dict(context.node_config)), role, seed,
+                                       state=context.state, handoff=handoff)
             extra = _dataplane_setup(cfg, role, dict(context.node_config), context.state)
             if cfg.checkpoint_dir:
                 _checkpoint_setup(context, role, party, cfg, req, seed)
@@ -398,6 +400,22 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
         # the live object may be half-updated: forget it; context.state still holds the last good state
         _PARTIES.pop(key, None)
         return Message(R.error_record(exc, who, None if round_ < 0 else round_), reply_to=message)
+
+
+def _init_from_here(cfg: RunConfig, role: NodeRole, node_config: dict) -> RunConfig:
+    """``--init-from``: where this node's party finds its own saved part. A simulation's nodes share
+    the machine, so the run's directory holds every part (``DIR/<party>/``); a deployment node reads
+    its node-config ``init-from`` (else its ``model-dir``, where ``--save-model`` wrote it): the
+    coordinator's path names a folder on the coordinator's machine and is never used."""
+    if not cfg.init_from or role.mode == "simulation":
+        return cfg
+    directory = str(node_config.get("init-from", "") or node_config.get("model-dir", "") or "").strip()
+    if not directory:
+        raise FederationError(f"{role.party} node-config: no init-from (or model-dir); the run continues from a "
+                              f"saved model (--init-from), and a party reads its own part on its own machine: "
+                              f"--node-config \"... init-from='/path/private/to/{role.party}'\" (the folder "
+                              f"holding {role.party}/)")
+    return cfg.replace(init_from=directory)
 
 
 def _coordinator_config(config_json: str, context: Context) -> RunConfig:
