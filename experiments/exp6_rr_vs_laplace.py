@@ -23,6 +23,15 @@ on 32 test records, SSIM/PSNR; membership inference with 4 shadow models on the 
 
 Writes ``experiments/results/exp6_rr_vs_laplace/``: ``runs.csv``, ``table.csv``, ``table.md``,
 ``rr_vs_laplace.png``, ``claims.json``, ``run.json``.
+
+**At matched accounted ε** (``--matched``, issue 26; ``results/exp6_rr_vs_laplace_matched/``): 002 — and
+the default mode — set RR and Laplace at the same *per-element* ε. Both are then ε-DP per element, but
+under tight accounting a record's (ε, δ = 1e-5) differs: RR's privacy loss is ±ε on every element (the
+worst case of any ε-DP mechanism), Laplace's is spread below it, so at the same per-element ε Laplace is
+accounted *less* (e.g. layer 3, ε = 0.5: RR 22.9, Laplace about 15). ``--matched`` keeps RR at 002's
+per-element ε and calibrates Laplace's (:func:`fl_split.bench.calibrate.calibrate`, the real ledger, no
+training) so that its accounted ε equals RR's within 1 %, never above; then both are trained and
+attacked as before. The per-cell comparison is then like for like.
 """
 
 from __future__ import annotations
@@ -59,18 +68,22 @@ PAPER_T1 = [("ResNet-18, CIFAR10", 92.91, 94.86), ("ResNet-18, SVHN", 94.73, 95.
 
 def main(argv: list[str] | None = None) -> int:
     ap = C.parser(__doc__)
+    ap.add_argument("--matched", action="store_true",
+                    help="Laplace calibrated to RR's accounted ε per cell (tight accounting, δ = 1e-5) instead of "
+                         "the same per-element ε; writes results/exp6_rr_vs_laplace_matched/")
     args = ap.parse_args(argv)
     C.setup()
     quick = args.quick
     if quick:
         args.seeds = args.seeds[:1]
-    out = C.Out(NAME, args, "exp6_rr_vs_laplace.py")
+    out = C.Out(NAME + ("_matched" if args.matched else ""), args, "exp6_rr_vs_laplace.py")
     base = {**BASE, **(dict(epochs=2, limit=400, pretrain_epochs=1) if quick else {})}
     cuts = (3,) if quick else CUTS
     eps_list = (2.0,) if quick else EPS_PER_ELEMENT
     aopts_inv = dict(attack="inversion", **({"inversion_steps": 20, "attack_records": 4} if quick else {}))
     aopts_mem = dict(attack="membership", **({"shadow_models": 1, "attack_epochs": 5} if quick else {}))
     t0 = time.perf_counter()
+    matched = _matched_epsilons(base, cuts, eps_list) if args.matched and not args.from_runs else {}
     runs = C.runs_or_train(out, args) or []
     if args.from_runs:
         cuts = tuple(dict.fromkeys(int(r["cut"]) for r in runs))
@@ -83,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                 configs.append((mech, e, dict(defense=mech, **({"clip_c": 1.0} if mech == "laplace" else {}))))
         for mech, e, kw in configs:
             for seed in args.seeds:
-                if e is not None:
+                if e is not None and matched:  # the cell's per-record --epsilon: RR at 002's, Laplace calibrated
+                    width = matched[cut]["width"]
+                    kw = {**kw, "epsilon": width * e if mech == "rr" else matched[cut]["laplace"][e]["epsilon"]}
+                elif e is not None:
                     kw = {**kw, "epsilon": width * e}
                 s = C.attack_session(seed, "membership", **base, cut_layer=cut, **kw)
                 inv = C.attack(s, **aopts_inv)
@@ -95,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 wire = res["training"]["wire"]
                 releases = (rep.get("releases") or 0)
                 runs.append({"cut": cut, "width": width, "mechanism": mech, "eps_per_element": e,
-                             "epsilon_per_record": None if e is None else width * e, "seed": seed,
+                             "epsilon_per_record": None if e is None else kw["epsilon"], "seed": seed,
                              "accuracy": res["final"]["value"],
                              "best_accuracy": max(h["test_metric"] for h in hist if h.get("test_metric") is not None),
                              "bytes_to_host": wire["bytes_to_host"], "messages_to_host": wire["messages_to_host"],
@@ -128,6 +144,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _matched_epsilons(base: dict, cuts, eps_list) -> dict:
+    """Per cut: the guest's cut width and, per RR per-element ε, RR's accounted ε and the Laplace
+    ``--epsilon`` (per record) calibrated to it (within 1 %, never above)."""
+    from fl_split.bench import calibrate as cal
+
+    out = {}
+    for cut in cuts:
+        cell = {**C.config(0, **base, cut_layer=cut).to_dict(), "progress": False}
+        parties = cal.probe(cell, "rr")
+        width = parties["guest-1"]["width"]
+        out[cut] = {"width": width, "laplace": {}}
+        for e in eps_list:
+            target = cal.epsilon_of(cell, "rr", width * e, parties)
+            got = cal.calibrate({**cell, "clip_c": 1.0}, "laplace", target, parties)
+            if not got["ok"]:
+                raise SystemExit(f"{NAME} --matched: Laplace not calibrated to RR's ε {target:.4g} (cut {cut}, ε {e})")
+            out[cut]["laplace"][e] = {"epsilon": got["changes"]["epsilon"], "target": target,
+                                      "planned": got["planned_epsilon"]}
+            print(f"{NAME} --matched: cut {cut} (d = {width}), RR ε/element {e:g} -> accounted {target:.4g}; "
+                  f"Laplace ε/element {got['changes']['epsilon'] / width:.4g} -> {got['planned_epsilon']:.4g}",
+                  flush=True)
+    return out
+
+
 def _get(summary, cut, mech, e):
     return next((r for r in summary if r["cut"] == cut and r["mechanism"] == mech and r["eps_per_element"] == e), None)
 
@@ -150,7 +190,10 @@ def markdown(summary, args, cuts, eps_list, claims) -> str:
                 ps = PAPER_SSIM.get(cut, {}).get(e)
                 pp = PAPER_PSNR.get(cut, {}).get(e)
                 pf = PAPER_F1.get(cut, {}).get(e)
-                rows.append(["", f"{'RR' if mech == 'rr' else 'LM'} ε={e:g}", C.sig(r["accounted_epsilon"]),
+                label = f"{'RR' if mech == 'rr' else 'LM'} ε={e:g}"
+                if getattr(args, "matched", False) and mech == "laplace":  # calibrated to RR's accounted ε
+                    label = f"LM ε={r['epsilon_per_record'] / r['width']:.3g} (= RR ε={e:g}'s acc. ε)"
+                rows.append(["", label, C.sig(r["accounted_epsilon"]),
                              C.fmt(r["accuracy_mean"], r["accuracy_sd"], pct=True), "",
                              C.fmt(r["ssim_mean"], r["ssim_sd"]), f"*{ps[k]}*" if ps else "",
                              C.fmt(r["psnr_mean"], r["psnr_sd"], 2), f"*{pp[k]}*" if pp else "",
