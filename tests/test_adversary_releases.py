@@ -241,16 +241,23 @@ def test_cli_exit_status_and_one_line(monkeypatch, capsys, tmp_path):
 @pytest.mark.parametrize("defence", list(DEFENCES))
 def test_honest_runs_never_trip(defence):
     for seed in (1, 2):
-        results = LocalEngine(_cfg(defence, epochs=3, seed=seed), private_seed=PrivateSeed.legacy(seed)).run()
+        engine = LocalEngine(_cfg(defence, epochs=3, seed=seed), private_seed=PrivateSeed.legacy(seed))
+        results = engine.run()
         assert results["stopped_reason"] == "completed" and results["guest_failures"] == []
+        assert engine.host.loss_alarm.judged > 0  # the training-loss jump alarm judged them too
 
 
 def test_honest_geometric_schedule_and_importance_allocation_never_trip():
     for kw in (dict(defense="laplace", schedule="geometric", epsilon=50.0),
                dict(defense="r3elu", allocation="importance", epsilon=20.0),
                dict(defense="r3elu", allocation="importance-tight", importance_refresh="batch", epsilon=20.0)):
-        results = LocalEngine(_cfg("none", epochs=2, **kw), private_seed=PrivateSeed.legacy(5)).run()
+        engine = LocalEngine(_cfg("none", epochs=2, **kw), private_seed=PrivateSeed.legacy(5))
+        results = engine.run()
         assert results["stopped_reason"] == "completed" and results["guest_failures"] == []
+        # the geometric schedule changes the guests' mechanism every batch: the loss alarm never
+        # compares losses across two of them (the honest loss grew 10x in 3 batches: the noise
+        # doubles each one)
+        assert (engine.host.loss_alarm.judged == 0) == (kw.get("schedule") == "geometric")
 
 
 # -- the public ranges themselves -----------------------------------------------------------------------

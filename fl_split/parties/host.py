@@ -19,7 +19,7 @@ from fl_split.parties.base import _outgoing, _Party, set_mode
 from fl_split.parties.schedule import Importance, MechanismSchedule
 from fl_split.privacy.base import NoDefense, PostProcess
 from fl_split.privacy.bounds import PeerTrust
-from fl_split.privacy.guard import RECENT, TrainTestGuard
+from fl_split.privacy.guard import RECENT, LossJumpAlarm, TrainTestGuard
 from fl_split.privacy.diagnostics import LocalDiagnostics
 from fl_split.privacy.disclosure import party_privacy_report
 from fl_split.protocol import Message, wire_bytes
@@ -71,6 +71,9 @@ class HostParty(_Party):
         #: per-guest training vs test release statistics (issue 25: a guest poisoning its training releases)
         self.guard = TrainTestGuard("host")
         self._train_round_batches = 0  # batches in the last training round decoded (the guard's ``defer``)
+        #: the training-loss jump alarm, attributed to one guest (issue 25; None: off, for experiments)
+        self.loss_alarm: LossJumpAlarm | None = LossJumpAlarm("host")
+        self._screened: list[float] = []  # the losses of the training round being received (the alarm's)
         if data.y_train is None:
             raise ValueError("the host must hold the labels")
         if report_metrics not in ("epoch", "none"):
@@ -110,14 +113,18 @@ class HostParty(_Party):
         if guest not in self.guests:
             raise ProtocolError(f"host: cannot drop {guest!r}; the guests are {self.guests}")
         self.absent.setdefault(guest, int(round_))
+        if self.loss_alarm is not None:  # the loss without that guest is another quantity: a new history
+            self.loss_alarm.reset()
 
     # -- receiving ---------------------------------------------------------------------------
-    def _received(self, keys, blobs_by_guest: dict[str, list[bytes]],
-                  round_: int | None = None) -> dict[str, list[torch.Tensor]]:
+    def _received(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int | None = None,
+                  screen: Callable | None = None) -> dict[str, list[torch.Tensor]]:
         """Decode and check every guest's messages for ``keys`` (before touching any state).
 
         In one-shot mode empty lists mean "use what you cached when these records were released".
-        Absent guests (:meth:`drop_guest`) send nothing.
+        Absent guests (:meth:`drop_guest`) send nothing. ``screen(out, fresh)``: a further check of a
+        training round's releases (the loss-jump alarm), after the range checks and before anything
+        is recorded.
         """
         active = self.active_guests
         if not isinstance(blobs_by_guest, dict) or sorted(g for g in blobs_by_guest
@@ -149,6 +156,8 @@ class HostParty(_Party):
                 self.guard.check_test(g, out[g], f"{keys[0].phase}[epoch {keys[0].epoch}]", round_,
                                       noisy=self.trust.public_range(g, keys[0]) is not None, defer=defer)
         elif keys and keys[0].phase == "train":
+            if screen is not None:
+                screen(out, fresh)
             for g in fresh:
                 self.guard.check_deferred(g, out[g], f"{keys[0].phase}[epoch {keys[0].epoch}]", round_)
             self._train_round_batches = len(keys)
@@ -182,13 +191,16 @@ class HostParty(_Party):
                                 f"first release of every record)")
         return self._cache[name]["x"][torch.from_numpy(pos)]
 
-    def _forward(self, key: BatchKey, acts: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _forward(self, key: BatchKey, acts: dict[str, torch.Tensor], train: bool, drop: str | None = None,
+                 gen: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The top's output for ``key``; ``drop``: that guest zero-filled too; ``gen``: the generator of a
+        random post-processing (default: a fresh private draw)."""
         parts: list[torch.Tensor] = []
         if self.bottom is not None:
             parts.append(self.bottom(self.rows(key)))
         leaves: dict[str, torch.Tensor] = {}
         for g in self.guests:
-            if g in self.absent:  # a failed guest's embedding is zero-filled (001's padding)
+            if g in self.absent or g == drop:  # a failed guest's embedding is zero-filled (001's padding)
                 parts.append(torch.zeros((len(self.schedule.positions(key)), *self.guest_shapes[g]),
                                          device=self.device))
                 continue
@@ -196,9 +208,44 @@ class HostParty(_Party):
             if train and not self.one_shot:
                 a.requires_grad_(True)
             leaves[g] = a
-            gen = self._gen("denoise") if self.act_postprocess.random else None
-            parts.append(self.act_postprocess(a, gen))
+            if gen is None and self.act_postprocess.random:
+                parts.append(self.act_postprocess(a, self._gen("denoise")))
+            else:
+                parts.append(self.act_postprocess(a, gen))
         return self.top(self.merge(parts)), leaves
+
+    # -- the loss-jump alarm (fl_split/privacy/guard.py, LossJumpAlarm) ----------------------------
+    @torch.no_grad()
+    def _probe(self, keys, acts: dict[str, list[torch.Tensor]], drop: str | None = None) -> list[float]:
+        """Each batch's training loss under the current models, forward only, in evaluation mode (no
+        dropout draw, no batch-norm statistic moves), ``drop`` zero-filled; a random post-processing
+        draws from a fixed public generator, not the party's (its counters do not move)."""
+        modes = [(m, m.training) for m in (self.bottom, self.top) if m is not None]
+        for m, _ in modes:
+            set_mode(m, False)
+        try:
+            gen = (torch.Generator(device=self.device).manual_seed(0) if self.act_postprocess.random else None)
+            active = self.active_guests
+            vals = [self.objective(self._forward(k, {g: acts[g][i] for g in active}, False, drop, gen)[0],
+                                   self.labels(k)) for i, k in enumerate(keys)]
+            return torch.stack(vals).double().cpu().tolist()
+        finally:
+            for m, was in modes:
+                set_mode(m, was)
+
+    def _screen(self, keys, acts: dict[str, list[torch.Tensor]], fresh: list[str], round_: int | None) -> None:
+        """The loss-jump alarm on a training round (before anything changes): the round's losses are
+        kept in ``_screened`` for :meth:`train` to record once the round is accepted."""
+        self._screened = []
+        if self.loss_alarm is None or not fresh or not keys:
+            return
+        losses = self._probe(keys, acts)
+        sched = [self.trust.mechanisms.get(g) for g in self.active_guests]
+        regimes = [tuple(m(k) if m is not None else None for m in sched) for k in keys]
+        self.loss_alarm.check([str(k) for k in keys], losses,
+                              lambda i: {g: self._probe([keys[i]], {a: [acts[a][i]] for a in acts}, drop=g)[0]
+                                         for g in fresh}, round_, regimes)
+        self._screened = losses
 
     # -- training ----------------------------------------------------------------------------
     def _entries(self, keys, round_: int, alloc: set[BatchKey] = frozenset()) -> list["LedgerEntry"]:
@@ -219,11 +266,18 @@ class HostParty(_Party):
     def train(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int,
               in_process: bool = False) -> dict[str, list[bytes]]:
         """Train on every batch in ``keys``; returns the released gradients per guest (nothing
-        else leaves: the training loss stays here until the epoch's aggregate). ``in_process``:
+        else leaves: the training loss stays here until the epoch's aggregate). Before anything
+        changes the round passes the public-range checks, the guard's deferred comparison and the
+        training-loss jump alarm (:mod:`fl_split.privacy.guard`); a refusal raises
+        :class:`~fl_split.errors.ReleaseOutOfRange` with the host untouched. ``in_process``:
         the guests are in this process; release :class:`~fl_split.protocol.Handoff` messages
         instead of frames (``blobs_by_guest`` may hold either)."""
         keys = self._request(keys, round_, phase="train")
-        msgs = self._received(keys, blobs_by_guest, round_)
+        self._screened = []
+        msgs = self._received(keys, blobs_by_guest, round_,
+                              screen=lambda out, fresh: self._screen(keys, out, fresh, round_))
+        if self.loss_alarm is not None and self._screened:
+            self.loss_alarm.record(self._screened)
         active = self.active_guests
         alloc = (self.importance.plan(keys, updates_per_key=1)
                  if self.importance is not None and not self.one_shot else set())

@@ -42,23 +42,46 @@ then have no test reference (the public range and the frozen scale monitor still
 The checks start once the guest made :data:`RECENT` training releases (a bottom with batch
 normalisation releases its first test batches through running statistics still far off).
 
-Both are computed by the host from the releases it already receives: no new message, nothing sent.
+**The training-loss jump alarm** (:class:`LossJumpAlarm`) looks at what a permutation of a batch's
+records (every mean and norm kept) does change: the host's loss. Before it trains on a round, the
+host measures each batch's loss under its current models (forward only, in evaluation mode, no
+private draw: nothing of its state moves) and compares it with its last :data:`LOSS_HISTORY` batch
+losses. After :data:`LOSS_WARMUP` of them, a loss above ``max(median + LOSS_K·MAD, LOSS_FACTOR ×
+median)`` is a *candidate* jump; only then the host measures the batch again with each guest's
+release zero-filled (what ``--on-guest-failure pad`` does). A guest is *blamed* for the batch if its
+zero-fill gives the lowest loss, undoes at least :data:`LOSS_BLAME` of the jump ``loss − median``,
+and every other guest's zero-fill stays at least that much above it. The alarm is raised when one
+guest is blamed on :data:`LOSS_REPEAT` of the last :data:`LOSS_WINDOW` judged batches: an honest
+batch alone can look exactly like that (credit under DP-SGD, measured: a loss 3.4× the median
+brought back to it by zero-filling one guest), a tampering guest does it batch after batch. The
+history restarts where losses stop being comparable: after a long relay round (more than
+:data:`RECENT` batches: the guests' models moved by a round of updates), when a guest's public
+mechanism changes (a geometric schedule: every batch, so there the alarm never judges), and when a
+guest is dropped. Constants and the measured margins: ``docs/threat-model.md``
+(``experiments/loss_alarm.py``).
+
+All of it is computed by the host from the releases it already receives: no new message, nothing sent.
 The scale reference frozen after the warm-up (:class:`~fl_split.privacy.bounds.ScaleMonitor`,
 ``frozen``) catches the ramp within the epoch's batches. A violation raises
 :class:`PoisoningDetected` (a :class:`~fl_split.errors.ReleaseOutOfRange`), so the host refuses the
-evaluation before anything changes and the run answers as ``--on-guest-failure`` says: ``stop``
-names the guest and the check in one line, ``pad`` zero-fills that guest from then on.
-What stays undetectable is written in ``docs/threat-model.md``.
+evaluation, or the training round, before anything changes (no model, optimizer, ledger or draw
+counter moves; nothing is released) and the run answers as ``--on-guest-failure`` says: ``stop``
+names the guest and the check in one line, ``pad`` zero-fills that guest from then on. The statistics
+of both checks are the host's in-memory state, not exported with it (a restored host starts them
+afresh). What stays undetectable is written in ``docs/threat-model.md``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 
 import torch
 
 from fl_split.errors import ReleaseOutOfRange
+
+log = logging.getLogger("fl_split.party")
 
 #: training batches (the most recent) compared with an epoch's test releases
 RECENT = 8
@@ -70,6 +93,30 @@ NORM_RATIO = 4.0
 DEGENERATE = 0.01
 #: the test means must spread across elements by this many standard errors for ρ to mean anything
 SPREAD_SE = 3.0
+#: loss-jump alarm: the host's per-batch training losses it keeps (the most recent)
+LOSS_HISTORY = 32
+#: loss-jump alarm: losses needed before a batch is judged (the guard's :data:`RECENT`)
+LOSS_WARMUP = RECENT
+#: a batch's loss above ``median + LOSS_K·MAD`` of the history and above ``LOSS_FACTOR × median`` is a candidate jump
+LOSS_K = 10.0
+LOSS_FACTOR = 3.0
+#: the blamed guest's zero-fill must undo at least this share of the jump ``loss − median``
+LOSS_BLAME = 0.25
+#: the alarm: the same guest blamed on LOSS_REPEAT of the last LOSS_WINDOW judged batches
+LOSS_REPEAT = 2
+LOSS_WINDOW = 3
+
+
+def _median(xs) -> float:
+    v = sorted(xs)
+    n = len(v)
+    return float(v[n // 2]) if n % 2 else 0.5 * float(v[n // 2 - 1] + v[n // 2])
+
+
+def _same(a: tuple | None, b: tuple | None) -> bool:
+    """The same public mechanisms (by identity: a constant schedule gives one object; the regime keeps
+    references, so an id is never reused while it is compared)."""
+    return a is b or (a is not None and b is not None and len(a) == len(b) and all(x is y for x, y in zip(a, b)))
 
 
 def _ratio(a: float, b: float) -> float:
@@ -83,8 +130,9 @@ def _spread_se(mu: torch.Tensor, var: torch.Tensor, n: int) -> float:
 
 
 class PoisoningDetected(ReleaseOutOfRange):
-    """A guest's training releases disagree with its own test releases (:class:`TrainTestGuard`)
-    or its scale outgrew the frozen reference: the host refuses, naming the guest and the check."""
+    """A guest's training releases disagree with its own test releases (:class:`TrainTestGuard`), or
+    the host's training loss jumped and zero-filling that guest undoes it (:class:`LossJumpAlarm`):
+    the host refuses, naming the guest and the check."""
 
 
 class TrainTestGuard:
@@ -181,4 +229,145 @@ class TrainTestGuard:
         return None
 
 
-__all__ = ["DEGENERATE", "NORM_RATIO", "PoisoningDetected", "RECENT", "RHO_MIN", "SPREAD_SE", "TrainTestGuard"]
+class LossJumpAlarm:
+    """The host's training-loss jump alarm, attributed to one guest (issue 25; see the module docstring).
+
+    The host keeps its last :data:`LOSS_HISTORY` per-batch training losses, each measured before it trains on
+    the batch (:meth:`check`, then :meth:`record` once the round is accepted). After :data:`LOSS_WARMUP` of
+    them a batch whose loss exceeds the *threshold* ``max(median + LOSS_K·MAD, LOSS_FACTOR × median)`` of the
+    history is a candidate jump; for a candidate only, ``without(i)`` gives the batch's loss with each guest's
+    release zero-filled (what ``--on-guest-failure pad`` would do). The guest whose zero-fill lowers the loss
+    most (and alone) is *blamed* for the batch if that undoes at least :data:`LOSS_BLAME` of the jump
+    ``loss − median``. The alarm is raised on a batch for which the same guest is blamed on
+    :data:`LOSS_REPEAT` of the last :data:`LOSS_WINDOW` judged batches; a blamed batch alone is logged (info)."""
+
+    def __init__(self, receiver: str = "host", warmup: int = LOSS_WARMUP) -> None:
+        self.receiver = receiver
+        self.warmup = max(int(warmup), 1)
+        self._history: deque = deque(maxlen=LOSS_HISTORY)
+        #: who was blamed for each of the last LOSS_WINDOW judged batches (None: nobody)
+        self._blamed: deque = deque(maxlen=LOSS_WINDOW)
+        self._staged: tuple | None = None  # what check() judged, for record()
+        self._regime: tuple | None = None  # the guests' public mechanisms of the history's batches
+        self._last_round = 0  # batches in the last accepted round (a long one: the next starts a new history)
+        #: batches judged, candidate jumps, batches blamed on a guest, and the largest statistic
+        #: ``loss / threshold`` seen (above 1: a candidate) with its batch
+        self.judged = 0
+        self.candidates = 0
+        self.blamed = 0
+        self.largest: tuple[float, str] = (0.0, "")
+        #: experiments: a list to which every judged batch appends its numbers (None: nothing kept), and the
+        #: statistic above which a batch's zero-fill losses are computed for it too (None: candidates only)
+        self.trace: list[dict] | None = None
+        self.explore: float | None = None
+
+    def reset(self) -> None:
+        """Forget the history (the set of guests changed: the loss is another quantity from now on)."""
+        self._history.clear()
+        self._blamed.clear()
+        self._staged = None
+        self._regime = None
+        self._last_round = 0
+
+    @staticmethod
+    def threshold(history) -> tuple[float, float, float]:
+        """``(median, MAD, threshold)`` of the losses ``history``."""
+        med = _median(history)
+        mad = _median([abs(x - med) for x in history])
+        return med, mad, max(med + LOSS_K * mad, LOSS_FACTOR * med)
+
+    @staticmethod
+    def blame(loss: float, med: float, without: dict[str, float]) -> str | None:
+        """The guest to blame for a candidate jump ``loss`` over the median ``med``, or None: the one whose
+        zero-fill (``without``) gives the lowest loss, undoing at least LOSS_BLAME of the jump, with every
+        other guest's zero-fill at least LOSS_BLAME of the jump above it."""
+        if not without:
+            return None
+        ranked = sorted(without.items(), key=lambda kv: kv[1])
+        guest, best = ranked[0]
+        margin = LOSS_BLAME * (loss - med)
+        if not math.isfinite(best) or loss - best < margin or loss <= best:
+            return None  # dropping it does not undo enough of the jump
+        if len(ranked) > 1 and ranked[1][1] - best < margin:
+            return None  # another guest's zero-fill does nearly as well: not one guest to blame
+        return guest
+
+    def check(self, names: list[str], losses: list[float], without, round_: int | None,
+              regimes: list[tuple] | None = None) -> None:
+        """Judge the batches ``names`` of one round (in training order) with losses ``losses``; ``without(i)``:
+        ``{guest: loss of batch i with that guest's release zero-filled}``; ``regimes[i]``: the guests' public
+        mechanisms of batch i (the losses of other mechanisms are not compared). Raise
+        :class:`PoisoningDetected` naming the guest; nothing is recorded until :meth:`record`."""
+        # after a long round (more than RECENT batches) every guest applies that many updates before this
+        # round's releases, so the earlier losses are of other models: the history starts with this round
+        carry = self._last_round <= RECENT
+        hist = deque(self._history if carry else (), maxlen=LOSS_HISTORY)
+        blamed = deque(self._blamed if carry else (), maxlen=LOSS_WINDOW)
+        regime = self._regime
+        for i, (name, loss) in enumerate(zip(names, losses)):
+            if regimes is not None and not _same(regimes[i], regime):
+                # another public mechanism (a schedule's next step): its losses start a new history
+                hist.clear()
+                blamed.clear()
+                regime = regimes[i]
+            if len(hist) >= self.warmup and math.isfinite(loss):
+                med, mad, thr = self.threshold(hist)
+                stat = _ratio(loss, thr) if loss > 0 else 0.0
+                self.judged += 1
+                if stat > self.largest[0]:
+                    self.largest = (stat, name)
+                row = {"batch": name, "round": round_, "loss": loss, "median": med, "mad": mad, "threshold": thr,
+                       "stat": stat}
+                guest = None
+                if loss > thr or (self.trace is not None and self.explore is not None and stat > self.explore):
+                    alt = without(i)
+                    row["without"] = dict(alt)
+                    if loss > thr:
+                        self.candidates += 1
+                        guest = self.blame(loss, med, alt)
+                if self.trace is not None:
+                    self.trace.append(row)
+                if guest is None:
+                    blamed.append(None)
+                else:
+                    self.blamed += 1
+                    before = [b for b in blamed if b is not None and b[0] == guest]
+                    blamed.append((guest, name, loss, alt[guest], med))
+                    if len(before) + 1 >= LOSS_REPEAT:
+                        raise PoisoningDetected(guest, self.receiver, "activations", name, round_,
+                                                self._reason(guest, loss, med, thr, alt, len(before) + 1,
+                                                             before[-1] if before else None))
+                    log.info("%s: the training loss of %s jumped to %.4g (recent median %.4g); zero-filling "
+                                "%s's release gives %.4g (the alarm needs %d of %d batches)", self.receiver,
+                                name, loss, med, guest, alt[guest], LOSS_REPEAT, LOSS_WINDOW)
+            if math.isfinite(loss):
+                hist.append(loss)
+        self._staged = (hist, blamed, regime)
+
+    @staticmethod
+    def _reason(guest: str, loss: float, med: float, thr: float, alt: dict[str, float], times: int,
+                before: tuple | None) -> str:
+        others = "".join(f", {g} zero-filled: {v:.4g}" for g, v in sorted(alt.items()) if g != guest)
+        prev = (f" (also {before[1]}: {before[2]:.4g}, zero-filled {before[3]:.4g}, median {before[4]:.4g})"
+                if before is not None else "")
+        return (f"loss-jump check: the host's training loss on this batch is {loss:.4g}, above its recent median "
+                f"{med:.4g} (threshold {thr:.4g} = max(median + {LOSS_K:g}·MAD, {LOSS_FACTOR:g}× median)); with "
+                f"{guest}'s release zero-filled it is {alt[guest]:.4g}{others}; the jump was blamed on {guest} in "
+                f"{times} of the last {LOSS_WINDOW} batches{prev}")
+
+    def record(self, losses: list[float]) -> None:
+        """The accepted round (the one :meth:`check` judged last) joins the history."""
+        if self._staged is not None:
+            self._history, self._blamed, self._regime = self._staged
+        else:
+            if self._last_round > RECENT:
+                self._history.clear()
+                self._blamed.clear()
+            self._history.extend(x for x in losses if math.isfinite(x))
+        self._staged = None
+        self._last_round = len(losses)
+
+
+__all__ = ["DEGENERATE", "LOSS_BLAME", "LOSS_FACTOR", "LOSS_HISTORY", "LOSS_K", "LOSS_REPEAT", "LOSS_WARMUP",
+           "LOSS_WINDOW", "LossJumpAlarm",
+           "NORM_RATIO", "PoisoningDetected", "RECENT", "RHO_MIN", "SPREAD_SE", "TrainTestGuard"]
