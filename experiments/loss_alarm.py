@@ -86,7 +86,7 @@ class PermutingGuest:
 
 
 def run(c: RunConfig, seed: int, alarm: bool = True, transport=None) -> dict:
-    e = LocalEngine(c, private_seed=PrivateSeed.legacy(seed), transport=transport)
+    e = LocalEngine(c.replace(loss_alarm=alarm), private_seed=PrivateSeed.legacy(seed), transport=transport)
     if alarm:
         e.host.loss_alarm.trace = []
     else:

@@ -411,6 +411,7 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, priv
                      act_postprocess=privacy_factory.postprocess(cfg, "forward"), one_shot=cfg.one_shot,
                      importance=importance, importance_parts=parts, report_metrics=cfg.report_metrics,
                      metrics_file=cfg.host_metrics, device=dev, objective=objective(cfg, plan, data),
+                     loss_alarm=cfg.loss_alarm,
                      guest_mechanisms={g: plan.releases("forward", w) for g, w in widths.items()})
 
 

@@ -274,6 +274,10 @@ class RunConfig:
                                          "later from the last checkpoint); pad = go on with its embedding "
                                          "zero-filled from that round (results: guest_failures)",
                                  choices=("stop", "pad"), group="robustness")
+    loss_alarm: bool = _opt(False, "the host refuses a training round whose loss jumps and one guest's zero-fill "
+                                   "undoes the jump, twice in 3 batches (a guest poisoning inside the public range, "
+                                   "e.g. permuting its records; docs/threat-model.md); costs one extra forward "
+                                   "pass per batch", group="robustness")
 
     # --- serving (docs/serving.md) -----------------------------------------------------------
     save_model: str = _opt("", "after training, each party saves its own part into DIR/<party>/ (bottom, its "

@@ -45,7 +45,8 @@ DEFENCES = {
 def _cfg(defence: str, **kw) -> RunConfig:
     # the whole digits set (45 training batches of 32 an epoch, 360 test records): the test means
     # need that many records to stand out of σ = 0.7's noise
-    base = dict(dataset="digits", guests=2, epochs=1, progress=False, protect="both")
+    # --loss-alarm on (it is off by default): these runs exercise the guard and the alarm together
+    base = dict(dataset="digits", guests=2, epochs=1, progress=False, protect="both", loss_alarm=True)
     base.update(DEFENCES[defence])
     base.update(kw)
     return RunConfig(**base)
@@ -416,3 +417,16 @@ def test_loss_alarm_warms_up_and_restarts_after_a_long_round_a_new_mechanism_or_
     alarm = _primed(regime=(a,))
     with pytest.raises(PoisoningDetected):  # the same jumps against the kept history
         alarm.check(["y", "z"], [5.0, 5.0], blame, 2, regimes=[(a,), (a,)])
+
+
+def test_the_loss_alarm_is_off_unless_asked_for():
+    """Opt-in (``--loss-alarm``): its margin on honest runs is thin (docs/threat-model.md) and it costs a
+    forward pass per batch, so a default run neither pays for it nor risks being stopped by it."""
+    from fl_split.cli import build_parser, config_from_args
+
+    assert RunConfig().loss_alarm is False
+    engine = LocalEngine(RunConfig(dataset="digits", guests=2, epochs=1, limit=100, progress=False),
+                         private_seed=PrivateSeed.legacy(1))
+    assert engine.host.loss_alarm is None
+    ns = build_parser().parse_args(["train", "--dataset", "digits", "--loss-alarm"])
+    assert config_from_args(ns).loss_alarm is True

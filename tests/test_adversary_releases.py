@@ -37,7 +37,8 @@ DEFENCES = {
 
 def _cfg(defence: str, **kw) -> RunConfig:
     # 400 digits records, batches of 16: 18 training batches per epoch (more than the monitor's warm-up)
-    base = dict(dataset="digits", guests=2, limit=400, batch_size=16, epochs=1, progress=False, protect="both")
+    base = dict(dataset="digits", guests=2, limit=400, batch_size=16, epochs=1, progress=False, protect="both",
+                loss_alarm=True)  # off by default; the honest runs below check that it judged them too
     base.update(DEFENCES[defence])
     base.update(kw)
     return RunConfig(**base)

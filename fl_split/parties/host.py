@@ -58,7 +58,7 @@ class HostParty(_Party):
                  report_metrics: str = "epoch", metrics_file: str = "",
                  device: torch.device | str = "cpu",
                  guest_mechanisms: dict[str, MechanismSchedule] | None = None,
-                 objective: "Objective | None" = None) -> None:
+                 objective: "Objective | None" = None, loss_alarm: bool = False) -> None:
         super().__init__("host", data, schedule, secret, ledger, sample_rate, device)
         from fl_split.tasks import Objective, kind_of
 
@@ -71,8 +71,8 @@ class HostParty(_Party):
         #: per-guest training vs test release statistics (issue 25: a guest poisoning its training releases)
         self.guard = TrainTestGuard("host")
         self._train_round_batches = 0  # batches in the last training round decoded (the guard's ``defer``)
-        #: the training-loss jump alarm, attributed to one guest (issue 25; None: off, for experiments)
-        self.loss_alarm: LossJumpAlarm | None = LossJumpAlarm("host")
+        #: the training-loss jump alarm, attributed to one guest (issue 25, ``--loss-alarm``; None: off)
+        self.loss_alarm: LossJumpAlarm | None = LossJumpAlarm("host") if loss_alarm else None
         self._screened: list[float] = []  # the losses of the training round being received (the alarm's)
         if data.y_train is None:
             raise ValueError("the host must hold the labels")

@@ -42,7 +42,8 @@ then have no test reference (the public range and the frozen scale monitor still
 The checks start once the guest made :data:`RECENT` training releases (a bottom with batch
 normalisation releases its first test batches through running statistics still far off).
 
-**The training-loss jump alarm** (:class:`LossJumpAlarm`) looks at what a permutation of a batch's
+**The training-loss jump alarm** (:class:`LossJumpAlarm`; opt-in, ``--loss-alarm``: its honest margin is
+thin and it costs a forward pass per batch, ``docs/threat-model.md``) looks at what a permutation of a batch's
 records (every mean and norm kept) does change: the host's loss. Before it trains on a round, the
 host measures each batch's loss under its current models (forward only, in evaluation mode, no
 private draw: nothing of its state moves) and compares it with its last :data:`LOSS_HISTORY` batch
