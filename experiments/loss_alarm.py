@@ -31,15 +31,7 @@ from fl_split.errors import ReleaseOutOfRange  # noqa: E402
 from fl_split.privacy.guard import LOSS_BLAME, LOSS_REPEAT, LOSS_WINDOW  # noqa: E402
 from fl_split.seeding import PrivateSeed  # noqa: E402
 
-#: each defence at the tests' defaults (tests/test_adversary_poisoning.py; DP-SGD as tests/test_attacks.py)
-DEFENCES = {
-    "none": dict(defense="none"),
-    "gaussian": dict(defense="gaussian", sigma=0.7),
-    "laplace": dict(defense="laplace", epsilon=50.0),
-    "rr": dict(defense="rr", epsilon=50.0, protect="guest"),
-    "r3elu": dict(defense="r3elu", epsilon=50.0),
-    "dpsgd": dict(defense="dpsgd", sigma=1.0),
-}
+from tests.helpers import POISONING_DEFENCES as DEFENCES  # noqa: E402 - each defence at the tests' defaults
 START = 10
 
 

@@ -83,3 +83,14 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
         code = exc.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+#: each defence at the poisoning tests' defaults (tests/test_adversary_poisoning.py; experiments/loss_alarm.py)
+POISONING_DEFENCES = {
+    "none": dict(defense="none"),
+    "gaussian": dict(defense="gaussian", sigma=0.7),
+    "laplace": dict(defense="laplace", epsilon=50.0),
+    "rr": dict(defense="rr", epsilon=50.0, protect="guest"),
+    "r3elu": dict(defense="r3elu", epsilon=50.0),
+    "dpsgd": dict(defense="dpsgd", sigma=1.0),
+}

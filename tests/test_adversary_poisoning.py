@@ -27,19 +27,12 @@ from fl_split.privacy.bounds import ScaleMonitor
 from fl_split.privacy.guard import (DEGENERATE, LOSS_BLAME, LOSS_FACTOR, LOSS_REPEAT, LOSS_WINDOW, NORM_RATIO, RECENT,
                                     RHO_MIN, LossJumpAlarm, PoisoningDetected, TrainTestGuard)
 from fl_split.seeding import PrivateSeed
-from tests.helpers import tampered
+from tests.helpers import POISONING_DEFENCES, tampered
 from tests.test_hostile import assert_untouched, snapshot
 
 START = 10  # the audit's first tampered round (after the scale monitor's warm-up of 8 batches)
 
-DEFENCES = {
-    "none": dict(defense="none"),
-    "gaussian": dict(defense="gaussian", sigma=0.7),
-    "laplace": dict(defense="laplace", epsilon=50.0),
-    "rr": dict(defense="rr", epsilon=50.0, protect="guest"),
-    "r3elu": dict(defense="r3elu", epsilon=50.0),
-    "dpsgd": dict(defense="dpsgd", sigma=1.0),
-}
+DEFENCES = POISONING_DEFENCES
 
 
 def _cfg(defence: str, **kw) -> RunConfig:

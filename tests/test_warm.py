@@ -86,9 +86,9 @@ def test_party_runtime_refuses_with_one_line(argv, words):
     assert out.stderr.strip().count("\n") == 0 and words in out.stderr, out.stderr
 
 
-def _start(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
-    """A runtime whose SuperNode looks for a SuperLink that is not there (it keeps retrying): the
-    pair is up, no task ever comes. Returns the runtime, the SuperNode's PID and the log."""
+def _launch(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """``fl-split party-runtime`` with a SuperNode that looks for a SuperLink that is not there (it
+    keeps retrying): no task ever comes. Returns the runtime and its log."""
     log = tmp_path / "runtime.log"
     env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"), FLWR_TELEMETRY_ENABLED="0")
     with open(log, "wb") as fh:
@@ -96,6 +96,12 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
                                  "--superlink", f"127.0.0.1:{free_port()}", "--host", "127.0.0.1",
                                  "--port", str(free_port()), "--node-config", "role='host' data-path='x.npz'"],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, log
+
+
+def _start(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
+    """:func:`_launch`, once the pair is up. Returns the runtime, the SuperNode's PID and the log."""
+    proc, log = _launch(tmp_path)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         text = log.read_text(errors="replace")
@@ -175,13 +181,7 @@ def test_a_signal_inside_exec_still_exits_with_its_own_code(tmp_path):
 def test_sigterm_while_the_runtime_starts_ends_both_with_143(tmp_path):
     """SIGTERM as soon as the runtime names its SuperNode (it is still waiting for the Runtime API
     or importing the party's code): 143, and the node ends too."""
-    log = tmp_path / "runtime.log"
-    env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"), FLWR_TELEMETRY_ENABLED="0")
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([*FLSPLIT, "party-runtime", "--", str(BIN / "flower-supernode"), "--insecure",
-                                 "--superlink", f"127.0.0.1:{free_port()}", "--host", "127.0.0.1",
-                                 "--port", str(free_port()), "--node-config", "role='host' data-path='x.npz'"],
-                                stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc, log = _launch(tmp_path)
     node = None
     try:
         deadline = time.monotonic() + 300
