@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections import deque
 
 import torch
@@ -106,12 +107,6 @@ LOSS_BLAME = 0.25
 #: the alarm: the same guest blamed on LOSS_REPEAT of the last LOSS_WINDOW judged batches
 LOSS_REPEAT = 2
 LOSS_WINDOW = 3
-
-
-def _median(xs) -> float:
-    v = sorted(xs)
-    n = len(v)
-    return float(v[n // 2]) if n % 2 else 0.5 * float(v[n // 2 - 1] + v[n // 2])
 
 
 def _same(a: tuple | None, b: tuple | None) -> bool:
@@ -273,8 +268,8 @@ class LossJumpAlarm:
     @staticmethod
     def threshold(history) -> tuple[float, float, float]:
         """``(median, MAD, threshold)`` of the losses ``history``."""
-        med = _median(history)
-        mad = _median([abs(x - med) for x in history])
+        med = float(statistics.median(history))
+        mad = float(statistics.median([abs(x - med) for x in history]))
         return med, mad, max(med + LOSS_K * mad, LOSS_FACTOR * med)
 
     @staticmethod
