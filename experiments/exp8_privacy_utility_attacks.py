@@ -42,8 +42,10 @@ import time
 
 try:
     from experiments import common as C
+    from experiments.reaccount import config_key, load_tight
 except ImportError:  # run as a script
     import common as C  # type: ignore
+    from reaccount import config_key, load_tight  # type: ignore
 
 NAME = "exp8_privacy_utility_attacks"
 DATASETS = {"digits": dict(dataset="digits", guests=1), "credit": dict(dataset="credit", guests=1)}
@@ -110,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     runs, earlier = (runs, []) if args.from_runs else C.merge_earlier(out, runs, "dataset", args.datasets)
     args.datasets = [d for d in DATASETS if d in {r["dataset"] for r in runs}]
     out.csv("runs.csv", runs)
-    summary = summarise(runs)
+    # a rebuild of committed runs charged by the old ledger takes their re-accounted ε (issue 26)
+    summary = summarise(runs, load_tight(out.dir) if args.from_runs else None)
     out.csv("table.csv", summary)
     claims = make_claims(summary, args, epsilons, defences, runs)
     text = markdown(summary, args, epsilons, defences, claims)
@@ -124,7 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def summarise(runs):
+def summarise(runs, tight: dict[str, dict] | None = None):
+    """Per (dataset, defence, ε): utility, each attack, DCS. ``tight`` (``reaccounted.json``, issue 26)
+    gives the Laplace / R3eLU parties' ε as the ledger charges it now; the committed value is kept as
+    ``charged_guest_epsilon`` / ``charged_host_epsilon``."""
+    tight = tight or {}
     out = []
     for ds in dict.fromkeys(r["dataset"] for r in runs):
         base_u = C.mean_sd(r["utility"] for r in runs if r["dataset"] == ds and r["defence"] == "none"
@@ -135,6 +142,11 @@ def summarise(runs):
             row = {"dataset": ds, "defence": defence, "epsilon": eps, "utility_mean": u, "utility_sd": usd,
                    "undefended_utility": base_u, "guest_epsilon": rs[0]["guest_epsilon"],
                    "host_epsilon": rs[0]["host_epsilon"], "sigma": rs[0]["sigma"]}
+            now = tight.get(config_key(ds, defence, "both", eps)) if eps is not None else None
+            if now is not None:
+                for party, key in (("guest-1", "guest_epsilon"), ("host", "host_epsilon")):
+                    row["charged_" + key] = row[key]
+                    row[key] = now["parties"][party]["tight"]
             dcs = []
             for a, _ in ATTACKS:
                 ar = [r for r in rs if r["attack"] == a]
@@ -159,7 +171,9 @@ def markdown(summary, args, epsilons, defences, claims) -> str:
              "accuracy, baseline the majority rate; reconstruction: MSE, baseline the mean-sample MSE; label: direction-"
              "scoring AUC, baseline 0.5) and, in brackets, its normalised advantage AP ∈ [0, 1]. DCS per attack with "
              f"β = {BETA}, AP* = 0, MP* = the undefended accuracy; T-DCS = their mean (higher is better, 1 = ideal). "
-             "'ε' is per record per release; 'guest / host ε' the accounted ε after training (PLD, δ = 1e-5).\n"]
+             "'ε' is per record per release; 'guest / host ε' the accounted ε after training (PLD, δ = 1e-5; Laplace and R3eLU as the ledger "
+             "charges them now, re-accounted by `experiments/reaccount.py --source exp8`; '(was …)' is what the "
+             "committed run was charged, issue 26).\n"]
     for ds in args.datasets:
         rows = []
         for defence, eps in [("none", None)] + [(d, e) for e in epsilons for d in defences]:
@@ -169,7 +183,9 @@ def markdown(summary, args, epsilons, defences, claims) -> str:
                 d = 4 if a == "reconstruction" else 3
                 cells.append(f"{C.fmt(r[a + '_value_mean'], r[a + '_value_sd'], d)} ({r[a + '_adv_mean']:.2f})")
             cells += [*(f"{r[a + '_dcs']:.3f}" for a, _ in ATTACKS), f"**{r['t_dcs']:.3f}**",
-                      f"{C.sig(r['guest_epsilon'])} / {C.sig(r['host_epsilon'])}"]
+                      f"{C.sig(r['guest_epsilon'])} / {C.sig(r['host_epsilon'])}"
+                      + (f" (was {C.sig(r['charged_guest_epsilon'])} / {C.sig(r['charged_host_epsilon'])})"
+                         if "charged_guest_epsilon" in r else "")]
             rows.append(cells)
         b = _get(summary, ds, "none", None)
         rec = "decoder MSE, mean-sample" if RECONSTRUCTION[ds] == "reconstruction" else "GRN per-feature MSE, random-guess"
@@ -192,6 +208,23 @@ def _seed_tdcs(runs, ds, defence, eps, base_u) -> dict[int, float]:
             u = next(r["utility"] for r in rs if r["attack"] == "label")
             out[seed] = sum(C.dcs(r["advantage"], u, base_u, beta=BETA) for r in rs) / len(rs)
     return out
+
+
+def _eps_pair(r: dict) -> str:
+    return f"{C.sig(r['guest_epsilon'])} / {C.sig(r['host_epsilon'])}"
+
+
+def _budget_explains_nothing(r3: dict, other: dict, loss: bool) -> bool:
+    """Whether a clear difference between R3eLU and ``other`` is not one a larger accounted budget
+    explains: for a loss of R3eLU, ``other`` had no more ε than R3eLU for the guest and the host;
+    for a win, no less. A party with no ε (no claim: RR's host) counts as an unbounded ε."""
+    def eps(r, key):
+        return math.inf if r.get(key) is None else float(r[key])
+
+    keys = ("guest_epsilon", "host_epsilon")
+    if loss:
+        return all(eps(other, k) <= eps(r3, k) * (1 + 1e-6) for k in keys)
+    return all(eps(other, k) >= eps(r3, k) * (1 - 1e-6) for k in keys)
 
 
 def make_claims(summary, args, epsilons, defences, runs) -> list[dict]:
@@ -223,14 +256,20 @@ def make_claims(summary, args, epsilons, defences, runs) -> list[dict]:
             if not others:
                 notes.append(f"ε={e:g}: no other defence usable")
                 continue
-            informative += 1
             other = max(others, key=lambda r: r["t_dcs"])
             a, b = _seed_tdcs(runs, ds, "r3elu", e, base_u), _seed_tdcs(runs, ds, other["defence"], e, base_u)
             seeds = sorted(set(a) & set(b))
             cmp = C.paired([a[k] for k in seeds], [b[k] for k in seeds])
+            text = f"ε={e:g}: R3eLU − {other['defence']} {cmp['diff']:+.3f} ± {cmp['se']:.3f} SE (p = {cmp['p']:.2g})"
+            # matched privacy (issue 26): a clear loss counts only where the other defence had no more
+            # accounted ε than R3eLU for either party, a clear win only where it had no less
+            if cmp["clear"] and not _budget_explains_nothing(r3, other, loss=cmp["diff"] < 0):
+                notes.append(text + f", not at matched accounted ε ({_eps_pair(r3)} vs {_eps_pair(other)}): left out")
+                continue
+            informative += 1
             if cmp["clear"]:
                 (win_p if cmp["diff"] > 0 else loss_p).append(cmp["p"])
-            notes.append(f"ε={e:g}: R3eLU − {other['defence']} {cmp['diff']:+.3f} ± {cmp['se']:.3f} SE (p = {cmp['p']:.2g})")
+            notes.append(text + (f" at accounted ε {_eps_pair(r3)} vs {_eps_pair(other)}" if cmp["clear"] else ""))
         wins, losses = len(win_p), len(loss_p)
         r3s = [_get(summary, ds, "r3elu", e) for e in epsilons]
         verdict = (C.UNINFORMATIVE if not informative else C.HOLDS if wins == informative else
@@ -242,10 +281,14 @@ def make_claims(summary, args, epsilons, defences, runs) -> list[dict]:
                               "001: best trade-off (no joint score given)",
                               f"{ds}: highest T-DCS — " + "; ".join(best.values())
                               + "; R3eLU T-DCS " + ", ".join(f"{r['t_dcs']:.3f}" for r in r3s) + "; " + "; ".join(notes),
-                              verdict, "T-DCS over property, reconstruction and label attacks at equal per-release ε",
+                              verdict, "T-DCS over property, reconstruction and label attacks at equal per-release ε; "
+                                       "accounted ε as the ledger charges it now (Laplace, R3eLU re-accounted: "
+                                       "reaccounted.json); the matched-privacy grid is `fl-split bench`",
                               rule="per ε, R3eLU's per-seed T-DCS vs the best other defence's whose model is usable, "
                                    f"paired t-test (p < 0.05); an ε where R3eLU's model is not usable ({C.USABLE_RULE}) "
-                                   "is uninformative — DCS rewards a useless model; holds if R3eLU is clearly best at "
+                                   "is uninformative — DCS rewards a useless model; a clear difference counts only at "
+                                   "matched accounted privacy (a loss where the other defence had no more ε than R3eLU "
+                                   "for the guest and the host, a win where it had no less), else the ε is left out; holds if R3eLU is clearly best at "
                                    "every informative ε, does not hold if clearly worse at one, partly if clearly best "
                                    "at some (p × the number of informative ε for 'one' / 'some'), else inconclusive",
                               p=p8))

@@ -169,3 +169,71 @@ def test_committed_table_applies_the_rules():
         if c["verdict"] in V.DECIDED and c.get("p") is not None:
             assert c["p_holm"] < V.ALPHA, c["id"]
         assert c.get("n", 2) >= 2 or c["verdict"] not in V.DECIDED or c.get("deterministic")
+
+
+# -- matched accounted privacy (issue 26): a difference a larger budget explains is not counted ----------
+def test_exp8_counts_a_difference_only_where_the_budget_cannot_explain_it():
+    from experiments.exp8_privacy_utility_attacks import _budget_explains_nothing as matched
+
+    r3 = {"guest_epsilon": 5530.0, "host_epsilon": 5530.0}
+    laplace = {"guest_epsilon": 4920.0, "host_epsilon": 4920.0}
+    assert matched(r3, laplace, loss=True)        # R3eLU lost with more budget: the loss counts
+    assert not matched(r3, laplace, loss=False)   # a win over a smaller budget would not
+    assert matched(laplace, r3, loss=False)
+    rr = {"guest_epsilon": 6000.0, "host_epsilon": None}  # RR claims nothing for the host: unbounded
+    assert not matched(r3, rr, loss=True) and matched(r3, rr, loss=False)
+    split = {"guest_epsilon": 6000.0, "host_epsilon": 4000.0}  # more for one party, less for the other
+    assert not matched(r3, split, loss=True) and not matched(r3, split, loss=False)
+
+
+def _exp2_runs(r3_value: float, r3_eps_scale: float) -> list[dict]:
+    """Synthetic experiment-2 runs on digits, guest protected, 3 seeds: Laplace and DP-SGD at 0.90,
+    R3eLU at ``r3_value``; accounted ε = ε per release × 5 (Laplace, DP-SGD) and × 5 × ``r3_eps_scale``
+    (R3eLU)."""
+    from experiments import exp2_utility_epsilon as E
+
+    runs = []
+
+    def add(defence, direction, eps, mean, acc):
+        for seed, v in zip((0, 1, 2), _seeds(mean, 0.01, 3)):
+            runs.append({"dataset": "digits", "defence": defence, "direction": direction, "epsilon": eps,
+                         "seed": seed, "sigma": None, "metric": "accuracy", "value": v, "train_loss": 0.1,
+                         "accounted_epsilon": acc, "snr_bound": 1.0, "host_snr_bound": None})
+
+    add("none", "none", None, 0.95, None)
+    add("r3elu-importance", "both", 4.0, 0.1, 20.0)
+    for eps in E.EPSILONS:
+        add("laplace", "guest", eps, 0.90, 5 * eps)
+        add("dpsgd", "guest", eps, 0.90 + eps / 100, 5 * eps)
+        add("r3elu", "guest", eps, r3_value, 5 * eps * r3_eps_scale)
+    return runs
+
+
+@pytest.mark.parametrize("scale, losses, verdict", [(1.5, 5, "does not hold"), (0.01, 0, "inconclusive")])
+def test_exp2_best_counts_a_loss_only_against_no_more_accounted_epsilon(scale, losses, verdict):
+    """R3eLU far below the others in every cell: with more accounted ε than the cells it is set
+    against, every cell is a loss; with less than every other cell of the sweep, none can be."""
+    from experiments import exp2_utility_epsilon as E
+
+    runs = _exp2_runs(0.3, scale)
+    args = argparse.Namespace(datasets=["digits"], seeds=[0, 1, 2])
+    summary = E.summarise(runs)
+    for r in summary:
+        r["trivial"] = 0.084
+    best = next(c for c in E.make_claims(summary, args, runs) if c["id"] == "2-best")
+    assert f"clearly below the better one with at most its ε in {losses}," in best["ours"], best["ours"]
+    assert "at the same nominal ε, as committed: 0 clearly above, 5 clearly below of 5" in best["ours"]
+    assert best["verdict"] == verdict
+
+
+def test_exp2_tables_take_the_reaccounted_epsilon_and_keep_the_charged_one():
+    from experiments import exp2_utility_epsilon as E
+    from experiments.reaccount import config_key
+
+    runs = _exp2_runs(0.3, 1.0)
+    tight = {config_key("digits", "laplace", "guest", 4.0): {"parties": {"guest-1": {"tight": 4.9}}}}
+    row = E._get(E.summarise(runs, tight), "digits", "laplace", "guest", 4.0)
+    assert row["accounted_epsilon"] == 4.9 and row["charged_epsilon"] == pytest.approx(20.0)
+    assert E._eps_text(row) == "4.9 (was 20)"
+    untouched = E._get(E.summarise(runs, tight), "digits", "dpsgd", "guest", 4.0)
+    assert untouched["accounted_epsilon"] == untouched["charged_epsilon"] == pytest.approx(20.0)
