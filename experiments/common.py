@@ -396,6 +396,18 @@ class Out:
             return " ".join([".venv/bin/python", f"experiments/{self.script}", *sys.argv[1:]])
         return f".venv/bin/python experiments/{self.script} " + " ".join(_argv_of(self.args))
 
+    def record_addition(self, what: dict) -> dict:
+        """Runs added to a committed folder (e.g. ``exp2 --settle``'s extra seeds): the earlier
+        ``run.json`` keeps its provenance and lists this addition under ``added``."""
+        prior = self.dir / "run.json"
+        meta = json.loads(prior.read_text()) if prior.exists() else {"experiment": self.name}
+        meta.setdefault("added", []).append({
+            "command": self.command(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "seconds": round(time.perf_counter() - self.t0, 1), "versions": _versions(), **what})
+        prior.write_text(json.dumps(meta, indent=1, default=_jsonable) + "\n")
+        print(f"[{self.name}] added runs recorded in {prior}", flush=True)
+        return meta
+
     def finish(self, extra: dict | None = None) -> dict:
         if getattr(self.args, "verify", False):
             return self._verify()

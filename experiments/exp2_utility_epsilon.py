@@ -98,7 +98,15 @@ def protected(direction: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = C.parser(__doc__)
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    ap.add_argument("--settle", action="store_true",
+                    help="add seeds to the committed runs where the per-claim verdicts need them (issue 26): train "
+                         "only what the claims 2-<dataset>-<direction> read (no defence, R3eLU at ε = 4 protecting "
+                         "each direction) for each --seeds seed runs.csv lacks, add those runs to runs.csv and "
+                         "rebuild; every other cell keeps its committed seeds")
     args = ap.parse_args(argv)
+    if args.settle and (args.quick or args.from_runs or args.verify):
+        raise SystemExit(f"{NAME}: --settle adds seeds to the committed runs; it does not combine with --quick, "
+                         "--from-runs or --verify")
     C.setup()
     if args.quick:
         args.seeds = args.seeds[:1]
@@ -110,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     runs: list[dict] = []
 
-    def run(ds: str, label: str, direction: str, eps: float | None, kw: dict) -> None:
+    def run(ds: str, label: str, direction: str, eps: float | None, kw: dict, seeds=None) -> None:
         vals = []
-        for seed in args.seeds:
+        for seed in (args.seeds if seeds is None else seeds):
             r = C.train(seed, **DATASETS[ds], **{**TRAIN, **extra}, **kw)
             party = protected(direction) if direction in DIRECTIONS else "guest-1"
             rep = C.guest_report(r, party)
@@ -124,10 +132,25 @@ def main(argv: list[str] | None = None) -> int:
             vals.append(r["final"]["value"])
         C.progress(NAME, t0, ds, label, direction, eps, C.fmt_ms(vals))
 
-    if args.from_runs:
+    if args.from_runs or args.settle:
         runs = C.read_runs(out.dir / "runs.csv")
         args.datasets = [d for d in args.datasets if any(r["dataset"] == d for r in runs)]
-    for ds in ([] if args.from_runs else args.datasets):
+    added = []
+    if args.settle:
+        # the seeds are fixed up front (--seeds), not added until a verdict turns: no optional stopping
+        for ds in args.datasets:
+            for label, direction, eps, kw in [("none", "none", None, {})] + [
+                    ("r3elu", d, 4.0, defence_kwargs("r3elu", 4.0, d)) for d in DIRECTIONS]:
+                have = {r["seed"] for r in runs if (r["dataset"], r["defence"], r["direction"]) == (ds, label, direction)
+                        and (eps is None or r["epsilon"] == eps)}
+                todo = [s for s in args.seeds if s not in have]
+                if todo:
+                    run(ds, label, direction, eps, kw, seeds=todo)
+                    added.append({"dataset": ds, "defence": label, "direction": direction, "epsilon": eps,
+                                  "seeds": todo})
+    if args.from_runs or args.settle:  # every seed on record, whichever cells have it
+        args.seeds = sorted({int(r["seed"]) for r in runs})
+    for ds in ([] if args.from_runs or args.settle else args.datasets):
         run(ds, "none", "none", None, {})
         for direction in DIRECTIONS:
             for defence in DEFENCES:
@@ -143,10 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     out.csv("runs.csv", runs)
     # a rebuild of committed runs charged by the old ledger takes their re-accounted ε (issue 26);
     # a fresh run's ledger is the current one
-    summary = summarise(runs, load_tight(out.dir) if args.from_runs else None)
+    summary = summarise(runs, load_tight(out.dir) if args.from_runs or args.settle else None)
     for r in summary:  # the best constant prediction on the same splits: what "learned nothing" scores
+        seeds = {x["seed"] for x in runs if (x["dataset"], x["defence"], x["direction"], x["epsilon"])
+                 == (r["dataset"], r["defence"], r["direction"], r["epsilon"])}
         r["trivial"] = C.mean_sd(C.trivial_metric(r["dataset"], seed, limit=extra.get("limit", 0))
-                                 for seed in args.seeds)[0]
+                                 for seed in sorted(seeds))[0]
     out.csv("table.csv", summary)
     claims = make_claims(summary, args, runs)
     text = markdown(summary, args, epsilons, claims)
@@ -154,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     out.claims(claims)
     plot(out, summary, args)
     print(text)
+    if args.settle:
+        out.record_addition({"why": "seeds added where the per-claim verdicts 2-<dataset>-<direction> need them "
+                                    "(issue 26); every other cell keeps its committed seeds", "runs": added})
+        return 0
     out.finish({"train": TRAIN, "datasets": {d: DATASETS[d] for d in args.datasets},
                 "dpsgd_sigma": {e: C.dpsgd_sigma_for(e) for e in epsilons}})
     return 0
@@ -174,7 +203,7 @@ def summarise(runs: list[dict], tight: dict[str, dict] | None = None) -> list[di
         if eps is not None and config_key(ds, defence, direction, eps) in tight:
             em = next(iter(tight[config_key(ds, defence, direction, eps)]["parties"].values()))["tight"]
         out.append({"charged_epsilon": charged, "dataset": ds, "defence": defence, "direction": direction, "epsilon": eps, "metric": rs[0]["metric"],
-                    "mean": m, "sd": s, "n": len(rs), "sigma": rs[0]["sigma"], "accounted_epsilon": em,
+                    "mean": m, "sd": s, "n": len(rs), "seeds": " ".join(str(x) for x in sorted(int(r["seed"]) for r in rs)), "sigma": rs[0]["sigma"], "accounted_epsilon": em,
                     "snr_bound": rs[0]["snr_bound"], "host_snr_bound": rs[0]["host_snr_bound"],
                     "train_loss": C.mean_sd(r["train_loss"] for r in rs)[0]})
     return out
@@ -197,7 +226,13 @@ def _eps_text(r: dict) -> str:
 
 
 def markdown(summary, args, epsilons, claims) -> str:
-    parts = [f"Final test metric (%), mean ± sd over seeds {args.seeds}; 001's number (its Table 2 for the guest, "
+    common = sorted(set.intersection(*(set(map(int, r["seeds"].split())) for r in summary)))
+    more = [r for r in summary if len(r["seeds"].split()) > len(common)]
+    seeds_text = f"seeds {common}" + (
+        "; " + ", ".join(f"{r['dataset']} {r['defence']} {r['direction']}" + (f" ε = {r['epsilon']:g}" if r["epsilon"] else "")
+                         for r in more) + f" over {len(more[0]['seeds'].split())} seeds (added for the per-claim verdicts, issue 26)"
+        if more else "")
+    parts = [f"Final test metric (%), mean ± sd over {seeds_text}; 001's number (its Table 2 for the guest, "
              "Table 3 for the host; MNIST for digits, MovieLens-1M for movielens-small) in italics. 'acc. ε' is "
              "the protected party's accounted ε after the whole training (PLD, δ = 1e-5, worst record; Laplace and R3eLU "
              "as the ledger charges them now, re-accounted by `experiments/reaccount.py --source exp2` — '(was …)' is "
@@ -316,6 +351,7 @@ def make_claims(summary, args, runs) -> list[dict]:
     win_p: list[float] = []
     loss_p: list[float] = []
     tot = at_trivial = unmatched = 0
+    n_best = len(args.seeds)  # the seeds every compared configuration has
     nominal = {"wins": 0, "losses": 0, "cells": 0}  # the committed reading, same nominal ε (kept for the note)
     others = ("laplace", "dpsgd")
     for ds in args.datasets:
@@ -325,6 +361,7 @@ def make_claims(summary, args, runs) -> list[dict]:
             if any(c is None for cs in cells.values() for c in cs):
                 continue
             per = {(d, c["epsilon"]): _per_seed(runs, ds, d, direction, c["epsilon"]) for d in DEFENCES for c in cells[d]}
+            n_best = min(n_best, *(len(v) for v in per.values()))
 
             def ok(d: str, c: dict) -> bool:
                 v = per[(d, c["epsilon"])]
@@ -390,7 +427,7 @@ def make_claims(summary, args, runs) -> list[dict]:
                                    "clearly below the better of those with ≤ its ε a loss; cells where no compared "
                                    f"model is usable are left out ({C.USABLE_RULE}); holds if R3eLU wins > 50 % of the "
                                    "informative cells, does not hold if it loses ≥ 50 %, partly if it wins ≥ 25 %, "
-                                   "else inconclusive; uninformative with < 4 informative cells", p=p_best))
+                                   "else inconclusive; uninformative with < 4 informative cells", p=p_best, n=n_best))
     if "digits" in args.datasets:
         r = next(x for x in summary if x["dataset"] == "digits" and x["defence"] == "r3elu-importance")
         both = {int(x["seed"]): float(x["value"]) for x in runs
