@@ -322,6 +322,18 @@ def test_scale_monitor_warms_up_then_refuses_a_jump():
     trust.check("guest-1", BatchKey("test", 1, 0), torch.full((4, 3), 1000.0))  # test releases: no statistic
 
 
+def test_scale_monitor_reference_is_the_runs_largest_not_the_recent_one():
+    # the honest movielens-small run it stopped (exp2, R3eLU on the guest, seed 7): converged partial
+    # losses of ~5e-7 for 64+ batches, then a 1.7e-5 spike — 34x the recent maximum, far below the run's
+    mon = ScaleMonitor()
+    for rms in [1e-3] * ScaleMonitor.WARMUP + [5e-7] * 200:
+        mon.add(rms)
+    assert mon.violation(1.7e-5) is None
+    assert mon.violation(ScaleMonitor.FACTOR * 0.99e-3) is None
+    assert "of its 208 accepted training releases" in mon.violation(ScaleMonitor.FACTOR * 1.01e-3)
+    assert mon.seen == 208
+
+
 @pytest.mark.parametrize("mech", [m for m in MECHANISMS if not isinstance(m, Exhausted)],
                          ids=lambda m: f"{m.name}-{m.direction}")
 def test_project_puts_any_tensor_inside_the_range(mech):
