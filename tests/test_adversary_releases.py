@@ -185,8 +185,10 @@ def test_the_host_refuses_a_scaled_release_with_its_state_untouched(defence):
 def test_a_guest_refuses_scaled_gradients_from_the_host_untouched(defence):
     host, guests, plan = make_parties(_cfg(defence, guests=1), private_seed=PrivateSeed.legacy(3))
     g = guests["guest-1"]
-    keys = plan.schedule.train_keys(1)
-    warm = ScaleMonitor.WARMUP + 1 if defence == "none" else 1
+    keys = plan.schedule.train_keys(1) + plan.schedule.train_keys(2)
+    # without a public range the guest's scale check refuses nothing in the first epoch (its warm-up)
+    assert g.trust.warmup == max(ScaleMonitor.WARMUP, plan.schedule.num_train_batches())
+    warm = g.trust.warmup + 1 if defence == "none" else 1
     owed: list[bytes] = []
     for r in range(1, warm + 1):
         acts = g.step(owed, (keys[r - 1],), r)
@@ -196,7 +198,7 @@ def test_a_guest_refuses_scaled_gradients_from_the_host_untouched(defence):
     with pytest.raises(ReleaseOutOfRange) as err:
         g.step(scaled(owed, 1000.0), (keys[warm],), warm + 1)
     assert (err.value.sender, err.value.receiver, err.value.what) == ("host", "guest-1", "gradients")
-    assert str(err.value).startswith("guest-1 refused host's gradients for train[epoch 1")
+    assert str(err.value).startswith(f"guest-1 refused host's gradients for {keys[warm - 1]}")
     assert_untouched(g, before)  # no step, no release, nothing charged, the batch still owed
     assert {p: m.seen for p, m in g.trust.monitors.items()} == seen
     g.step(owed, (keys[warm],), warm + 1)  # the honest gradients are then accepted

@@ -14,7 +14,7 @@ from fl_split.local_update import LocalUpdate
 from fl_split.parties.base import _outgoing, _Party, _Pending, set_mode
 from fl_split.parties.schedule import Importance, MechanismSchedule
 from fl_split.privacy.base import Mechanism, PostProcess
-from fl_split.privacy.bounds import PeerTrust
+from fl_split.privacy.bounds import PeerTrust, ScaleMonitor
 from fl_split.privacy.diagnostics import LocalDiagnostics
 from fl_split.privacy.disclosure import party_privacy_report
 from fl_split.protocol import Message, frame_limit, open_message, receive_expected, wire_bytes
@@ -46,8 +46,11 @@ class GuestParty(_Party):
         #: ``--max-test-requests``: how many times one test batch is released (``None``: no cap)
         self.max_test_requests = max_test_requests
         #: what this guest checks of the host's gradients: the public range of the host's backward
-        #: mechanism (``host_mechanisms``, from the public configuration), else their running scale
-        self.trust = PeerTrust(name, "gradients", {"host": host_mechanisms} if host_mechanisms is not None else {})
+        #: mechanism (``host_mechanisms``, from the public configuration), else their running scale,
+        #: which refuses nothing in the first epoch: honest partial losses can grow 23x in one batch
+        #: while the host's top model starts (diabetes regression, batch 32; docs/robustness.md)
+        self.trust = PeerTrust(name, "gradients", {"host": host_mechanisms} if host_mechanisms is not None else {},
+                               warmup=max(ScaleMonitor.WARMUP, schedule.num_train_batches()))
         if not data.has_features:
             raise ValueError(f"{name}: a guest must hold feature columns")
         self.update = update

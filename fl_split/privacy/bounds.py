@@ -197,8 +197,10 @@ class ScaleMonitor:
     WARMUP = 8
     FACTOR = 20.0
 
-    def __init__(self, frozen: bool = False) -> None:
-        self._warm: list[float] = []  # the first WARMUP accepted RMS values
+    def __init__(self, frozen: bool = False, warmup: int | None = None) -> None:
+        #: accepted training releases before anything is refused (default :data:`WARMUP`)
+        self.warmup = self.WARMUP if warmup is None else max(1, int(warmup))
+        self._warm: list[float] = []  # the first ``warmup`` accepted RMS values
         self._top = 0.0  # the largest RMS of every accepted training release
         self._seen = 0
         #: ``frozen`` (the host's check of activations, issue 25): the largest RMS of the warm-up is
@@ -212,11 +214,11 @@ class ScaleMonitor:
         return float(torch.linalg.vector_norm(t.detach())) / math.sqrt(n) if n else 0.0
 
     def violation(self, rms: float) -> str | None:
-        if self._seen < self.WARMUP:
+        if self._seen < self.warmup:
             return None
         if self._ref is not None and self._ref > 0 and rms > self.FACTOR * self._ref:
             return (f"batch RMS {rms:.6g} is {rms / self._ref:.3g}x the largest RMS {self._ref:.6g} of its first "
-                    f"{self.WARMUP} training releases (allowed: {self.FACTOR:g}x; the reference is frozen after the "
+                    f"{self.warmup} training releases (allowed: {self.FACTOR:g}x; the reference is frozen after the "
                     f"warm-up; no public bound without a defence)")
         if self._top > 0 and rms > self.FACTOR * self._top:
             return (f"batch RMS {rms:.6g} is {rms / self._top:.3g}x the largest RMS {self._top:.6g} of its "
@@ -228,9 +230,9 @@ class ScaleMonitor:
         rms = float(rms)
         self._seen += 1
         self._top = max(self._top, rms)
-        if len(self._warm) < self.WARMUP:
+        if len(self._warm) < self.warmup:
             self._warm.append(rms)
-            if self.frozen and len(self._warm) == self.WARMUP:
+            if self.frozen and len(self._warm) == self.warmup:
                 self._ref = max(self._warm)
 
     @property
@@ -253,6 +255,8 @@ class PeerTrust:
     mechanisms: dict[str, Callable[["BatchKey"], "Mechanism"]]
     #: the scale monitors keep their warm-up reference (:class:`ScaleMonitor` ``frozen``)
     frozen: bool = False
+    #: training releases a scale monitor accepts before it refuses any (:class:`ScaleMonitor` ``warmup``)
+    warmup: int = ScaleMonitor.WARMUP
     monitors: dict[str, ScaleMonitor] = field(default_factory=dict)
     _ranges: dict[int, tuple] = field(default_factory=dict, repr=False)
     _rms: dict[tuple, float] = field(default_factory=dict, repr=False)  # computed by check, kept by record
@@ -275,7 +279,7 @@ class PeerTrust:
             why = rng.violation(t)
         elif key.phase == "train":
             rms = self._rms[(peer, key)] = ScaleMonitor.rms(t)
-            why = self.monitors.get(peer, ScaleMonitor(self.frozen)).violation(rms)
+            why = self.monitors.get(peer, ScaleMonitor(self.frozen, self.warmup)).violation(rms)
         else:
             why = None
         if why is not None:
@@ -285,7 +289,7 @@ class PeerTrust:
         if key.phase != "train" or self.public_range(peer, key) is not None:
             return
         rms = self._rms.pop((peer, key), None)
-        self.monitors.setdefault(peer, ScaleMonitor(self.frozen)).add(ScaleMonitor.rms(t) if rms is None else rms)
+        self.monitors.setdefault(peer, ScaleMonitor(self.frozen, self.warmup)).add(ScaleMonitor.rms(t) if rms is None else rms)
         if len(self._rms) > 1024:  # checked but never recorded (a refused request): forget them
             self._rms.clear()
 
