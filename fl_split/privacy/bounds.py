@@ -23,7 +23,8 @@ public parameters only — never from data, importances or the sender's secret):
 
 **Where no public bound exists** (no defence, DP-SGD only, i.e. the identity on the cut) the
 receiver keeps a running statistic per peer (:class:`ScaleMonitor`): the RMS of each accepted
-training release, and after :data:`ScaleMonitor.WARMUP` batches a release whose RMS exceeds
+training release, and after a warm-up (:data:`ScaleMonitor.WARMUP` batches; a guest's check of the
+host's gradients: the first epoch) a release whose RMS exceeds
 :data:`ScaleMonitor.FACTOR` times the largest accepted so far is refused;
 the host's monitors are ``frozen`` (issue 25): the largest RMS of the warm-up is kept as well, and a
 release above the factor times it is refused, so a ramp cannot drag the reference along.
