@@ -9,7 +9,10 @@ empty cells, partly overlapping IDs; ``--ids 800`` gives 498 rows in all three),
 * ``fl-split deploy local --tls --clientapp per-message`` (before: Flower's fresh ``flwr-clientapp``
   process per message, which imports torch + fl_split and restores the party from ``context.state``);
 * ``fl-split deploy local --tls`` (after: each SuperNode under ``fl-split party-runtime``, the party
-  warm in one process, fl_split/flower/warm.py).
+  warm in one process, fl_split/flower/warm.py);
+* ``warm-once``: the same with ``--epochs-per-message`` = ``--epochs``, one control message per party
+  for the whole run (progress and checkpoints then arrive once, at its end): what the per-epoch
+  control plane costs.
 
 For each: wall time of the command, the training time (``results["time_s"]``), each epoch's time,
 the ID-alignment (PSI) phase in the deployments (from the arrival times of the ServerApp's log lines
@@ -26,7 +29,7 @@ the epoch's time. The issue's targets are checked and printed.
 Writes ``experiments/results/bench_deploy.json`` (``--tag T``: ``bench_deploy_T.json``). Committed:
 ``_run1`` (per-message and warm at load 17-38; the simulation's Ray did not start), ``_run2``
 (simulation and warm, load 13 -> 5; PSI computation from the deployment's own alignment time),
-``_run3`` (all four, see docs/deploy.md).
+``_run3`` (all four, see docs/deploy.md), ``_once`` (the simulation, warm and warm-once).
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 FLSPLIT = [sys.executable, "-m", "fl_split.cli"]
-RUNS = ("local", "flower", "per-message", "warm")
+#: ``warm-once``: the warm deployment with ``--epochs-per-message`` = ``--epochs`` (one control message
+#: per party for the whole run: what paying the control plane once per run would save)
+RUNS = ("local", "flower", "per-message", "warm", "warm-once")
 _ARRIVAL = re.compile(r"^\[\s*([0-9.]+) s\] (.*)$")
 _MESSAGE = re.compile(r"party-runtime: message (\d+) \(([\w.]+)\): pull ([0-9.]+) s, app ([0-9.]+) s, "
                       r"push ([0-9.]+) s(?: \(pull: context \+ FAB ([0-9.]+) s\))?")
@@ -159,8 +164,9 @@ def main() -> None:
         if name in ("local", "flower"):
             args = [*FLSPLIT, "train", "--engine", name, *job, "--out", str(out)]
         else:
-            args = [*FLSPLIT, "deploy", "local", "--tls", *job, "--clientapp", name, "--workdir", str(workdir),
-                    "--out", str(out)]
+            once = ["--epochs-per-message", str(a.epochs)] if name == "warm-once" else []
+            args = [*FLSPLIT, "deploy", "local", "--tls", *job, *once, "--clientapp", name.removesuffix("-once"),
+                    "--workdir", str(workdir), "--out", str(out)]
         print(f"[{name}] {' '.join(args[3:])}", flush=True)
         wall, code = run(args, env, work / f"{name}.log")
         res = json.loads(out.read_text()) if code == 0 and out.exists() else None
