@@ -37,6 +37,8 @@ directions) on digits, to show where utility comes back, with the public SNR bou
 
     .venv/bin/python experiments/exp2_utility_epsilon.py          # ≈ 30 min on one core
     .venv/bin/python experiments/exp2_utility_epsilon.py --quick  # seconds
+    .venv/bin/python experiments/exp2_utility_epsilon.py --settle --seeds 0 1 2 3 4 5 6 7 8 9
+        # ≈ 5 min: seeds added to what the per-claim verdicts read (issue 26), the rest kept
 
 Writes ``experiments/results/exp2_utility_epsilon/``: ``runs.csv``, ``table.csv``, ``table.md``,
 ``utility_vs_epsilon.png``, ``utility_vs_snr.png``, ``claims.json``, ``run.json``.
