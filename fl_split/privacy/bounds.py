@@ -201,7 +201,6 @@ class ScaleMonitor:
     def __init__(self, frozen: bool = False, warmup: int | None = None) -> None:
         #: accepted training releases before anything is refused (default :data:`WARMUP`)
         self.warmup = self.WARMUP if warmup is None else max(1, int(warmup))
-        self._warm: list[float] = []  # the first ``warmup`` accepted RMS values
         self._top = 0.0  # the largest RMS of every accepted training release
         self._seen = 0
         #: ``frozen`` (the host's check of activations, issue 25): the largest RMS of the warm-up is
@@ -231,10 +230,8 @@ class ScaleMonitor:
         rms = float(rms)
         self._seen += 1
         self._top = max(self._top, rms)
-        if len(self._warm) < self.warmup:
-            self._warm.append(rms)
-            if self.frozen and len(self._warm) == self.warmup:
-                self._ref = max(self._warm)
+        if self.frozen and self._seen == self.warmup:  # the warm-up's largest is the run's so far
+            self._ref = self._top
 
     @property
     def seen(self) -> int:
