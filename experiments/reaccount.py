@@ -102,12 +102,7 @@ def _exp2_configs(runs: list[dict]):
         if r["seed"] != 0 or not str(r["defence"]).startswith(RECHARGED):
             continue
         eps = float(r["epsilon"])
-        if r["defence"] in ("r3elu-importance", "r3elu-uniform"):
-            kw = dict(defense="r3elu", epsilon=eps, allocation=r["defence"].split("-")[1], protect="both")
-        elif r["defence"] == "r3elu-beyond-range":
-            kw = dict(defense="r3elu", epsilon=eps, allocation="importance", protect="both")
-        else:
-            kw = E.defence_kwargs(r["defence"], eps, r["direction"])
+        kw = E.defence_kwargs(r["defence"], eps, r["direction"])
         party = E.protected(r["direction"]) if r["direction"] in E.DIRECTIONS else "guest-1"
         yield (config_key(r["dataset"], r["defence"], r["direction"], eps), r["value"],
                {**E.DATASETS[r["dataset"]], **E.TRAIN, **kw}, {party: r["accounted_epsilon"]})
