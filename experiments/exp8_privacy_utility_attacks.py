@@ -183,7 +183,7 @@ def markdown(summary, args, epsilons, defences, claims) -> str:
                 d = 4 if a == "reconstruction" else 3
                 cells.append(f"{C.fmt(r[a + '_value_mean'], r[a + '_value_sd'], d)} ({r[a + '_adv_mean']:.2f})")
             cells += [*(f"{r[a + '_dcs']:.3f}" for a, _ in ATTACKS), f"**{r['t_dcs']:.3f}**",
-                      f"{C.sig(r['guest_epsilon'])} / {C.sig(r['host_epsilon'])}"
+                      _eps_pair(r)
                       + (f" (was {C.sig(r['charged_guest_epsilon'])} / {C.sig(r['charged_host_epsilon'])})"
                          if "charged_guest_epsilon" in r else "")]
             rows.append(cells)
