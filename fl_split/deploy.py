@@ -469,7 +469,9 @@ class LocalDeployment:
                 line = _strip_ansi(line.rstrip("\n"))
                 if not line.strip():
                     continue
-                self._last_stream_line = line
+                words = stream_words(line)
+                if words:
+                    self._last_stream_line = words
                 if line.startswith("Successfully started run "):
                     self.run_id = int(line.rsplit(" ", 1)[-1])
                     self._mark("run-started")
@@ -505,6 +507,13 @@ def _strip_ansi(text: str) -> str:
     import re
 
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def stream_words(line: str) -> str:
+    """The words of a line of ``flwr run``'s output: Flower frames its errors in a box, whose last
+    line is only its border (``╰────╯``); a failure names ``[code: 15] Invalid run configuration.``,
+    not that."""
+    return line.strip().strip("│┃╭╮╰╯─━ ").strip()
 
 
 def _one_line(text: str) -> str:

@@ -71,6 +71,15 @@ def test_deploy_refuses_local_engine_options(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_run_flower_refuses_is_named_by_its_words_not_the_box_around_them():
+    """``flwr run`` prints a refused run inside a box; the one-line failure keeps the box's words (a
+    run-config key Flower does not know once read "… without starting a run (╰───╯)")."""
+    from fl_split.deploy import stream_words
+
+    box = ["╭─ Error ─────╮", "│ [code: 15] Invalid run configuration.   │", "╰─────────────╯"]
+    assert [stream_words(line) for line in box] == ["Error", "[code: 15] Invalid run configuration.", ""]
+
+
 def test_loopback_tls_deployment_with_two_guests(tls_deployment):
     """The whole path as separate processes, TLS and SuperNode authentication (the session's shared
     run, tests/shared_runs.py; tests/test_adversary_secrets.py checks what it exposed); same final
