@@ -13,8 +13,6 @@ empty cells, partly overlapping IDs; ``--ids 800`` gives 498 rows in all three),
 * ``warm-once``: the same with ``--epochs-per-message`` = ``--epochs``, one control message per party
   for the whole run (progress and checkpoints then arrive once, at its end): what the per-epoch
   control plane costs.
-* ``warm-serial``: the warm deployment with ``--epochs-ahead 0``: each epoch's messages are sent only
-  once the last epoch's replies are in (``warm`` sends the next epoch's while one trains, the default).
 
 For each: wall time of the command, the training time (``results["time_s"]``), each epoch's time,
 the ID-alignment (PSI) phase in the deployments (from the arrival times of the ServerApp's log lines
@@ -31,8 +29,9 @@ the epoch's time. The issue's targets are checked and printed.
 Writes ``experiments/results/bench_deploy.json`` (``--tag T``: ``bench_deploy_T.json``). Committed:
 ``_run1`` (per-message and warm at load 17-38; the simulation's Ray did not start), ``_run2``
 (simulation and warm, load 13 -> 5; PSI computation from the deployment's own alignment time),
-``_run3`` (all four, see docs/deploy.md), ``_once`` (the simulation, warm and warm-once, before messages were
-sent ahead), ``_ahead`` (the simulation, warm — now sending ahead —, warm-serial and warm-once).
+``_run3`` (all four, see docs/deploy.md), ``_once`` (the simulation, warm and warm-once), ``_ahead`` and
+``_ahead2`` (warm with the next epoch's messages sent ahead against ``warm-serial``, one after the other:
+a version of the code that was measured slower and reverted, ``git show b4d6010``; docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ if str(ROOT) not in sys.path:
 FLSPLIT = [sys.executable, "-m", "fl_split.cli"]
 #: ``warm-once``: the warm deployment with ``--epochs-per-message`` = ``--epochs`` (one control message
 #: per party for the whole run: what paying the control plane once per run would save)
-RUNS = ("local", "flower", "per-message", "warm", "warm-once", "warm-serial")
+RUNS = ("local", "flower", "per-message", "warm", "warm-once")
 _ARRIVAL = re.compile(r"^\[\s*([0-9.]+) s\] (.*)$")
 _MESSAGE = re.compile(r"party-runtime: message (\d+) \(([\w.]+)\): pull ([0-9.]+) s, app ([0-9.]+) s, "
                       r"push ([0-9.]+) s(?: \(pull: context \+ FAB ([0-9.]+) s\))?")
@@ -167,10 +166,8 @@ def main() -> None:
         if name in ("local", "flower"):
             args = [*FLSPLIT, "train", "--engine", name, *job, "--out", str(out)]
         else:
-            extra = {"warm-once": ["--epochs-per-message", str(a.epochs)],
-                     "warm-serial": ["--epochs-ahead", "0"]}.get(name, [])
-            args = [*FLSPLIT, "deploy", "local", "--tls", *job, *extra,
-                    "--clientapp", "per-message" if name == "per-message" else "warm",
+            once = ["--epochs-per-message", str(a.epochs)] if name == "warm-once" else []
+            args = [*FLSPLIT, "deploy", "local", "--tls", *job, *once, "--clientapp", name.removesuffix("-once"),
                     "--workdir", str(workdir), "--out", str(out)]
         print(f"[{name}] {' '.join(args[3:])}", flush=True)
         wall, code = run(args, env, work / f"{name}.log")

@@ -89,7 +89,7 @@ KEEP = 2
 #: options that may change between a run and its resume (everything else must match)
 FREE_ON_RESUME = ("out", "progress", "checkpoint_dir", "checkpoint_every", "resume", "node_timeout", "num_cpus", "num_gpus",
                   "ray_address", "data_root", "host_metrics", "on_guest_failure",
-                  "threads", "save_model", "epochs_ahead")
+                  "threads", "save_model")
 
 
 class CheckpointError(DataError):

@@ -245,10 +245,6 @@ class RunConfig:
     epochs_per_message: int = _opt(1, "direct data plane: epochs one control message covers (fewer Flower round trips; "
                                       "the coordinator hears of each epoch when the message ends)",
                                    check=_positive_int, allowed="an integer >= 1", group="flower")
-    epochs_ahead: int = _opt(1, "direct data plane in a deployment: control messages sent ahead of the running one, "
-                                "so Flower's round trip overlaps training (1) or follows it (0); a simulation "
-                                "always uses 0 (docs/deploy.md, \"Messages sent ahead\")",
-                             check=lambda v: _nonneg_int(v) and v <= 1, allowed="0 or 1", group="flower")
     num_cpus: Any = _opt(AUTO, "CPUs reserved per Flower client (Ray actor); auto = the CPUs Ray has, shared by "
                                "the G + 1 ClientApps (fractions allowed; docs/flower.md, \"CPUs and threads\")",
                          kind="float_or_auto", allowed="'auto' or a number > 0", group="flower")

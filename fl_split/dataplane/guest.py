@@ -33,8 +33,7 @@ from fl_split.dataplane.errors import CredentialError, DataPlaneError, FrameErro
 from fl_split.dataplane.host import GRPC_OPTIONS, METHOD, _Closed, _rpc_reason
 from fl_split.dataplane.tls import HOST_NAME, ClientTLS
 
-#: pause between connection attempts while the host is not listening yet, or still serves the session
-#: before this one (FAILED_PRECONDITION: a message sent ahead, ``--epochs-ahead``)
+#: pause between connection attempts while the host is not listening yet
 RETRY = 0.1
 
 

@@ -6,8 +6,7 @@ host's coordinator loop runs over.
 key; under mutual TLS also a client certificate naming that party) and keeps one authenticated link
 per guest. A connection that fails the handshake — a guest posing as another, another session, an
 unknown or already connected party, a malformed frame — is refused with
-``UNAUTHENTICATED`` / ``INVALID_ARGUMENT`` (another session, or this one closing:
-``FAILED_PRECONDITION``, which a guest retries) and a message naming it; the endpoint keeps waiting for
+``UNAUTHENTICATED`` / ``INVALID_ARGUMENT`` and a message naming it; the endpoint keeps waiting for
 the real guest and nothing else changes. Every frame of an authenticated link is checked
 (sequence number, authentication tag, form) before it is handed on.
 
@@ -243,8 +242,6 @@ class HostEndpoint:
         elif isinstance(exc, _HandshakeTimeout):
             kind = "left" if isinstance(exc, _HandshakeLeft) else ("handshake timeout" if conn.spoke else "silent")
             code = grpc.StatusCode.DEADLINE_EXCEEDED
-        elif isinstance(exc, _OtherSession):
-            kind, code = "other session", grpc.StatusCode.FAILED_PRECONDITION
         elif isinstance(exc, FrameError):
             kind = "oversized" if isinstance(exc, _Oversized) else "malformed"
             code = grpc.StatusCode.INVALID_ARGUMENT
@@ -274,8 +271,8 @@ class HostEndpoint:
             party, session, nonce_g, eph_g = F.parse_hello(hello, who)
             who = f"{party} (connecting from {conn.peer})"
             if session != self.session:
-                raise _OtherSession(f"{who} asked for data-plane session {session}, this host serves "
-                                    f"{self.session} (a stale or foreign connection, or one a message early)")
+                raise CredentialError(f"{who} asked for data-plane session {session}, this host serves "
+                                      f"{self.session} (a stale or foreign connection)")
             if party not in self.guests:
                 raise CredentialError(f"{who} is not a guest of this run (guests: {', '.join(self.guests)})")
             if self.tls is not None and self.tls.client_ca is not None:
@@ -291,7 +288,7 @@ class HostEndpoint:
                 if party in self._links:
                     raise CredentialError(f"{who}: {party} is already connected to this data plane")
                 if self._closed:
-                    raise _OtherSession(f"{who}: the data plane is closing")
+                    raise CredentialError(f"{who}: the data plane is closing")
                 if not self._pool.leave(conn):  # evicted while it finished its handshake
                     raise _Evicted(f"{who} was evicted from the host's unauthenticated streams")
                 conn.authenticated(party, self._shared, F.Sealer(secrets.to_guest), F.Opener(secrets.to_host, party))
@@ -435,12 +432,6 @@ class _HandshakeTimeout(DataPlaneError):
 
 class _HandshakeLeft(_HandshakeTimeout):
     pass
-
-
-class _OtherSession(CredentialError):
-    """A guest of another session, or of this one while it closes (FAILED_PRECONDITION: a guest
-    retries until its connect deadline). With messages sent ahead (``--epochs-ahead``) a guest may
-    reach the host for the next epoch while the host still ends the last one's session."""
 
 
 class _Evicted(DataPlaneError):

@@ -11,11 +11,7 @@ tensors go straight between guests and host (:mod:`fl_split.dataplane`):
   party's private key stays in its own node state (:func:`party_keys`). The
   host's reply carries the chunk's per-epoch aggregates (or nothing with ``--report-metrics none``),
   its wire counts, and whether it stopped (budget) or a guest failed; the coordinator assembles the
-  same results dictionary as :func:`fl_split.engine.coordinate`. In a deployment it sends the next
-  chunk's messages while the current chunk trains (``--epochs-ahead 1``, :func:`epochs_ahead`): a
-  SuperNode runs its messages one after another, so the next one waits at the SuperLink and Flower's
-  round trip overlaps training; replies, progress lines and checkpoint commits still come chunk by
-  chunk.
+  same results dictionary as :func:`fl_split.engine.coordinate`.
 * **host** (:func:`host_epochs`, in the host's ClientApp): listens (:class:`HostEndpoint`), publishes
   its address (simulation) or is reached at its configured ``dataplane-address`` (deployment), waits
   for its guests, and runs the shared coordinator loop :func:`fl_split.engine.coordinate` over the
@@ -69,10 +65,6 @@ KEY_STATE = "fl_split.dataplane"
 
 #: what the host's epoch reply may say besides the per-epoch aggregates (all public counts and times)
 STOPPED_KEYS = ("stopped_reason", "stopped_detail", "stopped_round")
-#: context.state keys of a party's place in the run: the last epoch it was sent, and the host's stop
-ORDER_STATE, STOP_STATE = "fl_split.epochs", "fl_split.stopped"
-#: the reason the host ends a session it opened only to release its guests (a message sent ahead of a stop)
-AFTER_STOP = "stopped earlier"
 
 
 def _flag(node_config: dict, key: str, default: bool = False) -> bool:
@@ -212,44 +204,9 @@ def _request(req) -> tuple[int, int, str, dict, dict]:
     return first, last, session, info, directory
 
 
-def check_epoch_order(state, party: str, req) -> int:
-    """Refuse a ``train.epoch`` request that does not continue this party's last one (its first epoch
-    must follow the last epoch of the previous request of this run) or that arrives while one is
-    still running here; record it as running (:func:`epoch_ended` clears that) and return its last
-    epoch. Messages are sent ahead only where a node runs them in order (:func:`epochs_ahead`): a
-    node that ran them out of order, or two at once, stops the run here instead of training epochs
-    twice or in the wrong order."""
-    from flwr.app import ConfigRecord
-
-    from fl_split.errors import ProtocolError
-
-    first, last = _request(req)[:2]
-    seen = state.config_records.get(ORDER_STATE)
-    if seen is not None and bool(seen["running"]):
-        raise ProtocolError(f"{party}: train.epoch for epochs {first}-{last} arrived while epochs up to "
-                            f"{int(seen['last'])} are still running on this node (two messages at once)")
-    if seen is not None and first != int(seen["last"]) + 1:
-        raise ProtocolError(f"{party}: train.epoch for epochs {first}-{last} arrived after epoch {int(seen['last'])}; "
-                            f"the next message must start at epoch {int(seen['last']) + 1} (messages run out of order)")
-    state[ORDER_STATE] = ConfigRecord({"last": last, "running": True})
-    return last
-
-
-def epoch_ended(state) -> None:
-    """The running ``train.epoch`` message ended (whatever its outcome): the next one may start."""
-    seen = state.config_records.get(ORDER_STATE)
-    if seen is not None:
-        seen["running"] = False
-
-
 def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict, state=None) -> dict[str, Any]:
     """Play the request's epochs as the host, reaching the guests over the data plane; returns the
-    outcome for the coordinator (the same pieces as the local engine's results, for these epochs).
-
-    After the host stopped the run (budget, a refused release: an outcome with ``stopped``), a
-    request sent ahead of the stop plays nothing: the host opens the session only to end it
-    (:data:`AFTER_STOP`), so its guests return at once instead of waiting ``--dataplane-timeout``,
-    and answers ``skipped``."""
+    outcome for the coordinator (the same pieces as the local engine's results, for these epochs)."""
     from fl_split.dataplane import rendezvous
     from fl_split.dataplane.host import HostDataPlane, HostEndpoint
     from fl_split.dataplane.limits import largest_frame
@@ -272,12 +229,8 @@ def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict, state
         board = rendezvous.board()
         board.publish(session, endpoint.address)
     reason = "failed"
-    earlier = state.config_records.get(STOP_STATE) if state is not None else None
     try:
         endpoint.wait_for_guests()
-        if earlier is not None:
-            reason = AFTER_STOP
-            return {"history": [], "wire": {}, "guest_failures": [], "skipped": True, "stopped": dict(earlier)}
         results = coordinate(cfg.replace(progress=False), plan, HostDataPlane(party, endpoint), "flower",
                              epochs=(first, last))
         reason = "done"
@@ -289,10 +242,6 @@ def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict, state
                                "guest_failures": results.get("guest_failures", [])}
     if results.get("stopped_reason", "completed") != "completed":
         outcome["stopped"] = {k: results[k] for k in STOPPED_KEYS if k in results}
-        if state is not None:
-            from flwr.app import ConfigRecord
-
-            state[STOP_STATE] = ConfigRecord({k: v for k, v in outcome["stopped"].items() if v is not None})
     return outcome
 
 
@@ -314,7 +263,7 @@ def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict, state=None
     # the largest frame the host may send this guest: a STEP with the owed gradients of a round (issue 16)
     max_frame = largest_frame(party.schedule, cfg.batches_per_round, [party.cut_shape])
     served = serve(party.name, party.step, address, keys, session, tls, cfg.dataplane_timeout, max_frame=max_frame)
-    return {"steps": served.steps, "errors": served.errors, "end": served.end_reason}
+    return {"steps": served.steps, "errors": served.errors}
 
 
 # -- the coordinator's side -----------------------------------------------------------------------
@@ -376,34 +325,6 @@ def _padded(failures: list[dict[str, Any]]) -> dict[str, int]:
     return {str(f["guest"]): int(f["round"]) for f in failures if f.get("action") == "pad"}
 
 
-def epochs_ahead(cfg: RunConfig, transport) -> int:
-    """How many chunks of epochs the coordinator sends ahead of the one running (``--epochs-ahead``).
-
-    Only in a deployment: a SuperNode runs its messages strictly one after another (flwr 1.41
-    ``start_client_internal`` pulls the next message once the previous reply is pushed), so a message
-    sent ahead waits at the SuperLink and is pulled the moment the node is free — Flower's round trip
-    overlaps the running epoch instead of following it. A simulation may run two messages of one node
-    on two Ray actors at once, so there it is 0. Each party also refuses an epoch that is not the one
-    after its last (:func:`check_epoch_order`), so a node that did run two at once fails loudly."""
-    roles = [R.loads(str(rec["role"])) for rec in (getattr(transport, "role_replies", {}) or {}).values()]
-    if cfg.epochs_ahead == 0 or not roles or any(r.get("mode") != "deployment" for r in roles):
-        return 0
-    return cfg.epochs_ahead
-
-
-def _drain(transport, inflight: list, cfg: RunConfig, absent) -> None:
-    """After the host stopped the run: wait for the chunks already sent ahead, which the host answers at
-    once without training (:func:`host_epochs`), so the report round finds every node free. Their
-    errors are logged, not raised: the run has stopped already."""
-    while inflight:
-        _, _, _, sent = inflight.pop(0)
-        try:
-            transport.collect(sent, timeout=cfg.node_timeout + 2 * cfg.dataplane_timeout, skip=frozenset(absent),
-                              optional=frozenset(sent.types) - {"host"})
-        except Exception as exc:  # noqa: BLE001 - the run's outcome is the stop, not this
-            log.warning("a control message sent ahead of the stop failed: %s", exc)
-
-
 def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str = "flower",
                       timeline: dict | None = None, checkpoints=None) -> dict[str, Any]:
     """Run every epoch through ``train.epoch`` control messages; returns the results dictionary
@@ -446,36 +367,23 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
     def padded_by_host(party: str, reply) -> set[str]:
         return set(_padded(R.loads(str(reply["outcome"])).get("guest_failures", []))) if party == "host" else set()
 
-    ahead = epochs_ahead(cfg, transport)
-    chunks = [(first, min(cfg.epochs, first + cfg.epochs_per_message - 1))
-              for first in range(start, cfg.epochs + 1, cfg.epochs_per_message)]
-    inflight: list[tuple[int, int, int, Any]] = []  # (first, last, first round, sent) in order
-    answered = time.perf_counter()  # when the previous chunk's replies were in: a chunk sent ahead is timed from there
-
-    def send_next() -> None:
-        first, last = chunks.pop(0)
-        round_ = _first_round(plan, cfg, first)[0]
-        req = R.content(**{"first-epoch": first, "last-epoch": last, "session": secrets.token_hex(8),
-                           "dataplane": dataplane})
-        parties = [p for p in transport.nodes if p not in absent]
-        if timeline is not None and "training_start" not in timeline:
-            timeline["training_start"] = time.perf_counter()
-        inflight.append((first, last, round_, transport.send({p: (R.MSG_EPOCH, req) for p in parties}, round_)))
-
     try:
-        while chunks and len(inflight) <= ahead:
-            send_next()
-        while inflight:
-            first, last, round_, sent = inflight.pop(0)
-            per_epoch = _first_round(plan, cfg, first)[1]
+        for first in range(start, cfg.epochs + 1, cfg.epochs_per_message):
+            last = min(cfg.epochs, first + cfg.epochs_per_message - 1)
+            round_, per_epoch = _first_round(plan, cfg, first)
+            session = secrets.token_hex(8)
+            req = R.content(**{"first-epoch": first, "last-epoch": last, "session": session,
+                               "dataplane": dataplane})
             # every party works for the whole chunk; the parties bound every wait by --dataplane-timeout
             limit = cfg.node_timeout + cfg.dataplane_timeout * (per_epoch * (last - first + 1) + 2)
-            parties = frozenset(sent.types)
-            replies = transport.collect(sent, timeout=limit, fail_fast=True,
-                                        optional=parties - {"host"} if pad else frozenset(),
-                                        release=padded_by_host if pad else None, skip=frozenset(absent))
-            seconds = time.perf_counter() - max(sent.at, answered)
-            answered = time.perf_counter()
+            t = time.perf_counter()
+            if timeline is not None and "training_start" not in timeline:
+                timeline["training_start"] = t
+            parties = [p for p in transport.nodes if p not in absent]
+            replies = transport.exchange({p: (R.MSG_EPOCH, req) for p in parties}, round_, timeout=limit,
+                                         fail_fast=True, optional=frozenset(parties) - {"host"} if pad else frozenset(),
+                                         release=padded_by_host if pad else None)
+            seconds = time.perf_counter() - t
             outcome = R.loads(str(replies["host"]["outcome"]))
             padded = _padded(outcome.get("guest_failures", []))
             for p, rep in replies.items():  # a guest failure the host did not go on without stops the run
@@ -497,15 +405,11 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
                 bar.set_postfix(epoch=history[-1]["epoch"], test=f"{history[-1]['test_metric']:.4f}", refresh=False)
             if "stopped" in outcome:
                 stopped = dict(outcome["stopped"])
-                _drain(transport, inflight, cfg, absent)
                 break
             if checkpoints is not None:  # every party saved the chunk's last round: commit it
                 checkpoints.commit(round=last_round(plan, cfg, last), history=[dict(h) for h in history],
                                    wire=dict(wire), guest_failures=list(failures),
                                    checkpoints=checkpoints.state.checkpoints + 1)
-            # only now: a party saves at most one chunk past the committed round (it keeps two checkpoints)
-            if chunks:
-                send_next()
     finally:
         bar.close()
     elapsed = time.perf_counter() - t0

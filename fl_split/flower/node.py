@@ -468,32 +468,28 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
     from fl_split.flower import direct
 
     cfg = RunConfig.from_mapping(R.loads(config_json))
-    last = direct.check_epoch_order(context.state, role.party, req)
     ckpt = context.state.config_records.get(CKPT_META)
     wal = None
-    try:
-        if ckpt is not None:  # the log records every release durably before it leaves
-            from fl_split.checkpoint import open_wal
+    if ckpt is not None:  # the log records every release durably before it leaves
+        from fl_split.checkpoint import open_wal
 
-            wal = open_wal(party, str(ckpt["dir"]), str(ckpt["run"]), resume=True)
+        wal = open_wal(party, str(ckpt["dir"]), str(ckpt["run"]), resume=True)
+    try:
         if role.role == "host":
             outcome = direct.host_epochs(party, cfg, plan_of(cfg, role, context.state, handoff), req, role,
                                          dict(context.node_config), context.state)
             reply = {"outcome": R.dumps(outcome)}
-            played = not outcome.get("skipped", False)
         else:
-            served = direct.guest_epochs(party, cfg, req, role, dict(context.node_config), context.state)
-            reply = {"served": R.dumps(served)}
-            played = served.get("end") != direct.AFTER_STOP
-        # a message sent ahead of a stop plays nothing: no checkpoint names a round it did not train
-        if ckpt is not None and played:
+            reply = {"served": R.dumps(direct.guest_epochs(party, cfg, req, role, dict(context.node_config),
+                                                           context.state))}
+        if ckpt is not None:
             from fl_split.checkpoint import save_party
 
+            last = int(req["last-epoch"])
             plan = plan_of(cfg, role, context.state, handoff)
             save_party(party, str(ckpt["dir"]), direct.last_round(plan, cfg, last),
                        run=str(ckpt["run"]), config=cfg.to_dict())
     finally:
-        direct.epoch_ended(context.state)
         _close_wal(party, wal)
         _save(context, party, config_json)
     return _reply(message, **reply)

@@ -77,28 +77,7 @@ class FlowerTransport:
     def exchange(self, requests: dict[str, tuple[str, RecordDict]], round_: int | None,
                  timeout: float | None = None, fail_fast: bool = False, optional: frozenset[str] = frozenset(),
                  release: Callable[[str, Any], set[str]] | None = None) -> dict[str, Any]:
-        """Send ``{party: (message_type, content)}`` together and collect the replies: :meth:`send`
-        then :meth:`collect` (which documents the arguments)."""
-        return self.collect(self.send(requests, round_), timeout, fail_fast, optional, release)
-
-    def send(self, requests: dict[str, tuple[str, RecordDict]], round_: int | None) -> "Sent":
-        """Push ``{party: (message_type, content)}`` together and return at once; :meth:`collect`
-        waits for the replies. A node runs its messages one after another (the SuperNode pulls its
-        next message when its reply is out), so messages sent before the previous ones are answered
-        wait at the SuperLink: the direct data plane's ``--epochs-ahead``."""
-        group = str(round_ if round_ is not None else 0)
-        msgs = {p: Message(content, dst_node_id=self.nodes[p], message_type=mtype, group_id=group)
-                for p, (mtype, content) in requests.items()}
-        ids = list(self.grid.push_messages(msgs.values()))
-        if len(ids) != len(msgs):
-            raise FederationError(f"Flower accepted {len(ids)} of {len(msgs)} messages in round {round_}")
-        return Sent({p: mtype for p, (mtype, _) in requests.items()}, dict(zip(ids, msgs)), round_,
-                    time.perf_counter())
-
-    def collect(self, sent: "Sent", timeout: float | None = None, fail_fast: bool = False,
-                optional: frozenset[str] = frozenset(), release: Callable[[str, Any], set[str]] | None = None,
-                skip: frozenset[str] = frozenset()) -> dict[str, Any]:
-        """The replies ``{party: reply ConfigRecord}`` to the messages of ``sent``.
+        """Send ``{party: (message_type, content)}`` together; return ``{party: reply ConfigRecord}``.
 
         An error reply raises (the first failing party in merge order); so does a party that has
         not answered after ``timeout`` seconds (default: ``--node-timeout``). With ``fail_fast`` an
@@ -109,17 +88,21 @@ class FlowerTransport:
         neither raises nor shortens the wait; its :class:`PartyError` is returned in its place.
         ``release(party, reply)`` is called with each good reply as it arrives and names parties whose
         replies are no longer awaited (the host's reply names the guests it went on without); those
-        are left out of the result, as are the parties of ``skip`` (messages sent ahead to a guest
-        the run has since gone on without). The ``timeout`` counts from this call."""
+        are left out of the result."""
         t0 = time.perf_counter()
         limit = self.timeout if timeout is None else float(timeout)
-        round_, party_of = sent.round_, sent.party_of
-        requests = sent.types
-        released: set[str] = set(skip)
-        pending = {m for m, p in party_of.items() if p not in released}
+        group = str(round_ if round_ is not None else 0)
+        msgs = {p: Message(content, dst_node_id=self.nodes[p], message_type=mtype, group_id=group)
+                for p, (mtype, content) in requests.items()}
+        ids = list(self.grid.push_messages(msgs.values()))
+        if len(ids) != len(msgs):
+            raise FederationError(f"Flower accepted {len(ids)} of {len(msgs)} messages in round {round_}")
+        party_of = dict(zip(ids, msgs))
+        pending = set(ids)
         replies: dict[str, Message] = {}
         deadline = time.monotonic() + limit
         failing = False
+        released: set[str] = set()
         while pending:
             for msg in self.grid.pull_messages(list(pending)):
                 mid = msg.metadata.reply_to_message_id
@@ -143,7 +126,7 @@ class FlowerTransport:
                 what = ", ".join(f"{p} (node {self.nodes[p]})" for p in late)
                 raise FederationError(f"no reply from {what} within {limit:g} s"
                                       f"{'' if round_ is None else f' in round {round_}'} "
-                                      f"({requests[late[0]]}); raise --node-timeout if the party is slow")
+                                      f"({requests[late[0]][0]}); raise --node-timeout if the party is slow")
             time.sleep(self.poll)
         out: dict[str, Any] = {}
         for p in sorted(replies, key=_party_order):
@@ -191,16 +174,6 @@ class FlowerTransport:
         reqs = {p: (R.MSG_REPORT, R.content(**extra)) for p in self.nodes if p not in absent}
         rep = self.exchange(reqs, None)
         return {p: R.loads(str(rep[p]["report"])) for p in ["host", *self.guests] if p not in absent}
-
-
-@dataclass
-class Sent:
-    """Messages pushed by :meth:`FlowerTransport.send`, whose replies are not collected yet."""
-
-    types: dict[str, str]        # party -> message type
-    party_of: dict[str, str]     # Flower message ID -> party
-    round_: int | None
-    at: float                    # time.perf_counter() when they were pushed
 
 
 def _party_order(p: str) -> tuple[int, int]:
