@@ -185,6 +185,50 @@ def find_app_dir() -> Path:
                           f"fl-split deploy from a checkout of the repository")
 
 
+def staged_app(dest: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
+    """A copy of the Flower app at ``root`` (default :func:`find_app_dir`) in ``dest`` holding the files
+    its FAB holds, for ``flwr run dest``: the same FAB, built in a fraction of the time.
+
+    ``flwr run DIR`` (flwr 1.41 ``flwr/cli/utils.py`` ``collect_files``) walks every file under DIR —
+    a checkout's ``.venv`` and ``.git`` included, tens of thousands of files — and only then drops what
+    ``.gitignore`` and the FAB rules exclude: 15–20 s of every run on this machine. Here the walk
+    does not enter ``.git`` or a directory ``.gitignore`` ignores (a ``.gitignore`` with a ``!``
+    pattern, which could re-include a file under one, is walked whole); Flower's own filters
+    (``filter_paths_for_publish``, then ``get_filtered_fab_paths``) choose the files, which are copied
+    to ``dest`` (emptied first) with ``pyproject.toml`` and ``.gitignore``. tests/test_deploy.py checks
+    that ``flwr run dest`` builds the very same FAB bytes as ``flwr run root``."""
+    import shutil
+
+    import tomli
+    from flwr.cli.build import get_filtered_fab_paths
+    from flwr.cli.utils import build_pathspec, filter_paths_for_publish, load_gitignore_patterns
+
+    root = Path(root).resolve() if root is not None else find_app_dir()
+    patterns = load_gitignore_patterns(root / ".gitignore")
+    ignored = build_pathspec(patterns) if not any(p.startswith("!") for p in patterns) else None
+    files: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        rel = Path(dirpath).relative_to(root).as_posix()
+        prefix = "" if rel == "." else rel + "/"
+        dirnames[:] = [d for d in dirnames if not (prefix == "" and d == ".git") and not (
+            ignored is not None and ignored.match_file(f"{prefix}{d}/"))]
+        for name in filenames:
+            path = Path(dirpath) / name
+            if not path.is_symlink() and path.resolve().is_relative_to(root):
+                files[prefix + name] = path
+    chosen = filter_paths_for_publish(files)
+    config = tomli.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    keep = set(get_filtered_fab_paths(chosen, config)) | ({"pyproject.toml", ".gitignore"} & set(files))
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    for rel in sorted(keep):
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(files[rel], target)
+    return dest
+
+
 class LocalDeployment:
     """A SuperLink and ``G + 1`` SuperNodes on 127.0.0.1 (see the module docstring)."""
 
@@ -423,7 +467,7 @@ class LocalDeployment:
 
             cfg = replace(cfg, data=NODE_TABLES)
         write_private(config, run_config_toml(cfg, self.results_path).encode("utf-8"))
-        app = find_app_dir()
+        app = staged_app(self.workdir / "app")  # the same FAB as the checkout's, without walking its .venv
         self._submit([_bin("flwr"), "run", str(app), self.connection, "--stream", "--run-config", str(config)],
                      umask=PRIVATE_UMASK)
         if not self.results_path.exists():

@@ -421,9 +421,10 @@ class KitError(FlSplitError):
 def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
     """``flwr run`` the job, stream its log, then the outcome as the SuperLink reports it (``flwr
     run`` exits 0 even when the ServerApp fails)."""
-    from fl_split.deploy import _bin, _one_line
+    from fl_split.deploy import _bin, _one_line, staged_app
 
-    proc = subprocess.Popen([_bin("flwr"), "run", conf["app"], CONNECTION, "--stream", "--run-config",
+    app = staged_app(kit / "app", conf["app"])  # the same FAB as the app directory's, without walking its .venv
+    proc = subprocess.Popen([_bin("flwr"), "run", str(app), CONNECTION, "--stream", "--run-config",
                              str(_need(kit / "run-config.toml", "the job"))], env=_env(kit), cwd=kit, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     run_id = None

@@ -80,6 +80,41 @@ def test_a_run_flower_refuses_is_named_by_its_words_not_the_box_around_them():
     assert [stream_words(line) for line in box] == ["Error", "[code: 15] Invalid run configuration.", ""]
 
 
+def test_the_staged_app_builds_the_checkouts_fab(tmp_path):
+    """``flwr run`` gets a copy of the app holding the files of its FAB (flwr 1.41 walks every file of
+    the directory it is given, the checkout's .venv and .git included, before it filters): Flower
+    builds the very same FAB from the copy, byte for byte."""
+    from flwr.cli.build import build_fab_from_disk
+
+    from fl_split.deploy import find_app_dir, staged_app
+
+    staged = staged_app(tmp_path / "app")
+    assert build_fab_from_disk(staged) == build_fab_from_disk(find_app_dir())
+    assert (staged / "fl_split" / "deploy.py").exists() and not (staged / ".git").exists()
+    assert staged_app(tmp_path / "app") == staged  # staged again over the last copy
+
+
+@pytest.mark.parametrize("reinclude", [False, True])
+def test_the_staged_app_skips_ignored_directories_unless_a_pattern_reincludes(tmp_path, reinclude):
+    """A directory .gitignore ignores is not walked, unless a ``!`` pattern could re-include a file in it
+    (Flower's filter honours it): the copy's FAB equals Flower's either way."""
+    from flwr.cli.build import build_fab_from_disk
+
+    from fl_split.deploy import find_app_dir, staged_app
+
+    app = tmp_path / "src"  # a small app with this project's pyproject (its fab-include patterns)
+    for rel in ("fl_split/__init__.py", "fl_split/scratch/keep.py", "strategies/server_app.py",
+                "clients/client_app.py", "README.md"):
+        (app / rel).parent.mkdir(parents=True, exist_ok=True)
+        (app / rel).write_text("x = 1\n")
+    (app / "pyproject.toml").write_bytes((find_app_dir() / "pyproject.toml").read_bytes())
+    (app / ".gitignore").write_text("scratch/\n" + ("!fl_split/scratch/keep.py\n" if reinclude else ""))
+    staged = staged_app(tmp_path / "app", app)
+    assert (staged / "fl_split" / "scratch" / "keep.py").exists() == reinclude
+    assert (staged / "clients" / "client_app.py").exists()
+    assert build_fab_from_disk(staged) == build_fab_from_disk(app)
+
+
 def test_loopback_tls_deployment_with_two_guests(tls_deployment):
     """The whole path as separate processes, TLS and SuperNode authentication (the session's shared
     run, tests/shared_runs.py; tests/test_adversary_secrets.py checks what it exposed); same final
