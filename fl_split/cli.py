@@ -641,9 +641,10 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command == "flwr-run":
             return cmd_flwr_run(ns)
         if ns.command == "party-runtime":
+            from fl_split.flower.warm import exit_now
             from fl_split.flower.warm import main as party_runtime
 
-            return party_runtime(ns.supernode, poll=ns.poll, supernode_poll=ns.supernode_poll)
+            exit_now(party_runtime(ns.supernode, poll=ns.poll, supernode_poll=ns.supernode_poll))
         if ns.command == "datasets":
             return cmd_datasets()
         if ns.command == "models":
