@@ -384,9 +384,17 @@ class LocalDeployment:
                               text=True, timeout=timeout, stdin=subprocess.DEVNULL, umask=PRIVATE_UMASK)
 
     def register_nodes(self) -> None:
-        for party in self.parties:
-            out = self._flwr("supernode", "register", str(self.certs / f"auth-{party}.pub"), self.connection,
-                             "--name", party, "--format", "json")
+        """``flwr supernode register`` for every party, the commands side by side (each is a fresh
+        ``flwr`` process: about 2 s of start-up, one after the other 6 s of every deployment)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def register(party: str) -> subprocess.CompletedProcess:
+            return self._flwr("supernode", "register", str(self.certs / f"auth-{party}.pub"), self.connection,
+                              "--name", party, "--format", "json")
+
+        with ThreadPoolExecutor(max_workers=len(self.parties)) as pool:
+            outs = dict(zip(self.parties, pool.map(register, self.parties)))
+        for party, out in outs.items():
             if out.returncode != 0 or '"success": true' not in out.stdout:
                 detail = (out.stdout + out.stderr).strip().splitlines()
                 raise DeploymentError(f"flwr supernode register for {party} failed: "
