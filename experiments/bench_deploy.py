@@ -31,7 +31,8 @@ Writes ``experiments/results/bench_deploy.json`` (``--tag T``: ``bench_deploy_T.
 (simulation and warm, load 13 -> 5; PSI computation from the deployment's own alignment time),
 ``_run3`` (all four, see docs/deploy.md), ``_once`` (the simulation, warm and warm-once), ``_ahead`` and
 ``_ahead2`` (warm with the next epoch's messages sent ahead against ``warm-serial``, one after the other:
-a version of the code that was measured slower and reverted, ``git show b4d6010``; docs/deploy.md).
+a version of the code that was measured slower and reverted, ``git show b4d6010``; docs/deploy.md), ``_staged``
+(the simulation and warm, after the start-up and teardown fixes).
 """
 
 from __future__ import annotations
