@@ -160,32 +160,11 @@ def test_loopback_tls_deployment_with_two_guests(tls_deployment):
 
 
 @pytest.mark.slow
-def test_failing_serverapp_gives_one_line_and_nonzero_exit(tmp_path):
-    """Party files exported with other options: the ServerApp fails at setup; the deployment
-    reads the run's status from the SuperLink and raises one line naming the option."""
-    from fl_split.deploy import DeploymentError, LocalDeployment
-    from fl_split.party_files import export_parties
-
-    cfg = RunConfig(dataset="digits", guests=2, epochs=1, limit=150, seed=3, engine="flower")
-    lines: list[str] = []
-    dep = LocalDeployment(cfg, tmp_path / "dep", tls=False, echo=lines.append, timeout=600)
-    try:
-        dep.prepare()
-        export_parties(RunConfig(dataset="digits", guests=2, limit=120, seed=3), dep.parties_dir)  # other limit
-        dep.start_superlink()
-        dep.start_supernodes()
-        with pytest.raises(DeploymentError) as err:
-            dep.run()
-    finally:
-        dep.stop()
-    message = str(err.value)
-    assert "\n" not in message and "failed" in message and "limit" in message, message
-    assert _deployment_pids(tmp_path / "dep") == []
-
-
-@pytest.mark.slow
 def test_deploy_command_exits_nonzero_with_one_line_when_the_serverapp_fails(tmp_path):
-    """A flag the ServerApp refuses (pad on the relay data plane): exit 1, one line, nothing left."""
+    """A flag the ServerApp refuses (pad on the relay data plane): exit 1, one line (read from the
+    SuperLink: ``flwr run`` exits 0), nothing left. (A ServerApp that fails at set-up because the
+    party files were exported with other options — a separate loopback deployment until 2026-11-27 —
+    is checked in process: ``test_flower.py::test_inline_deployment_setup_errors``.)"""
     workdir = tmp_path / "dep"
     proc = subprocess.run([*FLSPLIT, "deploy", "local", "--insecure", *SMALL, "--data-plane", "flower",
                            "--on-guest-failure", "pad",

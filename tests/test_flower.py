@@ -464,6 +464,10 @@ def test_inline_deployment_dataplane_setup_errors(tmp_path, change, match):
 
 @pytest.mark.parametrize("change,match", [
     ({"seed": 2}, r"^host failed in round 0: ConfigError: --seed: got 2 \(party file .*host.npz' was exported with seed=1"),
+    # what a loopback deployment whose party files were exported with another --limit says (the CLI
+    # test in test_deploy.py checks that a ServerApp failure reaches the user as one line)
+    ({"limit": 120}, r"^host failed in round 0: ConfigError: --limit: got 120 \(party file .*host.npz' was exported "
+                     r"with limit=300"),
     ({"missing": "guest-1"}, r"^guest-1 failed in round 0: DataError: (guest-1: )?party data file .*does not exist"),
     ({"swap": True}, r"failed in round 0: FederationError: node-config says this node is guest-1, but .*guest-2"),
 ])
@@ -477,7 +481,7 @@ def test_inline_deployment_setup_errors(tmp_path, change, match):
     configs = [{"role": "host", "data-path": str(files["host"]), "dataplane-address": "127.0.0.1:1", **plain},
                {"role": "guest", "guest-index": 1, "data-path": str(g1), **plain},
                {"role": "guest", "guest-index": 2, "data-path": str(g2), **plain}]
-    run_cfg = cfg.replace(**{k: v for k, v in change.items() if k == "seed"})
+    run_cfg = cfg.replace(**{k: v for k, v in change.items() if k in ("seed", "limit")})
     with pytest.raises(PartyError, match=match):
         VerticalSplitStrategy(run_cfg).run(InlineGrid(configs))
 
