@@ -475,12 +475,16 @@ class LocalDeployment:
 
             cfg = replace(cfg, data=NODE_TABLES)
         write_private(config, run_config_toml(cfg, self.results_path).encode("utf-8"))
-        app = staged_app(self.workdir / "app")  # the same FAB as the checkout's, without walking its .venv
-        self._submit([_bin("flwr"), "run", str(app), self.connection, "--stream", "--run-config", str(config)],
-                     umask=PRIVATE_UMASK)
+        self._submit([_bin("flwr"), "run", str(self.staged_app()), self.connection, "--stream", "--run-config",
+                      str(config)], umask=PRIVATE_UMASK)
         if not self.results_path.exists():
             raise DeploymentError(f"run {self.run_id} completed but wrote no results to {self.results_path}")
         return json.loads(self.results_path.read_text(encoding="utf-8"))
+
+    def staged_app(self) -> Path:
+        """The app for ``flwr run``: :func:`staged_app` in ``WORKDIR/app`` (the checkout's FAB, without
+        Flower walking the checkout's ``.venv``)."""
+        return staged_app(self.workdir / "app")
 
     def _submit(self, args: list[str], umask: int = -1) -> str:
         """Run ``flwr run`` (``args``), relay its stream, wait for it and for the run's outcome within

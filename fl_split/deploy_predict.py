@@ -57,7 +57,7 @@ class PredictDeployment(LocalDeployment):
         return " ".join(items)
 
     def run(self) -> dict[str, Any]:
-        from fl_split.deploy import _bin, staged_app
+        from fl_split.deploy import _bin
         from fl_split.flower.appconfig import toml_value
         from fl_split.flower.strategy import JOB_KEY
         from fl_split.secure_files import PRIVATE_UMASK
@@ -65,8 +65,7 @@ class PredictDeployment(LocalDeployment):
         config = self.workdir / "run-config.toml"
         text = run_config_toml(replace(self.cfg, data=""), self.results_path)
         write_private(config, (text + f"{JOB_KEY} = {toml_value(json.dumps(self.job))}\n").encode("utf-8"))
-        app = staged_app(self.workdir / "app")  # the same FAB as the checkout's, without walking its .venv
-        self._submit([_bin("flwr"), "run", str(app), self.connection, "--stream", "--run-config",
+        self._submit([_bin("flwr"), "run", str(self.staged_app()), self.connection, "--stream", "--run-config",
                       str(config)], umask=PRIVATE_UMASK)
         if not self.results_path.exists():
             from fl_split.deploy import DeploymentError

@@ -70,7 +70,6 @@ def test_deploy_refuses_local_engine_options(tmp_path):
     assert out.stderr.strip().count("\n") == 0 and "engine" in out.stderr
 
 
-@pytest.mark.slow
 def test_a_run_flower_refuses_is_named_by_its_words_not_the_box_around_them():
     """``flwr run`` prints a refused run inside a box; the one-line failure keeps the box's words (a
     run-config key Flower does not know once read "… without starting a run (╰───╯)")."""
@@ -115,6 +114,7 @@ def test_the_staged_app_skips_ignored_directories_unless_a_pattern_reincludes(tm
     assert build_fab_from_disk(staged) == build_fab_from_disk(app)
 
 
+@pytest.mark.slow
 def test_loopback_tls_deployment_with_two_guests(tls_deployment):
     """The whole path as separate processes, TLS and SuperNode authentication (the session's shared
     run, tests/shared_runs.py; tests/test_adversary_secrets.py checks what it exposed); same final

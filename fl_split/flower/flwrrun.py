@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fl_split.config import RunConfig
-from fl_split.deploy import LocalDeployment, _bin, free_port, staged_app
+from fl_split.deploy import LocalDeployment, _bin, free_port
 
 __all__ = ["FlwrRun", "federation_for", "flwr_run", "parse_pairs"]
 
@@ -129,7 +129,7 @@ class FlwrRun(LocalDeployment):
         config = self.workdir / "run-config.toml"
         config.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in self.run_config.items()), encoding="utf-8")
         fed = " ".join(f"{k}={toml_value(v)}" for k, v in self.federation.items())
-        app = staged_app(self.workdir / "app")  # the same FAB as the checkout's, without walking its .venv
+        app = self.staged_app()
         args = [_bin("flwr"), "run", str(app), self.connection, "--stream", "--run-config", str(config),
                 "--federation-config", fed]
         self.echo(f"fl-split: flwr run {app} --stream --federation-config \"{fed}\" (a copy of the app's FAB files; "
