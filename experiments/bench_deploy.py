@@ -10,9 +10,11 @@ empty cells, partly overlapping IDs; ``--ids 800`` gives 498 rows in all three),
   process per message, which imports torch + fl_split and restores the party from ``context.state``);
 * ``fl-split deploy local --tls`` (after: each SuperNode under ``fl-split party-runtime``, the party
   warm in one process, fl_split/flower/warm.py);
-* ``warm-once``: the same with ``--epochs-per-message`` = ``--epochs``, one control message per party
-  for the whole run (progress and checkpoints then arrive once, at its end): what the per-epoch
-  control plane costs.
+* ``warm-epoch``: the same with ``--epochs-per-message 1``, one control message per party per epoch
+  (the default before 2026-11-27; since then ``auto`` sends one message for a deployment's whole
+  run, every party checkpointing each epoch end inside it): what the per-epoch control plane costs.
+  Results files before that date have ``warm`` with one message per epoch and ``warm-once`` with one
+  for the run.
 
 For each: wall time of the command, the training time (``results["time_s"]``), each epoch's time,
 the ID-alignment (PSI) phase in the deployments (from the arrival times of the ServerApp's log lines
@@ -32,7 +34,8 @@ Writes ``experiments/results/bench_deploy.json`` (``--tag T``: ``bench_deploy_T.
 ``_run3`` (all four, see docs/deploy.md), ``_once`` (the simulation, warm and warm-once), ``_ahead`` and
 ``_ahead2`` (warm with the next epoch's messages sent ahead against ``warm-serial``, one after the other:
 a version of the code that was measured slower and reverted, ``git show b4d6010``; docs/deploy.md), ``_staged``
-(the simulation and warm, after the start-up and teardown fixes).
+(the simulation and warm, after the start-up and teardown fixes), ``_auto`` (the simulation, warm with
+one message for the run and per-epoch checkpoints, and warm-epoch).
 """
 
 from __future__ import annotations
@@ -53,9 +56,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 FLSPLIT = [sys.executable, "-m", "fl_split.cli"]
-#: ``warm-once``: the warm deployment with ``--epochs-per-message`` = ``--epochs`` (one control message
-#: per party for the whole run: what paying the control plane once per run would save)
-RUNS = ("local", "flower", "per-message", "warm", "warm-once")
+#: ``warm-epoch``: the warm deployment with ``--epochs-per-message 1`` (a control message per party per
+#: epoch; ``warm`` has the default, one for the whole run)
+RUNS = ("local", "flower", "per-message", "warm", "warm-epoch")
 _ARRIVAL = re.compile(r"^\[\s*([0-9.]+) s\] (.*)$")
 _MESSAGE = re.compile(r"party-runtime: message (\d+) \(([\w.]+)\): pull ([0-9.]+) s, app ([0-9.]+) s, "
                       r"push ([0-9.]+) s(?: \(pull: context \+ FAB ([0-9.]+) s\))?")
@@ -167,8 +170,8 @@ def main() -> None:
         if name in ("local", "flower"):
             args = [*FLSPLIT, "train", "--engine", name, *job, "--out", str(out)]
         else:
-            once = ["--epochs-per-message", str(a.epochs)] if name == "warm-once" else []
-            args = [*FLSPLIT, "deploy", "local", "--tls", *job, *once, "--clientapp", name.removesuffix("-once"),
+            per_epoch = ["--epochs-per-message", "1"] if name == "warm-epoch" else []
+            args = [*FLSPLIT, "deploy", "local", "--tls", *job, *per_epoch, "--clientapp", name.removesuffix("-epoch"),
                     "--workdir", str(workdir), "--out", str(out)]
         print(f"[{name}] {' '.join(args[3:])}", flush=True)
         wall, code = run(args, env, work / f"{name}.log")

@@ -244,7 +244,7 @@ def bench_ratio(name: str, setup: dict, limit: int = 0) -> dict:
 
     parties = setup["guests"] + 1
     base = RunConfig(dataset=name, guests=setup["guests"], epochs=setup["epochs"], progress=False, seed=0,
-                     engine="flower", device="cpu", limit=limit, num_cpus=_cpus_each(parties))
+                     engine="flower", device="cpu", limit=limit, num_cpus=_cpus_each(parties), epochs_per_message=1)
     cfgs = [base, base.replace(epochs_per_message=setup["epochs"])]
     print(f"[ratio] {name}: Flower simulation, direct data plane, K = 1, {setup['epochs']} epochs, "
           f"1 and {setup['epochs']} epochs per control message", flush=True)

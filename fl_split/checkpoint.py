@@ -414,19 +414,46 @@ def open_wal(party, directory: str | os.PathLike, run: str, *, resume: bool) -> 
     return wal
 
 
-def save_party(party, directory: str | os.PathLike, round_: int, *, run: str, config: Mapping[str, Any]) -> Path:
+def save_party(party, directory: str | os.PathLike, round_: int, *, run: str, config: Mapping[str, Any],
+               progress: Mapping[str, Any] | None = None, base: int | None = None) -> Path:
     """Checkpoint ``party``'s whole state after ``round_`` (atomically, mode 0600) and keep the
-    :data:`KEEP` newest of its checkpoints."""
+    :data:`KEEP` newest of its checkpoints, and ``base`` too.
+
+    ``base``: the round the coordinator last committed, which a Flower party must keep while it
+    checkpoints every epoch inside one control message (the coordinator hears of those epochs only
+    when the message ends; a resume restores the newest round every party holds, else ``base``:
+    :func:`held_rounds`). ``progress``: the public results of the epochs since ``base`` (the host's
+    per-epoch aggregates, wire counts and guest failures), kept in the header for that resume."""
     from fl_split.state import flatten
 
     arrays, skeleton = flatten(party.export_state())
     header = {"format": FORMAT, "kind": "party", "party": party.name, "round": int(round_), "run": run,
               "config": dict(config), "skeleton": skeleton, "encoder": _encoder_state(party)}
+    if progress is not None:
+        header["progress"] = dict(progress)
     path = write_checkpoint(party_checkpoint_path(directory, party.name, round_), header, arrays)
     for old in party_checkpoints(directory, party.name)[:-KEEP]:
-        party_checkpoint_path(directory, party.name, old).unlink(missing_ok=True)
+        if old != base:
+            party_checkpoint_path(directory, party.name, old).unlink(missing_ok=True)
     fsync_dir(directory)
     return path
+
+
+def held_rounds(directory: str | os.PathLike, party: str, run: str) -> dict[int, dict[str, Any] | None]:
+    """``{round: progress or None}`` of the checkpoints ``party`` holds in ``directory`` for the run
+    ``run`` (each read and verified; a damaged file or another run's is left out, and a resume
+    cannot choose it). A Flower node answers the coordinator's ``query.checkpoints`` with it."""
+    out: dict[int, dict[str, Any] | None] = {}
+    for round_ in party_checkpoints(directory, party):
+        try:
+            header, _ = read_checkpoint(party_checkpoint_path(directory, party, round_))
+        except CheckpointError:
+            continue
+        if header.get("kind") == "party" and header.get("party") == party and header.get("run") == run \
+                and header.get("round") == round_:
+            progress = header.get("progress")
+            out[round_] = dict(progress) if isinstance(progress, dict) else None
+    return out
 
 
 def _encoder_state(party) -> dict[str, Any] | None:

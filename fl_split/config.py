@@ -242,9 +242,11 @@ class RunConfig:
     dataplane_timeout: float = _opt(60.0, "direct data plane: seconds a party waits for its peers to connect and for "
                                           "every reply; a guest that disconnects or stalls longer is named and the run "
                                           "stops", check=_positive_float, allowed="a number > 0", group="flower")
-    epochs_per_message: int = _opt(1, "direct data plane: epochs one control message covers (fewer Flower round trips; "
-                                      "the coordinator hears of each epoch when the message ends)",
-                                   check=_positive_int, allowed="an integer >= 1", group="flower")
+    epochs_per_message: Any = _opt(AUTO, "direct data plane: epochs one control message covers (fewer Flower round "
+                                         "trips; the coordinator hears of its epochs when it ends, and every party "
+                                         "still checkpoints each epoch end); auto = the whole run in a deployment "
+                                         "(the host logs each epoch on its own machine), 1 in a simulation",
+                                   kind="int_or_auto", allowed="'auto' or an integer >= 1", group="flower")
     num_cpus: Any = _opt(AUTO, "CPUs reserved per Flower client (Ray actor); auto = the CPUs Ray has, shared by "
                                "the G + 1 ClientApps (fractions allowed; docs/flower.md, \"CPUs and threads\")",
                          kind="float_or_auto", allowed="'auto' or a number > 0", group="flower")
@@ -394,8 +396,8 @@ class RunConfig:
                                      "control messages (use --data-plane direct, or the local engine)")
         if self.checkpoint_dir and self.engine == "flower" and self.checkpoint_every != "epoch":
             raise ConfigError("checkpoint-every", self.checkpoint_every, "epoch with --engine flower",
-                              reason="a Flower node checkpoints when its control message (--epochs-per-message "
-                                     "epochs) ends")
+                              reason="a Flower node checkpoints at each epoch end (inside its control message, "
+                                     "which may cover --epochs-per-message epochs)")
         if self.party_files and (self.engine == "flower" or self.monolithic or self.one_shot):
             what = "--engine flower" if self.engine == "flower" else "--monolithic" if self.monolithic else "--one-shot"
             raise ConfigError("party-files", self.party_files, f"empty with {what}",

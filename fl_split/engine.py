@@ -118,8 +118,9 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoi
     resume its state says where to go on from (the parties were restored by the engine).
     ``epochs = (first, last)``: play only the rounds of those epochs (the host of the direct data
     plane plays the epochs of one control message, :mod:`fl_split.flower.direct`); the results then
-    cover only them. ``on_epoch(row)`` is called with each epoch's ``history`` row as it is made
-    (the Flower relay logs it then)."""
+    cover only them. ``on_epoch(row, progress)`` is called with each epoch's ``history`` row as it
+    is made (the Flower relay logs it then) and ``progress``: copies of the round and of the history,
+    wire counts and guest failures so far (the direct plane's host checkpoints them with itself)."""
     schedule = plan.schedule
     owed: dict[str, list[bytes]] = {g: [] for g in transport.guests}
     wire = {"bytes_to_host": 0, "bytes_to_guests": 0, "messages_to_host": 0, "messages_to_guests": 0,
@@ -199,7 +200,8 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoi
                 history.append(_epoch_record(rnd.epoch, metrics, now - t_epoch))
                 t_epoch = now
                 if on_epoch is not None:
-                    on_epoch(dict(history[-1]))
+                    on_epoch(dict(history[-1]), {"round": rnd.round, "history": [dict(h) for h in history],
+                                                 "wire": dict(wire), "guest_failures": [dict(f) for f in failures]})
                 if history[-1].get("test_metric") is not None:
                     bar.set_postfix(epoch=rnd.epoch, test=f"{history[-1]['test_metric']:.4f}", refresh=False)
             if checkpoints is not None and checkpoints.due(rnd):

@@ -97,3 +97,116 @@ def test_flower_run_killed_mid_epoch_resumes_to_the_same_accounting(tmp_path):
     for party, rep in local["privacy"].items():
         assert res["privacy"][party]["epsilon"] == rep["epsilon"]
         assert res["privacy"][party]["releases"] == rep["releases"]
+
+
+# ------------------------------------------------------------------------------------------------
+# one control message for the run, a checkpoint at every epoch end (in process)
+
+@pytest.mark.usefixtures("flower_task_identity")
+@pytest.mark.parametrize("defense", ["none", "gaussian"])
+def test_one_message_for_the_run_checkpoints_every_epoch_and_resumes_after_the_last(tmp_path, monkeypatch, defense):
+    """``--epochs-per-message 3``: the coordinator commits only when the run's one ``train.epoch``
+    message ends, yet every party checkpoints each epoch end inside it. The host fails in epoch 3:
+    the coordinator's commit is still round 0 (set-up), the parties hold the end of epoch 2, and
+    the resume asks them (``query.checkpoints``), restores that round and plays epoch 3 alone —
+    ending as the uninterrupted local run (bit for bit without noise; with noise the same
+    accounting and the same first two epochs: after a resume the parties draw with a fresh salt)."""
+    from fl_split.checkpoint import party_checkpoints
+    from fl_split.errors import PartyError
+    from fl_split.flower import records as R
+    from fl_split.flower.strategy import VerticalSplitStrategy
+    from fl_split.parties.host import HostParty
+    from tests.test_flower import InlineGrid, _cfg, _local, _simulation_nodes, _strip
+
+    extra = {"protect": "both"} if defense != "none" else {}
+    cfg = _cfg(epochs=3, epochs_per_message=3, defense=defense, checkpoint_dir=str(tmp_path / "ckpt"), **extra)
+    evaluated, train = [], HostParty.train
+
+    def evaluate_then_fail(self, *a, **kw):
+        if len(evaluated) == 2:  # the first training round of epoch 3: the host's machine goes down
+            raise RuntimeError("host lost")
+        return train(self, *a, **kw)
+
+    monkeypatch.setattr(HostParty, "train", evaluate_then_fail)
+    evaluate = HostParty.evaluate
+    monkeypatch.setattr(HostParty, "evaluate", lambda self, *a, **kw: evaluated.append(1) or evaluate(self, *a, **kw))
+    with pytest.raises(PartyError, match="host lost"):
+        VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(3), fresh_process=True))
+    directory = tmp_path / "ckpt"
+    assert load_coordinator(directory).round == 0  # nothing committed since the set-up
+    held = party_checkpoints(directory, "host")
+    assert len(held) == 3 and held[0] == 0 and held[2] == 2 * held[1]  # the committed round and epochs 1, 2
+    for guest in ("guest-1", "guest-2"):
+        assert party_checkpoints(directory, guest) == held
+
+    monkeypatch.setattr(HostParty, "train", train)
+    grid = InlineGrid(_simulation_nodes(3), fresh_process=True)
+    got = VerticalSplitStrategy(cfg.replace(resume=True)).run(grid)
+    assert got["checkpoint"]["resumed_from_round"] == held[2]
+    assert grid.types.count(R.MSG_CHECKPOINTS) == 3 and grid.types.count(R.MSG_EPOCH) == 3  # epoch 3 only
+    assert [h["epoch"] for h in got["history"]] == [1, 2, 3]
+    assert load_coordinator(directory).resumed[-1]["agreed_round"] == held[2]
+    local = _local(cfg.replace(checkpoint_dir=""))
+    if defense == "none":
+        got.pop("checkpoint")
+        a, b = _strip(got), _strip(local)
+        for c in (a["config"], b["config"]):
+            del c["checkpoint_dir"], c["resume"]
+        assert a == b
+    else:
+        assert _strip(got)["history"][:2] == _strip(local)["history"][:2]
+        for party, rep in local["privacy"].items():
+            assert got["privacy"][party]["epsilon"] == rep["epsilon"]
+            assert got["privacy"][party]["releases"] == rep["releases"]
+
+
+def _progress(first: int, epochs: list[int], failures=()) -> dict:
+    return {"first_epoch": first, "history": [{"epoch": e} for e in epochs], "wire": {"rounds": 9 * len(epochs)},
+            "guest_failures": list(failures)}
+
+
+def test_resume_round_is_the_newest_every_party_still_in_the_run_holds():
+    """:func:`agree_on_round` on what the parties report: a guest one epoch behind holds the round
+    back; a host record that does not continue the committed history is passed over; a guest padded
+    (``--on-guest-failure pad``) before the round is not waited for; nothing newer: the commit."""
+    from fl_split.checkpoint import CoordinatorState
+    from fl_split.flower.direct import agree_on_round
+
+    state = CoordinatorState(run="r", engine="flower", config={}, round=9, history=[{"epoch": 1}])
+    host = {9: None, 18: _progress(2, [2]), 27: _progress(2, [2, 3])}
+    both = {"host": host, "guest-1": {9: None, 18: None, 27: None}, "guest-2": {9: None, 18: None, 27: None}}
+    assert agree_on_round(state, both) == (27, host[27])
+    behind = {**both, "guest-2": {9: None, 18: None}}  # killed before it saved epoch 3
+    assert agree_on_round(state, behind) == (18, host[18])
+    assert agree_on_round(state, {**both, "guest-2": {9: None}}) == (9, None)
+    stale = {**both, "host": {9: None, 18: _progress(1, [1, 2]), 27: _progress(3, [3])}}
+    assert agree_on_round(state, stale) == (9, None)  # neither continues epoch 1
+    pad = {"guest": "guest-2", "round": 12, "action": "pad"}
+    padded = {**behind, "host": {9: None, 18: _progress(2, [2], [pad]), 27: _progress(2, [2, 3], [pad])}}
+    assert agree_on_round(state, padded)[0] == 27
+    assert agree_on_round(CoordinatorState(run="r", engine="flower", config={}, round=27,
+                                           history=[{"epoch": e} for e in (1, 2, 3)]), both) == (27, None)
+
+
+def test_held_rounds_lists_only_this_runs_sound_checkpoints(tmp_path):
+    """What a node reports to ``query.checkpoints``: its checkpoints of this run, with the host's
+    progress record; a damaged file and another run's are left out (a resume cannot pick them), and
+    saving every epoch keeps the coordinator's committed round (``base``) beside the two newest."""
+    from fl_split.checkpoint import held_rounds, party_checkpoint_path, party_checkpoints, save_party
+    from fl_split.engine import LocalEngine
+    from tests.test_flower import PS, _cfg
+
+    party = LocalEngine(_cfg(), PS).host
+    for r in (0, 9, 18, 27):
+        save_party(party, tmp_path, r, run="run-a", config={}, progress=_progress(1, [r // 9]) if r else None, base=0)
+    assert party_checkpoints(tmp_path, "host") == [0, 18, 27]
+    save_party(party, tmp_path, 36, run="run-b", config={}, base=0)
+    assert party_checkpoints(tmp_path, "host") == [0, 27, 36]
+    path = party_checkpoint_path(tmp_path, "host", 27)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    held = held_rounds(tmp_path, "host", "run-a")
+    assert held == {0: None, 27: _progress(1, [3])}
+    path.write_bytes(bytes(data))
+    assert held_rounds(tmp_path, "host", "run-a") == {0: None}
+    assert list(held_rounds(tmp_path, "host", "run-b")) == [36]

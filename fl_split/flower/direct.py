@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import sys
 import time
 from typing import Any
 
@@ -63,6 +64,8 @@ ADDRESS, BIND, CERTFILE, KEYFILE, CA, CLIENT_CA, INSECURE, MUTUAL = (
 #: context.state key of a party's data-plane private key (its node state only; never in a message)
 KEY_STATE = "fl_split.dataplane"
 
+#: how a deployment's host starts each epoch's line in its own log (``deploy local`` follows it)
+HOST_EPOCH = "host: "
 #: what the host's epoch reply may say besides the per-epoch aggregates (all public counts and times)
 STOPPED_KEYS = ("stopped_reason", "stopped_detail", "stopped_round")
 
@@ -204,9 +207,16 @@ def _request(req) -> tuple[int, int, str, dict, dict]:
     return first, last, session, info, directory
 
 
-def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict, state=None) -> dict[str, Any]:
+def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict, state=None,
+                checkpoint=None) -> dict[str, Any]:
     """Play the request's epochs as the host, reaching the guests over the data plane; returns the
-    outcome for the coordinator (the same pieces as the local engine's results, for these epochs)."""
+    outcome for the coordinator (the same pieces as the local engine's results, for these epochs).
+
+    ``checkpoint(round, progress)`` (``--checkpoint-dir``) is called at each epoch end, after the
+    evaluation round and before the next epoch's first STEP, with the epochs' public results since
+    the message began (:func:`agree_on_round` reads them back on a resume). A deployment's host
+    logs each epoch's line then, on its own machine: the coordinator hears of the message's epochs
+    only when it ends."""
     from fl_split.dataplane import rendezvous
     from fl_split.dataplane.host import HostDataPlane, HostEndpoint
     from fl_split.dataplane.limits import largest_frame
@@ -228,11 +238,19 @@ def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict, state
                                 cfg.dataplane_timeout, max_frame=max_frame)
         board = rendezvous.board()
         board.publish(session, endpoint.address)
+    def epoch_end(row: dict[str, Any], progress: dict[str, Any]) -> None:
+        if role.mode == "deployment":  # the node's own log (its SuperNode's stderr): public aggregates only
+            print(f"{HOST_EPOCH}{epoch_line(row, plan.metric)}", file=sys.stderr, flush=True)
+        if checkpoint is not None:
+            checkpoint(int(progress["round"]), {"first_epoch": first, "history": progress["history"],
+                                                "wire": progress["wire"],
+                                                "guest_failures": progress["guest_failures"]})
+
     reason = "failed"
     try:
         endpoint.wait_for_guests()
         results = coordinate(cfg.replace(progress=False), plan, HostDataPlane(party, endpoint), "flower",
-                             epochs=(first, last))
+                             epochs=(first, last), on_epoch=epoch_end)
         reason = "done"
     finally:
         endpoint.close(reason)
@@ -245,13 +263,28 @@ def host_epochs(party, cfg: RunConfig, plan, req, role, node_config: dict, state
     return outcome
 
 
-def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict, state=None) -> dict[str, Any]:
-    """Serve the host for the request's epochs; returns how many steps were served."""
+def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict, state=None, plan=None,
+                 checkpoint=None) -> dict[str, Any]:
+    """Serve the host for the request's epochs; returns how many steps were served.
+
+    ``checkpoint(round)`` (``--checkpoint-dir``, with the run ``plan``) is called after the guest
+    served each epoch's evaluation round, before its release goes back: the guest's state then is
+    the epoch end's (it applied the epoch's last gradients in that step)."""
     from fl_split.dataplane import rendezvous
     from fl_split.dataplane.guest import serve
     from fl_split.dataplane.limits import largest_frame
 
-    _, _, session, info, directory = _request(req)
+    first, last, session, info, directory = _request(req)
+    step = party.step
+    if checkpoint is not None:
+        ends = {last_round(plan, cfg, e) for e in range(first, last + 1)}
+
+        def step(owed, keys, round_):
+            blobs = party.step(owed, keys, round_)
+            if round_ in ends:
+                checkpoint(round_)
+            return blobs
+
     keys = party_keys(state, party.name, directory, ["host"])
     address = str(info.get("address", ""))
     if not address:
@@ -262,8 +295,8 @@ def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict, state=None
     tls = _client_tls(role, node_config, bool(info.get("tls")))
     # the largest frame the host may send this guest: a STEP with the owed gradients of a round (issue 16)
     max_frame = largest_frame(party.schedule, cfg.batches_per_round, [party.cut_shape])
-    served = serve(party.name, party.step, address, keys, session, tls, cfg.dataplane_timeout, max_frame=max_frame)
-    return {"steps": served.steps, "errors": served.errors}
+    served = serve(party.name, step, address, keys, session, tls, cfg.dataplane_timeout, max_frame=max_frame)
+    return {"steps": served.steps, "errors": served.errors, "end": served.end_reason}
 
 
 # -- the coordinator's side -----------------------------------------------------------------------
@@ -320,6 +353,88 @@ def last_round(plan, cfg: RunConfig, epoch: int) -> int:
     return first + per_epoch - 1
 
 
+def epochs_per_message(cfg: RunConfig, transport) -> int:
+    """``--epochs-per-message``: the epochs one ``train.epoch`` message covers. ``auto``: the whole
+    run when the nodes are a deployment's (their role replies say so) — the control plane, a few
+    Flower round trips between machines, is then paid once per run, while every party checkpoints
+    each epoch end and the host logs each epoch on its own machine; 1 in a simulation, where a
+    message costs little and the coordinator logs each epoch as it ends."""
+    if cfg.epochs_per_message != "auto":
+        return int(cfg.epochs_per_message)
+    roles = getattr(transport, "role_replies", {}) or {}
+    modes = {R.loads(str(rep["role"])).get("mode") for rep in roles.values() if "role" in rep}
+    return max(1, cfg.epochs) if "deployment" in modes else 1
+
+
+def resume_round(transport, cfg: RunConfig, checkpoints) -> int:
+    """A resume under Flower: ask every party which rounds it holds (``query.checkpoints``), move
+    the coordinator's state on to the newest round they all hold (:func:`agree_on_round`), commit
+    it and return it. The parties checkpoint every epoch end inside a control message, the
+    coordinator commits only when the message ends: a run killed in the middle of a message that
+    covered several epochs resumes after its last epoch every party saved, not at the message's
+    start."""
+    from fl_split.errors import ProtocolError
+
+    state = checkpoints.state
+    req = R.content(config=R.dumps(cfg.to_flower()), checkpoint=R.dumps({"run": state.run}))
+    replies = transport.exchange({p: (R.MSG_CHECKPOINTS, req) for p in transport.nodes}, 0)
+    held: dict[str, dict[int, Any]] = {}
+    for party, rep in replies.items():
+        try:
+            held[party] = {int(r): p for r, p in R.loads(str(rep["held"])).items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(f"{party}: malformed reply to the checkpoint query ({type(exc).__name__})") from None
+    round_, progress = agree_on_round(state, held)
+    if progress is not None:
+        wire = dict(state.wire)
+        for k, v in progress["wire"].items():
+            wire[k] = int(wire.get(k, 0)) + int(v)
+        checkpoints.commit(round=round_, history=[*state.history, *progress["history"]], wire=wire,
+                           guest_failures=[*state.guest_failures, *progress["guest_failures"]],
+                           checkpoints=state.checkpoints + 1)
+        log.info("resuming after epoch %d (round %d), the newest every party checkpointed; the coordinator "
+                 "had committed round %d", len(state.history), round_, checkpoints.resumed_from or 0)
+    if state.resumed:
+        state.resumed[-1]["agreed_round"] = round_
+    checkpoints.resumed_from = round_
+    return round_
+
+
+def agree_on_round(state, held: dict[str, dict[int, Any]]) -> tuple[int, dict[str, Any] | None]:
+    """The round a Flower run resumes from: the newest round after the coordinator's committed one
+    (``state.round``) that the host and every guest still in the run hold a checkpoint of, with the
+    host's record of the epochs since (``progress``, saved with its checkpoint: they must continue
+    the committed history); else the committed round, with ``None``. ``held``: each party's
+    ``{round: progress or None}`` (:func:`fl_split.checkpoint.held_rounds`).
+
+    The host checkpoints an epoch end before it starts the next epoch and a guest before its last
+    release of the epoch reaches the host, so the parties are at most one epoch apart and every
+    party keeps its two newest checkpoints and the committed one: the newest common round is there."""
+    done = len(state.history)
+    padded = set(_padded(state.guest_failures))
+    for round_ in sorted(held.get("host", {}), reverse=True):
+        if round_ <= state.round:
+            break
+        progress = held["host"][round_]
+        if not _continues(progress, done):
+            continue
+        gone = padded | set(_padded(progress["guest_failures"]))
+        if all(round_ in rounds for party, rounds in held.items() if party != "host" and party not in gone):
+            return round_, progress
+    return state.round, None
+
+
+def _continues(progress, done: int) -> bool:
+    """Whether the host's ``progress`` record covers the epochs right after the ``done`` committed ones."""
+    try:
+        epochs = [int(h["epoch"]) for h in progress["history"]]
+        return (int(progress["first_epoch"]) == done + 1 and epochs == list(range(done + 1, done + 1 + len(epochs)))
+                and len(epochs) > 0 and isinstance(progress["wire"], dict)
+                and isinstance(progress["guest_failures"], list))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def _padded(failures: list[dict[str, Any]]) -> dict[str, int]:
     """The guests of ``failures`` the run went on without (``--on-guest-failure pad``) → their round."""
     return {str(f["guest"]): int(f["round"]) for f in failures if f.get("action") == "pad"}
@@ -331,9 +446,10 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
     (the same as :func:`fl_split.engine.coordinate` produces for the local engine).
 
     ``checkpoints`` (``--checkpoint-dir``): a started :class:`fl_split.checkpoint.Checkpointer`.
-    Every party checkpoints itself when its control message ends (on its own node); once every
-    reply is in, the coordinator commits the chunk's last round. A resume starts with the epoch
-    after the committed round (the parties restored that round at setup)."""
+    Every party checkpoints itself at each epoch end (on its own node); once every reply of a
+    message is in, the coordinator commits the message's last round. A resume starts with the epoch
+    after the round :func:`resume_round` agreed on (the parties restored that round at setup)."""
+    from fl_split.checkpoint import CheckpointError
     from tqdm.auto import tqdm
 
     from fl_split.engine import make_results
@@ -355,6 +471,9 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
     if state is not None and state.round > 0:
         _, per_epoch0 = _first_round(plan, cfg, 1)
         start = state.round // per_epoch0 + 1
+        if state.round != last_round(plan, cfg, start - 1) or len(state.history) != start - 1:
+            raise CheckpointError(f"{checkpoints.directory}: the round to resume from ({state.round}) is not the end "
+                                  f"of epoch {len(state.history)} of this run's schedule")
         history = [dict(h) for h in state.history]
         wire.update(state.wire)
         failures = list(state.guest_failures)
@@ -368,8 +487,9 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
         return set(_padded(R.loads(str(reply["outcome"])).get("guest_failures", []))) if party == "host" else set()
 
     try:
-        for first in range(start, cfg.epochs + 1, cfg.epochs_per_message):
-            last = min(cfg.epochs, first + cfg.epochs_per_message - 1)
+        per_message = epochs_per_message(cfg, transport)
+        for first in range(start, cfg.epochs + 1, per_message):
+            last = min(cfg.epochs, first + per_message - 1)
             round_, per_epoch = _first_round(plan, cfg, first)
             session = secrets.token_hex(8)
             req = R.content(**{"first-epoch": first, "last-epoch": last, "session": session,

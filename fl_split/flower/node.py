@@ -360,6 +360,8 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
             _save(context, party, config_json)
             facts_json = facts.to_json() if role.role == "host" else facts.without_labels().to_json()
             return _reply(message, facts=R.dumps(facts_json), **extra)
+        if mtype == R.MSG_CHECKPOINTS:  # a resume: which rounds this party can restore
+            return _reply(message, held=R.dumps(_held_rounds(context, role, req)))
         if mtype == MSG_ALIGN:
             from fl_split.flower.alignment import handle_align
 
@@ -469,26 +471,34 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
 
     cfg = RunConfig.from_mapping(R.loads(config_json))
     ckpt = context.state.config_records.get(CKPT_META)
-    wal = None
+    plan = plan_of(cfg, role, context.state, handoff) if role.role == "host" or ckpt is not None else None
+    wal = save = None
+    saved: set[int] = set()
     if ckpt is not None:  # the log records every release durably before it leaves
-        from fl_split.checkpoint import open_wal
+        from fl_split.checkpoint import open_wal, save_party
 
         wal = open_wal(party, str(ckpt["dir"]), str(ckpt["run"]), resume=True)
+        # the round the coordinator committed before this message: kept until it commits a newer one
+        base = direct.last_round(plan, cfg, int(req["first-epoch"]) - 1)
+
+        def save(round_: int, progress: dict | None = None) -> None:
+            save_party(party, str(ckpt["dir"]), round_, run=str(ckpt["run"]), config=cfg.to_dict(),
+                       progress=progress, base=base)
+            saved.add(round_)
     try:
+        # every party checkpoints itself at each epoch end inside the message (the host after its
+        # evaluation round, a guest after serving it), so one message may cover the whole run
         if role.role == "host":
-            outcome = direct.host_epochs(party, cfg, plan_of(cfg, role, context.state, handoff), req, role,
-                                         dict(context.node_config), context.state)
+            outcome = direct.host_epochs(party, cfg, plan, req, role, dict(context.node_config), context.state,
+                                         checkpoint=save)
             reply = {"outcome": R.dumps(outcome)}
         else:
-            reply = {"served": R.dumps(direct.guest_epochs(party, cfg, req, role, dict(context.node_config),
-                                                           context.state))}
-        if ckpt is not None:
-            from fl_split.checkpoint import save_party
-
-            last = int(req["last-epoch"])
-            plan = plan_of(cfg, role, context.state, handoff)
-            save_party(party, str(ckpt["dir"]), direct.last_round(plan, cfg, last),
-                       run=str(ckpt["run"]), config=cfg.to_dict())
+            served = direct.guest_epochs(party, cfg, req, role, dict(context.node_config), context.state,
+                                         plan=plan, checkpoint=save)
+            reply = {"served": R.dumps(served)}
+            last = direct.last_round(plan, cfg, int(req["last-epoch"])) if save is not None else 0
+            if save is not None and served["end"] == "done" and last not in saved:
+                save(last)  # --one-shot: after epoch 1 the host asks its guests nothing (their state stays)
     finally:
         _close_wal(party, wal)
         _save(context, party, config_json)
@@ -519,6 +529,21 @@ def checkpoint_dir_of(role: NodeRole, cfg: RunConfig, node_config: dict) -> str:
                                   f"--node-config \"... checkpoint-dir='/path/private/to/{role.party}'\"")
         return os.path.expanduser(path)
     return os.path.expanduser(cfg.checkpoint_dir)
+
+
+def _held_rounds(context: Context, role: NodeRole, req) -> dict[str, Any]:
+    """``query.checkpoints``: ``{round: progress or None}`` of this party's checkpoints of the run the
+    request names (:func:`fl_split.checkpoint.held_rounds`), for the coordinator's choice of the
+    round to resume from (:func:`fl_split.flower.direct.agree_on_round`)."""
+    from fl_split.checkpoint import held_rounds
+
+    try:
+        run = str(R.loads(str(req["checkpoint"]))["run"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"{role.party}: malformed checkpoint query ({type(exc).__name__})") from None
+    cfg = _coordinator_config(str(req["config"]), context)
+    directory = checkpoint_dir_of(role, cfg, dict(context.node_config))
+    return {str(r): p for r, p in held_rounds(directory, role.party, run).items()}
 
 
 def _checkpoint_setup(context: Context, role: NodeRole, party, cfg: RunConfig, req, seed: int | None) -> None:
@@ -571,7 +596,7 @@ def client_app_for(handler):
 
     app = ClientApp()
     for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_EPOCH,
-                  MSG_ALIGN, MSG_PREDICT):
+                  R.MSG_CHECKPOINTS, MSG_ALIGN, MSG_PREDICT):
         category, action = mtype.split(".")
         getattr(app, category)(action)(handler)
     return app

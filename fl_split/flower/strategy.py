@@ -101,8 +101,15 @@ class VerticalSplitStrategy:
 
             self.checkpoints = Checkpointer(self.cfg, "flower")
             state = self.checkpoints.start()
+            if self.cfg.resume:  # the newest round every party checkpointed, maybe past the last commit
+                from fl_split.flower.direct import resume_round
+
+                resume_round(self.transport, self.cfg, self.checkpoints)
             checkpoint = {"run": state.run, "round": state.round, "resume": bool(self.cfg.resume)}
         self.plan = setup(self.transport, self.cfg, checkpoint)
+        if self.checkpoints is not None and not self.cfg.resume:
+            # every party saved round 0 at setup: a run killed inside its first message resumes
+            self.checkpoints.commit()
         self.transport.public_plan = {"task": self.plan.task, "num_outputs": int(self.plan.num_outputs)}
         self._mark("setup_done")
         if self.cfg.data_plane == "direct":
@@ -131,7 +138,7 @@ class VerticalSplitStrategy:
             # each epoch is logged as its evaluation round ends (`flwr run --stream` shows it then),
             # as the direct data plane logs it when its control message returns
             results = coordinate(self.cfg, self.plan, transport, "flower",
-                                 on_epoch=lambda row: log.info("%s", epoch_line(row, self.plan.metric)))
+                                 on_epoch=lambda row, _: log.info("%s", epoch_line(row, self.plan.metric)))
             self._mark("training_end")
         self._mark("reports_done")
         if self.alignment is not None:
