@@ -35,7 +35,8 @@ Writes ``experiments/results/bench_deploy.json`` (``--tag T``: ``bench_deploy_T.
 ``_ahead2`` (warm with the next epoch's messages sent ahead against ``warm-serial``, one after the other:
 a version of the code that was measured slower and reverted, ``git show b4d6010``; docs/deploy.md), ``_staged``
 (the simulation and warm, after the start-up and teardown fixes), ``_auto`` (the simulation, warm with
-one message for the run and per-epoch checkpoints, and warm-epoch).
+one message for the run and per-epoch checkpoints, and warm-epoch), ``_overlap`` (the simulation and warm
+with the SuperNodes started beside ``flwr run``: reverted, slower back to back; docs/deploy.md).
 """
 
 from __future__ import annotations

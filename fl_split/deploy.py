@@ -96,15 +96,23 @@ class ProcessGroup:
     of the processes we started (a SuperLink's ``flower-superexec`` and ``flwr-serverapp`` lead
     sessions of their own), SIGTERM first, SIGKILL after ``grace`` seconds."""
 
+    #: the environment variable every process of a group carries (and every process they start
+    #: inherits): :meth:`members` finds by it a process whose parent died before it was signalled
+    MARK = "FL_SPLIT_PROCESS_GROUP"
+
     def __init__(self, log_dir: Path) -> None:
+        import uuid
+
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
+        self.tag = uuid.uuid4().hex
 
     def spawn(self, name: str, args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "wb") as log:
             p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, env=env, cwd=cwd, umask=PRIVATE_UMASK)
+                                 start_new_session=True, env={**env, self.MARK: self.tag}, cwd=cwd,
+                                 umask=PRIVATE_UMASK)
         self.procs[name] = p
         return p
 
@@ -118,7 +126,10 @@ class ProcessGroup:
         return [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
 
     def members(self) -> set[int]:
-        """Live PIDs in our sessions or below the processes we started."""
+        """Live PIDs in our sessions, below the processes we started, or carrying our :attr:`MARK`
+        (a child started while its parent was being stopped outlives it, re-parented to init)."""
+        from fl_split.flower.processes import pids_with_env
+
         table = process_table()
         roots = {p.pid for p in self.procs.values()}
         out = {pid for pid, (state, _, sid, _) in table.items() if sid in roots and state != "Z"}
@@ -130,6 +141,7 @@ class ProcessGroup:
                     out.add(pid)
                     frontier.append(pid)
         out |= {p.pid for p in self.procs.values() if p.poll() is None}
+        out |= set(pids_with_env(f"{self.MARK}={self.tag}".encode(), table))
         return out
 
     def stop(self, grace: float = 10.0) -> set[int]:
@@ -269,6 +281,11 @@ class LocalDeployment:
                         PYTHONUNBUFFERED="1", PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
         for var in ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT", "RAY_ADDRESS"):
             self.env.pop(var, None)
+        self.env[ProcessGroup.MARK] = self.group.tag  # `flwr run` and every command are the group's too
+        from fl_split.flower.processes import DeferredInterrupt
+
+        #: Ctrl-C / SIGTERM (deploy_local installs its handler): raised in the waits, never mid-import
+        self.interrupts = DeferredInterrupt()
 
     # -- steps ----------------------------------------------------------------------------------------
     def _mark(self, name: str) -> None:
@@ -375,7 +392,7 @@ class LocalDeployment:
             except httpx.HTTPError:
                 pass
             self._check_alive()
-            time.sleep(0.2)
+            self.interrupts.sleep(0.2)
         raise DeploymentError(f"the SuperLink did not answer on {self.address} within {timeout:g} s "
                               f"(log: {self.group.log_dir / 'superlink.log'})")
 
@@ -476,7 +493,7 @@ class LocalDeployment:
             cfg = replace(cfg, data=NODE_TABLES)
         write_private(config, run_config_toml(cfg, self.results_path).encode("utf-8"))
         self._submit([_bin("flwr"), "run", str(self.staged_app()), self.connection, "--stream", "--run-config",
-                      str(config)], umask=PRIVATE_UMASK)
+                      str(config)], umask=PRIVATE_UMASK, follow_host=True)
         if not self.results_path.exists():
             raise DeploymentError(f"run {self.run_id} completed but wrote no results to {self.results_path}")
         return json.loads(self.results_path.read_text(encoding="utf-8"))
@@ -486,11 +503,15 @@ class LocalDeployment:
         Flower walking the checkout's ``.venv``)."""
         return staged_app(self.workdir / "app")
 
-    def _submit(self, args: list[str], umask: int = -1) -> str:
+    def _submit(self, args: list[str], umask: int = -1, follow_host: bool = False) -> str:
         """Run ``flwr run`` (``args``), relay its stream, wait for it and for the run's outcome within
         :attr:`timeout`; returns the final status, raises :class:`DeploymentError` unless the run
-        completed."""
+        completed. ``follow_host``: also show the epoch lines the host writes to its own log as each
+        epoch ends (the coordinator hears of a message's epochs when it ends: ``--epochs-per-message``)."""
+        from fl_split.flower.direct import HOST_EPOCH
+
         self._mark("submitted")
+        host_log = FollowLog(self.group.log_dir / "supernode-host.log", HOST_EPOCH) if follow_host else None
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 text=True, env=self.env, cwd=self.workdir, start_new_session=True, umask=umask)
         self.group.procs["flwr-run"] = proc
@@ -501,7 +522,9 @@ class LocalDeployment:
             if time.monotonic() > deadline:
                 raise DeploymentError(f"the run did not finish within {self.timeout:g} s")
             self._check_alive()
-            time.sleep(0.5)
+            for line in host_log.lines() if host_log is not None else ():
+                self.echo(f"  | {line}   (the host's log)")
+            self.interrupts.sleep(0.5)
         reader.join(timeout=5)
         self._mark("stream-ended")
         if self.run_id is None:
@@ -547,7 +570,7 @@ class LocalDeployment:
             if status.startswith("finished") or time.monotonic() > deadline:
                 return status, details
             self._check_alive()
-            time.sleep(1.0)
+            self.interrupts.sleep(1.0)
 
     def stop(self) -> set[int]:
         return self.group.stop(self.grace)
@@ -563,6 +586,25 @@ def _strip_ansi(text: str) -> str:
     import re
 
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+class FollowLog:
+    """The lines starting with ``prefix`` that a log file gains from now on (read as it grows)."""
+
+    def __init__(self, path: Path, prefix: str) -> None:
+        self.path, self.prefix, self._rest = path, prefix, b""
+        self._pos = path.stat().st_size if path.exists() else 0
+
+    def lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._pos)
+                data = fh.read()
+        except OSError:
+            return []
+        self._pos += len(data)
+        *complete, self._rest = (self._rest + data).split(b"\n")
+        return [t for t in (c.decode("utf-8", "replace").rstrip("\r") for c in complete) if t.startswith(self.prefix)]
 
 
 def stream_words(line: str) -> str:
@@ -600,13 +642,11 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
                           warm=warm)
     previous = previous_int = None
     if threading.current_thread() is threading.main_thread():
-        def _on_term(signum, frame):  # noqa: ARG001
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, _on_term)
-        # Ctrl-C / SIGINT ends the deployment even when this process was started with SIGINT ignored
-        # (a background job of a non-interactive shell inherits SIG_IGN, and Python then keeps it)
-        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+        # SIGTERM and Ctrl-C end the deployment (KeyboardInterrupt at its next wait: DeferredInterrupt),
+        # also when this process was started with SIGINT ignored (a background job of a
+        # non-interactive shell inherits SIG_IGN, and Python then keeps it)
+        previous = signal.signal(signal.SIGTERM, dep.interrupts.handler)
+        previous_int = signal.signal(signal.SIGINT, dep.interrupts.handler)
     previous_umask = os.umask(PRIVATE_UMASK)
     say = dep.echo  # one line as each phase starts: a deployment is never silent while it sets up
 
@@ -629,6 +669,7 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
         dep.start_supernodes()
         say(f"deploy: running the job on {dep.address} (flwr run) …")
         results = dep.run()
+        dep.interrupts.raise_if_stopped()  # a signal after the last wait still ends it as interrupted
         marks = dep.timeline
         results["deployment"] = {"run_id": str(dep.run_id), "workdir": str(dep.workdir), "tls": tls,
                                  "node_auth": dep.node_auth, "superlink": dep.address,

@@ -568,7 +568,8 @@ class KitDeployment(LocalDeployment):
 
     def run(self) -> dict[str, Any]:
         self.results_path.unlink(missing_ok=True)
-        self._submit(["/bin/sh", str(self.kits / COORDINATOR / "run.sh"), "run"], umask=PRIVATE_UMASK)
+        self._submit(["/bin/sh", str(self.kits / COORDINATOR / "run.sh"), "run"], umask=PRIVATE_UMASK,
+                     follow_host=True)
         if not self.results_path.exists():
             raise DeploymentError(f"run {self.run_id} completed but wrote no results to {self.results_path}")
         return json.loads(self.results_path.read_text(encoding="utf-8"))

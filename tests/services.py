@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fl_split.flower.processes import descendants, process_table
+from fl_split.flower.processes import descendants, pids_with_env, process_table
 
 __all__ = ["FlwrRunHome", "pids_with_env", "LocalSuperLink", "LoopbackRayCluster", "descendants", "free_port", "process_table", "session_pids",
            "stop_session"]
@@ -285,18 +285,3 @@ class FlwrRunHome(_Service):
         return signalled
 
 
-def pids_with_env(prefix: bytes) -> list[int]:
-    """Live processes (not this one) whose environment holds a variable starting with ``prefix``
-    (e.g. ``b"FLWR_HOME=/tmp/x"``): what a test's deployment started, whoever became their parent."""
-    found = []
-    for pid, (state, *_rest) in process_table().items():
-        if state == "Z" or pid == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if any(v.startswith(prefix) for v in env):
-            found.append(pid)
-    return found

@@ -79,6 +79,44 @@ def test_a_run_flower_refuses_is_named_by_its_words_not_the_box_around_them():
     assert [stream_words(line) for line in box] == ["Error", "[code: 15] Invalid run configuration.", ""]
 
 
+def test_deploy_local_follows_the_hosts_epoch_lines_as_its_log_grows(tmp_path):
+    """One control message covers a deployment's whole run, so the coordinator hears of its epochs
+    when it ends; ``deploy local`` shows each epoch as the host writes it to its own log: only the
+    lines written after the run was submitted, only the host's epoch lines, and a line only once it
+    is complete."""
+    from fl_split.deploy import FollowLog
+    from fl_split.flower.direct import HOST_EPOCH, epoch_line
+
+    log = tmp_path / "supernode-host.log"
+    log.write_text(f"{HOST_EPOCH}epoch 1: an earlier run's line\n")
+    follow = FollowLog(log, HOST_EPOCH)
+    line = HOST_EPOCH + epoch_line({"epoch": 1, "train_loss": 0.5, "test_metric": 0.75, "epoch_time_s": 0.6}, "accuracy")
+    with open(log, "a") as fh:
+        fh.write("INFO: party-runtime: message 3 (train.epoch)\n" + line[:10])
+    assert follow.lines() == []
+    with open(log, "a") as fh:
+        fh.write(line[10:] + "\n")
+    assert follow.lines() == ["host: epoch 1: train loss 0.5000, test accuracy 0.7500 (0.60 s)"]
+    assert follow.lines() == []
+
+
+def test_epochs_per_message_auto_is_the_whole_run_in_a_deployment_only():
+    from fl_split.flower import records as R
+    from fl_split.flower.direct import epochs_per_message
+
+    class Nodes:
+        def __init__(self, mode):
+            self.role_replies = {p: {"role": R.dumps({"party": p, "mode": mode})} for p in ("host", "guest-1")}
+
+    cfg = RunConfig(engine="flower", epochs=4)
+    assert cfg.epochs_per_message == "auto"
+    assert epochs_per_message(cfg, Nodes("deployment")) == 4
+    assert epochs_per_message(cfg, Nodes("simulation")) == 1
+    assert epochs_per_message(cfg.replace(epochs_per_message=2), Nodes("deployment")) == 2
+    with pytest.raises(Exception, match=r"epochs-per-message.*'auto' or an integer >= 1"):
+        RunConfig(engine="flower", epochs_per_message=0)
+
+
 def test_the_staged_app_builds_the_checkouts_fab(tmp_path):
     """``flwr run`` gets a copy of the app holding the files of its FAB (flwr 1.41 walks every file of
     the directory it is given, the checkout's .venv and .git included, before it filters): Flower

@@ -122,12 +122,12 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
 
 
 def test_stop_raises_only_inside_a_task_and_only_once():
-    """The runtime's signal gate (fl_split/flower/warm.py ``_Stop``): outside a ClientApp task a
-    signal is only recorded (the loops check it), inside one it interrupts the task once; a second
-    signal during the clean-up is recorded, never raised."""
-    from fl_split.flower.warm import _Stop
+    """The runtime's signal gate (``fl_split.flower.processes.DeferredInterrupt``, also ``deploy
+    local``'s): outside a ClientApp task a signal is only recorded (the loops check it), inside one it
+    interrupts the task once; a second signal during the clean-up is recorded, never raised."""
+    from fl_split.flower.processes import DeferredInterrupt
 
-    stop = _Stop()
+    stop = DeferredInterrupt()
     stop.handler(signal.SIGTERM, None)  # e.g. while PartyRuntime imports torch: nothing raised there
     assert stop.signal == signal.SIGTERM
     with pytest.raises(KeyboardInterrupt):
@@ -135,7 +135,7 @@ def test_stop_raises_only_inside_a_task_and_only_once():
     with pytest.raises(KeyboardInterrupt):  # a task does not start after a stop
         with stop.interruptible():
             pass
-    stop = _Stop()
+    stop = DeferredInterrupt()
     with pytest.raises(KeyboardInterrupt):
         with stop.interruptible():
             stop.handler(signal.SIGINT, None)
@@ -145,8 +145,8 @@ def test_stop_raises_only_inside_a_task_and_only_once():
 
 _SIGNAL_IN_EXEC = """
 import os, signal, sys
-from fl_split.flower.warm import _Stop
-stop = _Stop()
+from fl_split.flower.processes import DeferredInterrupt
+stop = DeferredInterrupt()
 if sys.argv[1] == "naive":  # what the runtime did before: raise wherever the signal lands
     def handler(signum, frame):
         stop.signal = signum
@@ -276,13 +276,15 @@ KILL_ARGS = ["--dataset", "digits", "--guests", "2", "--epochs", "2", "--limit",
 
 @pytest.mark.slow
 def test_deployment_with_a_sigkilled_party_stops_in_one_line_and_resumes(tmp_path):
-    """A guest's runtime (its party, warm) is SIGKILLed in epoch 2 of a loopback deployment: the
-    deployment stops with one line naming that party's process and leaves nothing running; the same
-    command with ``--resume`` completes, epoch 1 (checkpointed) equals the local engine's, and every
+    """A guest's runtime (its party, warm) is SIGKILLed in epoch 2 of a loopback deployment — inside
+    the run's one control message, after every party checkpointed epoch 1 and before the coordinator
+    committed anything: the deployment stops with one line naming that party's process and leaves
+    nothing running; the same command with ``--resume`` resumes after epoch 1 (the newest round every
+    party holds), completes, epoch 1 equals the local engine's, and every
     party's ledger holds exactly the local engine's releases and ε — the releases made in the killed
     epoch were charged by the write-ahead log and re-made after it with a fresh resume salt (no noise
     repeated; the resumed epoch 2 is therefore other noise and not compared)."""
-    from fl_split.checkpoint import load_coordinator
+    from fl_split.checkpoint import load_coordinator, party_checkpoints
     from tests.services import pids_with_env
 
     seed = tmp_path / "private-seed"
@@ -298,12 +300,15 @@ def test_deployment_with_a_sigkilled_party_stops_in_one_line_and_resumes(tmp_pat
     runtime = committed = epoch1 = None
     deadline = time.monotonic() + 900
     try:
-        while time.monotonic() < deadline:  # epoch 1 committed, then epoch 2's first releases logged
+        # one train.epoch message covers both epochs (--epochs-per-message auto in a deployment), so the
+        # coordinator commits nothing before the run ends; guest-1 checkpoints epoch 1's end inside it
+        while time.monotonic() < deadline:  # epoch 1 checkpointed by guest-1, then epoch 2's releases logged
             assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
             try:
-                if committed is None and load_coordinator(ckpt / "coordinator").round > 0:
-                    epoch1, committed = load_coordinator(ckpt / "coordinator").round, wal.stat().st_size
-            except Exception:  # noqa: BLE001 - not written yet
+                rounds = [r for r in party_checkpoints(ckpt / "guest-1", "guest-1") if r > 0]
+                if committed is None and rounds:
+                    epoch1, committed = rounds[0], wal.stat().st_size
+            except OSError:  # not written yet
                 pass
             if committed is not None and wal.stat().st_size > committed:
                 text = (workdir / "logs" / "supernode-guest-1.log").read_text(errors="replace")
@@ -322,6 +327,8 @@ def test_deployment_with_a_sigkilled_party_stops_in_one_line_and_resumes(tmp_pat
     assert len(failed) == 1 and "supernode-guest-1 exited with code -9" in failed[0], out[-3000:]
     assert pids_with_env(f"FLWR_HOME={workdir.resolve() / 'flwr-home'}".encode()) == []
 
+    assert load_coordinator(ckpt / "coordinator").round == 0  # only the set-up was committed
+
     out_path = tmp_path / "resumed.json"
     resumed = subprocess.run(cmd + ["--resume", "--out", str(out_path)], capture_output=True, text=True,
                              timeout=1200, start_new_session=True)
@@ -334,7 +341,9 @@ def test_deployment_with_a_sigkilled_party_stops_in_one_line_and_resumes(tmp_pat
 
     local = run_experiment(config_from_args(build_parser().parse_args(["train", *KILL_ARGS])),
                            private_seed=PrivateSeed.parse(PS_HEX))
+    # the newest round every party checkpointed (the parties' answers to query.checkpoints)
     assert res["checkpoint"]["resumed_from_round"] == epoch1 > 0  # the checkpoint of epoch 1
+    assert "resuming after epoch 1" in resumed.stdout + resumed.stderr
     assert res["history"][0]["test_metric"] == local["history"][0]["test_metric"]
     assert res["history"][0]["train_loss"] == pytest.approx(local["history"][0]["train_loss"], rel=1e-6)
     for party, rep in local["privacy"].items():

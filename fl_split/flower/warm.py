@@ -60,6 +60,7 @@ from typing import Callable
 # short_object_waits / PULL_BACKOFF live in a leaf module: the ServerApp's transport uses them too,
 # and importing this module from there would close an import circle (warm -> node -> … -> transport)
 from fl_split.flower.objectwaits import PULL_BACKOFF, short_object_waits
+from fl_split.flower.processes import DeferredInterrupt
 
 #: seconds between ``AcquireTask`` polls (Flower's SuperExec default: 1.0)
 POLL_INTERVAL = 0.05
@@ -309,42 +310,6 @@ def add_parser(sub) -> None:
     rt.add_argument("supernode", nargs=argparse.REMAINDER, metavar="-- flower-supernode ARGS")
 
 
-class _Stop:
-    """SIGTERM/SIGINT for the runtime: recorded always, raised as KeyboardInterrupt only while a
-    ClientApp task runs (to cut a long task short), never while the runtime imports or sets up.
-
-    Why not raise everywhere: CPython 3.11 marks the process as ended by an *unhandled*
-    KeyboardInterrupt when one passes through ``exec`` of a string (``PyRun_StringFlags`` — every
-    ``@dataclass`` built at import time), even if the runtime catches it later; at exit the
-    interpreter then kills itself with SIGINT, so a SIGTERMed runtime reported -2 instead of 143
-    about once in ten (the signal landing while ``PartyRuntime`` imported fl_split and torch).
-    Outside a task the loops check :attr:`signal` (every ``poll`` s) instead."""
-
-    def __init__(self) -> None:
-        self.signal = 0
-        self._raising = False
-
-    def handler(self, signum, frame) -> None:  # noqa: ARG002
-        first = not self.signal
-        self.signal = self.signal or signum
-        if first and self._raising:  # a second signal during the clean-up is only recorded
-            self._raising = False
-            raise KeyboardInterrupt
-
-    @contextlib.contextmanager
-    def interruptible(self):
-        self.raise_if_stopped()
-        self._raising = True
-        try:
-            yield
-        finally:
-            self._raising = False
-
-    def raise_if_stopped(self) -> None:
-        if self.signal:
-            raise KeyboardInterrupt
-
-
 def _wait_port(address: str, alive: Callable[[], bool], timeout: float = 120.0) -> bool:
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
@@ -420,7 +385,7 @@ def main(supernode_args: list[str], poll: float = POLL_INTERVAL, grace: float = 
         fh.write(secret)
     args += ["--superexec-auth-secret-file", str(secret_file)]
 
-    stop = _Stop()
+    stop = DeferredInterrupt()
     previous = {s: signal.signal(s, stop.handler) for s in (signal.SIGTERM, signal.SIGINT)}
     if supernode_poll < 3:  # Flower's SuperNode with shorter waits (supernode()); 3: Flower's own binary
         args = [sys.executable, "-m", "fl_split.flower.warm", "--supernode-poll", repr(supernode_poll), *args[1:]]
