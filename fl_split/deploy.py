@@ -628,7 +628,7 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
     kits, always TLS and node authentication — which the caller imports: kit builds on this module); returns the results dictionary
     (``results["deployment"]`` adds the run ID, the workdir and the phases' seconds). Every
     process started is ended before this returns or raises, also on KeyboardInterrupt; SIGTERM
-    is turned into KeyboardInterrupt while it runs. ``private_seed``: a
+    and SIGINT are turned into KeyboardInterrupt at its next wait while it runs. ``private_seed``: a
     :class:`~fl_split.seeding.PrivateSeed` (each node gets its own, see the module docstring).
     Runs under umask 077; the work directory and everything in it are owner-only afterwards."""
     if private_seed is not None:

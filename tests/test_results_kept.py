@@ -225,6 +225,7 @@ def test_deploy_local_says_each_phase_before_it_starts(tmp_path, monkeypatch):
     """A line is echoed as each phase *starts* (so a slow export or SuperLink start is never
     silent), in order; the fake deployment records which phase ran after which line."""
     import fl_split.deploy as D
+    from fl_split.flower.processes import DeferredInterrupt
 
     events: list[str] = []
 
@@ -234,6 +235,7 @@ def test_deploy_local_says_each_phase_before_it_starts(tmp_path, monkeypatch):
             self.workdir, self.parties, self.node_auth = tmp_path / "w", cfg.parties, True
             self.address, self.run_id, self.timeline = "127.0.0.1:1", 7, {}
             self.own_tables = None  # a built-in dataset: exported, not each node's own table
+            self.interrupts = DeferredInterrupt()  # deploy_local installs its signal handler
 
         def __getattr__(self, name):
             return lambda *a, **k: events.append(name)

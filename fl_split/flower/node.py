@@ -495,9 +495,10 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
         else:
             served = direct.guest_epochs(party, cfg, req, role, dict(context.node_config), context.state,
                                          plan=plan, checkpoint=save)
+            ended = served.pop("end")  # how the host ended the session: for this node only, not the reply
             reply = {"served": R.dumps(served)}
             last = direct.last_round(plan, cfg, int(req["last-epoch"])) if save is not None else 0
-            if save is not None and served["end"] == "done" and last not in saved:
+            if save is not None and ended == "done" and last not in saved:
                 save(last)  # --one-shot: after epoch 1 the host asks its guests nothing (their state stays)
     finally:
         _close_wal(party, wal)
