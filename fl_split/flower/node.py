@@ -497,9 +497,10 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
                                          plan=plan, checkpoint=save)
             ended = served.pop("end")  # how the host ended the session: for this node only, not the reply
             reply = {"served": R.dumps(served)}
-            last = direct.last_round(plan, cfg, int(req["last-epoch"])) if save is not None else 0
-            if save is not None and ended == "done" and last not in saved:
-                save(last)  # --one-shot: after epoch 1 the host asks its guests nothing (their state stays)
+            if save is not None and ended == "done":  # --one-shot: after epoch 1 the host asks its guests
+                last = direct.last_round(plan, cfg, int(req["last-epoch"]))  # nothing (their state stays)
+                if last not in saved:
+                    save(last)
     finally:
         _close_wal(party, wal)
         _save(context, party, config_json)
