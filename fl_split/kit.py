@@ -395,22 +395,20 @@ def _start_args(kit: Path, conf: dict[str, Any]) -> list[str]:
             "--root-certificates", str(ca), "--auth-supernode-private-key", str(_need(keys / f"auth-{name}.key", "run init first"))]
 
 
-def _flwr(kit: Path, *args: str) -> subprocess.CompletedProcess:
-    from fl_split.deploy import _bin
-
-    return subprocess.run([_bin("flwr"), *args], env=_env(kit), cwd=kit, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
-
-
 def _register(kit: Path, conf: dict[str, Any]) -> list[str]:
+    """``flwr supernode register`` for every party, in one ``flwr`` process (FlwrCli)."""
+    from fl_split.flower.flwrcli import FlwrCli
+
     done = []
-    for party in conf["parties"]:
-        pub = _need(kit / "inbox" / f"auth-{party}.pub", f"every party's public key in inbox/ ({party} sends it)")
-        out = _flwr(kit, "supernode", "register", str(pub), CONNECTION, "--name", party, "--format", "json")
-        if out.returncode != 0 or '"success": true' not in out.stdout:
-            detail = (out.stdout + out.stderr).strip().splitlines()
-            raise KitError(f"flwr supernode register for {party} failed: {detail[-1] if detail else out.returncode}")
-        done.append(f"registered {party}")
+    pubs = {party: _need(kit / "inbox" / f"auth-{party}.pub", f"every party's public key in inbox/ ({party} sends it)")
+            for party in conf["parties"]}
+    with FlwrCli(_env(kit), kit, own_session=False) as cli:
+        for party, pub in pubs.items():
+            out = cli.run("supernode", "register", str(pub), CONNECTION, "--name", party, "--format", "json")
+            if out.returncode != 0 or '"success": true' not in out.stdout:
+                detail = (out.stdout + out.stderr).strip().splitlines()
+                raise KitError(f"flwr supernode register for {party} failed: {detail[-1] if detail else out.returncode}")
+            done.append(f"registered {party}")
     return done
 
 
@@ -421,31 +419,31 @@ class KitError(FlSplitError):
 def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
     """``flwr run`` the job, stream its log, then the outcome as the SuperLink reports it (``flwr
     run`` exits 0 even when the ServerApp fails)."""
-    from fl_split.deploy import _bin, _one_line, staged_app
+    from fl_split.deploy import _one_line, staged_app
+    from fl_split.flower.flwrcli import FlwrCli
 
     app = staged_app(kit / "app", conf["app"])  # the same FAB as the app directory's, without walking its .venv
-    proc = subprocess.Popen([_bin("flwr"), "run", str(app), CONNECTION, "--stream", "--run-config",
-                             str(_need(kit / "run-config.toml", "the job"))], env=_env(kit), cwd=kit, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    run_id = None
-    for line in proc.stdout:  # type: ignore[union-attr]
-        print(line, end="", flush=True)
-        if line.startswith("Successfully started run "):
-            run_id = line.split()[-1]
-    proc.wait()
-    if run_id is None:
-        raise KitError(f"flwr run exited with code {proc.returncode} without starting a run")
-    deadline = time.monotonic() + timeout
-    while True:
-        out = _flwr(kit, "ls", CONNECTION, "--run-id", run_id, "--format", "json")
-        try:
-            run = json.loads(out.stdout)["runs"][0]
-            status, details = str(run.get("status", "")), str(run.get("status-details", ""))
-        except (ValueError, KeyError, IndexError):
-            status, details = "unknown", _one_line(out.stdout + out.stderr)
-        if status.startswith("finished") or time.monotonic() > deadline:
-            break
-        time.sleep(1.0)
+    run_config = _need(kit / "run-config.toml", "the job")
+    with FlwrCli(_env(kit), kit, own_session=False) as cli:  # `flwr run` and `flwr ls`: one flwr process
+        proc = cli.start("run", str(app), CONNECTION, "--stream", "--run-config", str(run_config))
+        run_id = None
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            if line.startswith("Successfully started run "):
+                run_id = line.split()[-1]
+        if run_id is None:
+            raise KitError(f"flwr run exited with code {proc.returncode} without starting a run")
+        deadline = time.monotonic() + timeout
+        while True:
+            out = cli.run("ls", CONNECTION, "--run-id", run_id, "--format", "json")
+            try:
+                run = json.loads(out.stdout)["runs"][0]
+                status, details = str(run.get("status", "")), str(run.get("status-details", ""))
+            except (ValueError, KeyError, IndexError):
+                status, details = "unknown", _one_line(out.stdout + out.stderr)
+            if status.startswith("finished") or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
     if status != "finished:completed":
         raise KitError(f"run {run_id} {status.replace('finished:', '')}: {_one_line(details) or 'no details'}")
     return [f"run {run_id} completed; results in {kit / 'results.json'}"]

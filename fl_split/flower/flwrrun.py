@@ -114,8 +114,8 @@ class FlwrRun(LocalDeployment):
         self.address = f"127.0.0.1:{self.link_port}"
         self.group.spawn("superlink", [_bin("flower-superlink"), "--insecure", "--simulation", "--isolation",
                                        "subprocess", "--host", "127.0.0.1", "--port", str(self.link_port),
-                                       "--database", str(self.workdir / "superlink.db"),
                                        "--disable-runtime-dependency-installation"], self.env, cwd=self.workdir)
+        self.flwr_cli()  # its imports overlap the SuperLink's start-up
         (self.flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "{self.connection}"\n\n[superlink.{self.connection}]\n'
             f'address = "{self.address}"\ninsecure = true\n', encoding="utf-8")

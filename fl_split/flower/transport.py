@@ -36,6 +36,16 @@ log = logging.getLogger("fl_split.flower")
 
 #: how often replies are polled for (seconds)
 POLL_INTERVAL = 0.005
+#: a ServerApp in its own process (a deployment, ``flwr run``) asks the SuperLink over HTTP: while
+#: it waits, the interval grows from :data:`POLL_INTERVAL` to this (every poll is a request the
+#: SuperLink serves — at 5 ms, 100–200 a second through a whole epoch or PSI round; both processes'
+#: CPU, which the parties need on a small machine). A reply is seen at most this much later.
+REMOTE_POLL_CAP = 0.05
+
+
+def remote_grid(grid) -> bool:
+    """Whether ``grid`` reaches the SuperLink over the network (not Flower's in-process simulation grid)."""
+    return type(grid).__name__ != "InMemoryGrid"
 #: after a first error reply, how long the other replies of the exchange are still awaited (seconds)
 ERROR_GRACE = 3.0
 
@@ -65,6 +75,7 @@ class FlowerTransport:
         self.guests = sorted((p for p in nodes if p != "host"), key=lambda p: int(p.split("-")[1]))
         self.timeout = float(timeout)
         self.poll = float(poll)
+        self.poll_cap = max(self.poll, REMOTE_POLL_CAP) if remote_grid(grid) else self.poll
         self.stats = ExchangeStats()
         #: every party's reply to ``setup`` (the host's says where its data plane is)
         self.setup_replies: dict[str, Any] = {}
@@ -103,6 +114,7 @@ class FlowerTransport:
         deadline = time.monotonic() + limit
         failing = False
         released: set[str] = set()
+        wait = self.poll
         while pending:
             for msg in self.grid.pull_messages(list(pending)):
                 mid = msg.metadata.reply_to_message_id
@@ -127,7 +139,8 @@ class FlowerTransport:
                 raise FederationError(f"no reply from {what} within {limit:g} s"
                                       f"{'' if round_ is None else f' in round {round_}'} "
                                       f"({requests[late[0]][0]}); raise --node-timeout if the party is slow")
-            time.sleep(self.poll)
+            time.sleep(wait)
+            wait = min(wait * 1.5, self.poll_cap)
         out: dict[str, Any] = {}
         for p in sorted(replies, key=_party_order):
             if p in released:
@@ -209,7 +222,10 @@ def _check_reply(msg: Message, party: str, round_: int | None):
 
 # -- federation ------------------------------------------------------------------------------------
 def wait_for_nodes(grid, expected: int, timeout: float, poll: float = 0.05) -> list[int]:
-    """Node IDs once at least ``expected`` nodes have registered (nodes register asynchronously)."""
+    """Node IDs once at least ``expected`` nodes have registered (nodes register asynchronously;
+    a deployment's SuperNodes take seconds to start: a remote grid is asked every 0.25 s)."""
+    if remote_grid(grid):
+        poll = max(poll, 0.25)
     deadline = time.monotonic() + timeout
     while True:
         ids = sorted(int(n) for n in grid.get_node_ids())

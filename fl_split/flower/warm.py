@@ -64,6 +64,9 @@ from fl_split.flower.processes import DeferredInterrupt
 
 #: seconds between ``AcquireTask`` polls (Flower's SuperExec default: 1.0)
 POLL_INTERVAL = 0.05
+#: an idle runtime's polls space out to this (seconds): its SuperNode hears of a new message only
+#: every :data:`SUPERNODE_POLL` s, so faster polls would only spend both processes' CPU
+IDLE_POLL_CAP = 0.2
 #: seconds between the SuperNode's polls of the SuperLink when idle, and of its local state for a
 #: reply (flwr 1.41 ``start_client_internal``: a fixed ``time.sleep(3)`` / ``time.sleep(0.5)``)
 SUPERNODE_POLL = 0.25
@@ -278,7 +281,9 @@ class PartyRuntime:
         return t
 
     def serve(self, alive: Callable[[], bool]) -> None:
-        """Poll and run tasks while ``alive()``."""
+        """Poll and run tasks while ``alive()``: every :attr:`poll` s after a task, spacing out to
+        :data:`IDLE_POLL_CAP` while none comes."""
+        wait = self.poll
         while alive():
             try:
                 token = self.acquire()
@@ -288,8 +293,10 @@ class PartyRuntime:
                 raise
             if token is not None:
                 self.run_task(token)
+                wait = self.poll
             else:
-                time.sleep(self.poll)
+                time.sleep(wait)
+                wait = min(wait * 1.5, max(self.poll, IDLE_POLL_CAP))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
