@@ -19,7 +19,10 @@ empty cells, partly overlapping IDs; ``--ids 800`` gives 498 rows in all three),
 For each: wall time of the command, the training time (``results["time_s"]``), each epoch's time,
 the ID-alignment (PSI) phase in the deployments (from the arrival times of the ServerApp's log lines
 in ``WORKDIR/logs/flwr-run.log``: the ``federation:`` line to the first line after the alignment's),
-and the final accuracy/loss (all three runs must agree: same seeds). The timeline of one message: after,
+the final accuracy/loss (all three runs must agree: same seeds), and the CPU seconds of every process
+the command started, by kind (SuperLink, SuperNodes, party runtimes, ServerApp, ``flwr``, Ray …;
+``CpuSampler``: ``/proc`` read every 0.2 s) — on a 2-core machine the processes of a loopback
+deployment share the cores, so its wall time follows their CPU. The timeline of one message: after,
 the runtime's own ``party-runtime: message N (train.epoch): pull … app … push …`` lines; before, the
 cost a fresh ``flwr-clientapp`` pays before the ClientApp runs, measured here as the wall time of a
 fresh interpreter importing the app (``import clients.client_app``: flwr, torch, fl_split), beside
@@ -36,7 +39,9 @@ Writes ``experiments/results/bench_deploy.json`` (``--tag T``: ``bench_deploy_T.
 a version of the code that was measured slower and reverted, ``git show b4d6010``; docs/deploy.md), ``_staged``
 (the simulation and warm, after the start-up and teardown fixes), ``_auto`` (the simulation, warm with
 one message for the run and per-epoch checkpoints, and warm-epoch), ``_overlap`` (the simulation and warm
-with the SuperNodes started beside ``flwr run``: reverted, slower back to back; docs/deploy.md).
+with the SuperNodes started beside ``flwr run``: reverted, slower back to back; docs/deploy.md), ``_cpu``
+(the simulation and warm with the CPU of every process, after the control plane's CPU cut) and
+``_cpu_before`` (the same, run with the code of ``6b6d748`` and this script copied in).
 """
 
 from __future__ import annotations
@@ -74,11 +79,93 @@ def write_tables(out: Path, n: int) -> tuple[list[str], int]:
     return flags, len(shared)
 
 
-def run(args: list[str], env: dict[str, str], log: Path) -> tuple[float, int]:
+#: what a process of a run is, by its command line (the first needle found); "other": anything else
+KINDS = (("flwr-serverapp", "serverapp"), ("flower-superexec", "superexec"), ("flower-superlink", "superlink"),
+         ("party-runtime", "party runtime"), ("fl_split.flower.warm", "supernode"), ("flower-supernode", "supernode"),
+         ("flwr-clientapp", "clientapp"), ("fl_split.flower.flwrcli", "flwr"), ("bin/flwr ", "flwr"),
+         ("raylet", "ray"), ("gcs_server", "ray"), ("ray::", "ray"), ("ray/", "ray"), ("fl_split.cli", "the command"))
+
+
+def _stat_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            rest = fh.read().rsplit(b")", 1)[1].split()
+        return int(rest[11]) + int(rest[12])  # utime + stime (fields 14, 15)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class CpuSampler:
+    """CPU seconds of every process below ``root`` (the command and everything it starts), read from
+    ``/proc`` every ``interval`` s: a process's last reading before it ends counts (so up to
+    ``interval`` of a process that ends is missed). Summed by :data:`KINDS`."""
+
+    def __init__(self, root: int, interval: float = 0.2) -> None:
+        import threading
+
+        self.root, self.interval = root, interval
+        self.ticks: dict[int, int] = {}
+        self.kind: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> None:
+        parent = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as fh:
+                        parent[int(entry)] = int(fh.read().rsplit(b")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+        below, frontier = {self.root}, [self.root]
+        while frontier:
+            p = frontier.pop()
+            for pid, ppid in parent.items():
+                if ppid == p and pid not in below:
+                    below.add(pid)
+                    frontier.append(pid)
+        for pid in below:
+            ticks = _stat_ticks(pid)
+            if ticks is None:
+                continue
+            self.ticks[pid] = max(ticks, self.ticks.get(pid, 0))
+            if pid not in self.kind:
+                try:
+                    cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                self.kind[pid] = next((k for needle, k in KINDS if needle in cmd), "other")
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        hz = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        for pid, ticks in self.ticks.items():
+            kind = "the command" if pid == self.root else self.kind.get(pid, "other")
+            out[kind] = out.get(kind, 0.0) + ticks / hz
+        return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+def run(args: list[str], env: dict[str, str], log: Path) -> tuple[float, int, dict[str, float]]:
+    """Wall seconds, exit code and CPU seconds by process kind (:class:`CpuSampler`) of one command."""
     t0 = time.monotonic()
     with open(log, "wb") as fh:
-        code = subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=3600).returncode
-    return time.monotonic() - t0, code
+        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        cpu = CpuSampler(proc.pid)
+        try:
+            code = proc.wait(timeout=3600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return time.monotonic() - t0, code, cpu.stop()
 
 
 def arrivals(workdir: Path) -> list[tuple[float, str]]:
@@ -175,14 +262,17 @@ def main() -> None:
             args = [*FLSPLIT, "deploy", "local", "--tls", *job, *per_epoch, "--clientapp", name.removesuffix("-epoch"),
                     "--workdir", str(workdir), "--out", str(out)]
         print(f"[{name}] {' '.join(args[3:])}", flush=True)
-        wall, code = run(args, env, work / f"{name}.log")
+        wall, code, cpu = run(args, env, work / f"{name}.log")
         res = json.loads(out.read_text()) if code == 0 and out.exists() else None
         if res is None:
             print((work / f"{name}.log").read_text(errors="replace")[-3000:])
         row = summary(name, wall, code, res, workdir)
+        row["cpu_s"], row["cpu_total_s"] = cpu, round(sum(cpu.values()), 1)
         rows.append(row)
         print(f"[{name}] wall {row['wall_s']} s, exit {code}, train {row.get('train_s')} s, epochs "
               f"{row.get('epochs_s')}, PSI phase {row.get('psi_phase_s')} s, accuracy {row.get('accuracy')}",
+              flush=True)
+        print(f"[{name}] CPU {row['cpu_total_s']} s in all: " + ", ".join(f"{k} {v}" for k, v in cpu.items()),
               flush=True)
     imports = cold_import_seconds(env)
     by = {r["run"]: r for r in rows}

@@ -14,7 +14,8 @@ the terminal reaches only this command, which then ends them itself:
    run's messages never reach a disk, and the SuperLink answers each poll without a SQLite
    transaction (``--database FILE`` took twice its CPU: 14–15 s against 7–9 s of a 3-epoch run here,
    on a 2-core machine where every process competes for the same cores);
-4. the parties' public keys registered with it (``flwr supernode register``);
+4. the parties' public keys registered with it (``flwr supernode register``; this and every other
+   ``flwr`` command of the deployment run in one ``flwr`` process, :mod:`fl_split.flower.flwrcli`);
 5. one SuperNode per party (``flower-supernode``) with its role, guest index, **its own** data
    file, its data-plane keys and the path of **its own** private seed file (if any) in
    ``--node-config``: with a private seed, each party's node gets a seed of its own
