@@ -116,31 +116,16 @@ class CpuSampler:
             self._stop.wait(self.interval)
 
     def sample(self) -> None:
-        parent = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat", "rb") as fh:
-                        parent[int(entry)] = int(fh.read().rsplit(b")", 1)[1].split()[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-        below, frontier = {self.root}, [self.root]
-        while frontier:
-            p = frontier.pop()
-            for pid, ppid in parent.items():
-                if ppid == p and pid not in below:
-                    below.add(pid)
-                    frontier.append(pid)
-        for pid in below:
+        from fl_split.flower.processes import descendants
+
+        below = descendants(self.root)
+        below.setdefault(self.root, "")
+        for pid, cmd in below.items():
             ticks = _stat_ticks(pid)
             if ticks is None:
                 continue
             self.ticks[pid] = max(ticks, self.ticks.get(pid, 0))
-            if pid not in self.kind:
-                try:
-                    cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
+            if pid not in self.kind and cmd:
                 self.kind[pid] = next((k for needle, k in KINDS if needle in cmd), "other")
 
     def stop(self) -> dict[str, float]:
