@@ -210,3 +210,75 @@ def test_held_rounds_lists_only_this_runs_sound_checkpoints(tmp_path):
     path.write_bytes(bytes(data))
     assert held_rounds(tmp_path, "host", "run-a") == {0: None}
     assert list(held_rounds(tmp_path, "host", "run-b")) == [36]
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_a_padded_guest_is_set_up_out_of_the_run_when_it_resumes(tmp_path, monkeypatch):
+    """``--on-guest-failure pad`` and a resume: guest-2 fails in epoch 1 (the host pads it and goes
+    on), then the host fails in epoch 3. Guest-2 holds no checkpoint after its failure, so the
+    resume must not ask it to restore the agreed round (the end of epoch 2, which the host and
+    guest-1 hold): it is set up out of the run, as it was when the run stopped, and the resumed run
+    ends as the uninterrupted one with the same failure."""
+    from fl_split.checkpoint import party_checkpoints
+    from fl_split.errors import PartyError
+    from fl_split.flower.strategy import VerticalSplitStrategy
+    from flwr.app import Message
+
+    from fl_split.flower import records as R
+    from fl_split.parties.guest import GuestParty
+    from fl_split.parties.host import HostParty
+    from tests.test_flower import InlineGrid, _cfg, _simulation_nodes, _strip
+
+    step = GuestParty.step
+
+    def guest_2_lost(self, grads, keys, round_, *a, **kw):
+        if self.name == "guest-2" and round_ >= 3:
+            raise ConnectionError("guest-2 is unreachable")
+        return step(self, grads, keys, round_, *a, **kw)
+
+    monkeypatch.setattr(GuestParty, "step", guest_2_lost)
+    base = _cfg(epochs=3, epochs_per_message=3, on_guest_failure="pad")
+    whole = VerticalSplitStrategy(base).run(InlineGrid(_simulation_nodes(3), fresh_process=True))
+    assert [(f["guest"], f["action"]) for f in whole["guest_failures"]] == [("guest-2", "pad")]
+
+    cfg = base.replace(checkpoint_dir=str(tmp_path / "ckpt"))
+    evaluated, train, evaluate = [], HostParty.train, HostParty.evaluate
+
+    def fail_in_epoch_3(self, *a, **kw):
+        if len(evaluated) == 2:
+            raise RuntimeError("host lost")
+        return train(self, *a, **kw)
+
+    monkeypatch.setattr(HostParty, "train", fail_in_epoch_3)
+    monkeypatch.setattr(HostParty, "evaluate", lambda self, *a, **kw: evaluated.append(1) or evaluate(self, *a, **kw))
+    with pytest.raises(PartyError, match="host lost"):
+        VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(3), fresh_process=True))
+    directory = tmp_path / "ckpt"
+    held = party_checkpoints(directory, "host")
+    assert party_checkpoints(directory, "guest-1") == held and len(held) == 3
+    assert party_checkpoints(directory, "guest-2") == held[:1]  # set-up only: it failed in epoch 1
+
+    monkeypatch.setattr(HostParty, "train", train)
+    grid = InlineGrid(_simulation_nodes(3), fresh_process=True)
+    got = VerticalSplitStrategy(cfg.replace(resume=True)).run(grid)
+    assert got["checkpoint"]["resumed_from_round"] == held[2]
+    assert got["guest_failures"] == whole["guest_failures"]
+    assert party_checkpoints(directory, "guest-2") == held[:1]  # it restored, logged and saved nothing
+    # told it is out, guest-2 refuses any round a coordinator might still send it
+    probe = Message(R.content(**{"first-epoch": 3, "last-epoch": 3, "session": "s", "dataplane": "{}"}),
+                    dst_node_id=grid.ids[2], message_type=R.MSG_EPOCH, group_id="")
+    probe.metadata.__dict__["_message_id"] = "probe"
+    with pytest.raises(PartyError, match="guest-2: set up out of this run"):
+        R.raise_error_record(grid._answer(probe).content, "guest-2", None)
+    # and only a guest of a resumed run can be told so (never the host)
+    out = R.dumps({"run": "r", "round": held[2], "resume": True, "out": True})
+    setup_out = Message(R.content(config=R.dumps(cfg.replace(resume=True).to_flower()), party="host", checkpoint=out),
+                        dst_node_id=grid.ids[0], message_type=R.MSG_SETUP, group_id="")
+    setup_out.metadata.__dict__["_message_id"] = "setup-out"
+    with pytest.raises(PartyError, match="host: only a guest of a resumed run can be set up out of it"):
+        R.raise_error_record(grid._answer(setup_out).content, "host", None)
+    got.pop("checkpoint")
+    a, b = _strip(got), _strip(whole)
+    for c in (a["config"], b["config"]):
+        c.pop("checkpoint_dir", None), c.pop("resume", None)
+    assert a == b

@@ -315,6 +315,9 @@ def _restore(context: Context, role: NodeRole, handoff=None):
     from fl_split.state import unflatten
 
     meta = context.state.config_records.get(R.STATE_META)
+    if OUT in context.state.config_records:
+        raise ProtocolError(f"{role.party}: set up out of this run (the run went on without it, "
+                            f"--on-guest-failure pad): it serves no round")
     if meta is None:
         raise ProtocolError(f"{role.party}: no party is set up on this node (the coordinator sends "
                             f"'setup' before any round)")
@@ -355,6 +358,10 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
             party, facts = build_party(_init_from_here(cfg, role, dict(context.node_config)), role, seed,
                                        state=context.state, handoff=handoff)
             extra = _dataplane_setup(cfg, role, dict(context.node_config), context.state)
+            if cfg.checkpoint_dir and _out_of_the_run(context, role, req):
+                facts_json = facts.without_labels().to_json()  # a guest's: the coordinator checks them
+                return _reply(message, facts=R.dumps(facts_json), **extra)
+            context.state.config_records.pop(OUT, None)  # a set-up in the run rebuilds the party
             if cfg.checkpoint_dir:
                 _checkpoint_setup(context, role, party, cfg, req, seed)
             _save(context, party, config_json)
@@ -546,6 +553,32 @@ def _held_rounds(context: Context, role: NodeRole, req) -> dict[str, Any]:
     cfg = _coordinator_config(str(req["config"]), context)
     directory = checkpoint_dir_of(role, cfg, dict(context.node_config))
     return {str(r): p for r, p in held_rounds(directory, role.party, run).items()}
+
+
+#: a node's state key: its guest was set up out of the run (a resume of a padded run)
+OUT = "fl_split.out"
+
+
+def _out_of_the_run(context: Context, role: NodeRole, req) -> bool:
+    """A resume's set-up telling a padded guest it stays out of the run (``checkpoint.out``): the
+    guest restores nothing, opens no log and refuses every later round (:func:`_restore`) — it
+    holds no checkpoint after its failure, and a party that served a round without its log could
+    draw noise it has drawn before."""
+    try:
+        info = R.loads(str(req["checkpoint"]))
+        out = bool(info.get("out", False))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"{role.party}: malformed checkpoint settings in setup ({type(exc).__name__})") from None
+    if not out:
+        return False
+    if role.role == "host" or not bool(info.get("resume", False)):
+        raise ProtocolError(f"{role.party}: only a guest of a resumed run can be set up out of it")
+    context.state[OUT] = ConfigRecord({"party": role.party})
+    for key in (R.STATE_META, CKPT_META):
+        if key in context.state.config_records:
+            del context.state.config_records[key]
+    _PARTIES.pop((context.run_id, context.node_id), None)
+    return True
 
 
 def _checkpoint_setup(context: Context, role: NodeRole, party, cfg: RunConfig, req, seed: int | None) -> None:

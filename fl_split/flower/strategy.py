@@ -106,6 +106,10 @@ class VerticalSplitStrategy:
 
                 resume_round(self.transport, self.cfg, self.checkpoints)
             checkpoint = {"run": state.run, "round": state.round, "resume": bool(self.cfg.resume)}
+            if self.cfg.resume:  # guests the run went on without (--on-guest-failure pad) stay out of it
+                from fl_split.flower.direct import _padded
+
+                checkpoint["out"] = sorted(_padded(self.checkpoints.state.guest_failures))
         self.plan = setup(self.transport, self.cfg, checkpoint)
         if self.checkpoints is not None and not self.cfg.resume:
             # every party saved round 0 at setup: a run killed inside its first message resumes

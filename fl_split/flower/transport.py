@@ -288,12 +288,22 @@ def discover(grid, cfg: RunConfig, poll: float = POLL_INTERVAL, on_registered=No
 def setup(transport: FlowerTransport, cfg: RunConfig, checkpoint: dict | None = None):
     """Build every party from ``cfg``; returns the run plan rebuilt from the host's public facts.
     ``checkpoint`` (``--checkpoint-dir``): the run's identity and the round to resume from, which
-    every party needs to find its own checkpoint and log."""
+    every party needs to find its own checkpoint and log; its ``out`` (a resume): the guests the run
+    went on without (``--on-guest-failure pad``), each told so instead — such a guest holds no
+    checkpoint after its failure, restores nothing and serves no round."""
     from fl_split.party_files import PublicFacts, plan_from_facts
 
     config_json = R.dumps(cfg.to_flower())
-    extra = {} if checkpoint is None else {"checkpoint": R.dumps(checkpoint)}
-    reqs = {p: (R.MSG_SETUP, R.content(config=config_json, party=p, **extra)) for p in transport.nodes}
+
+    def extra(p: str) -> dict[str, Any]:
+        if checkpoint is None:
+            return {}
+        info = {k: v for k, v in checkpoint.items() if k != "out"}
+        if p in checkpoint.get("out", ()):
+            info["out"] = True
+        return {"checkpoint": R.dumps(info)}
+
+    reqs = {p: (R.MSG_SETUP, R.content(config=config_json, party=p, **extra(p))) for p in transport.nodes}
     rep = transport.exchange(reqs, 0)
     transport.setup_replies = rep
     facts = {p: PublicFacts.from_json(R.loads(str(r["facts"]))) for p, r in rep.items()}
