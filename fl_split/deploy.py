@@ -295,8 +295,9 @@ class LocalDeployment:
     def flwr_cli(self):
         """The deployment's :class:`~fl_split.flower.flwrcli.FlwrCli` (started on first use; a member
         of :attr:`group`, so it ends with the deployment): every ``flwr`` command — the registrations,
-        ``flwr run``, ``flwr ls`` — runs in it, and none pays the ~1.5 s of a fresh ``flwr`` process."""
-        if self._cli is None:
+        ``flwr run``, ``flwr ls`` — runs in it, and none pays the ~1.5 s of a fresh ``flwr`` process.
+        One that has died (its command ended with its exit status) is replaced, as a fresh ``flwr`` would be."""
+        if self._cli is None or self._cli.proc.poll() is not None:
             from fl_split.flower.flwrcli import FlwrCli
 
             self._cli = FlwrCli(self.env, self.workdir, umask=PRIVATE_UMASK)

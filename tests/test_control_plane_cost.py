@@ -149,3 +149,25 @@ def test_an_idle_runtime_spaces_its_polls_out_and_snaps_back_after_a_task(monkey
     assert before[0] == W.POLL_INTERVAL and max(before) == pytest.approx(W.IDLE_POLL_CAP)
     assert all(b >= a for a, b in zip(before, before[1:]))
     assert after[0] == W.POLL_INTERVAL  # a task came: the next message may follow at once
+
+
+def test_a_deployment_replaces_a_dead_flwr_process(tmp_path):
+    """The deployment's ``flwr`` commands keep working after its one ``flwr`` process died (a fresh
+    ``flwr`` per command would not have noticed): the next command starts another."""
+    from fl_split.config import RunConfig
+    from fl_split.deploy import LocalDeployment
+
+    dep = LocalDeployment(RunConfig(dataset="digits", guests=1, limit=100, engine="flower"), tmp_path / "dep",
+                          tls=False, echo=lambda line: None)
+    dep.workdir.mkdir(parents=True)
+    try:
+        first = dep.flwr_cli()
+        assert dep._flwr("--version").returncode == 0
+        first.proc.kill()
+        first.proc.wait(timeout=10)
+        again = dep._flwr("--version")
+        assert again.returncode == 0 and "Flower version" in again.stdout
+        assert dep.flwr_cli() is not first and dep.group.procs["flwr"] is dep.flwr_cli().proc
+    finally:
+        dep.stop()
+    assert dep._cli.proc.wait(timeout=10) is not None  # signalled with the deployment: it ends (no TimeoutExpired)
