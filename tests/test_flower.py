@@ -1053,7 +1053,10 @@ def test_cli_flower_engine_fits_a_small_machine_with_no_resource_flags(tmp_path)
            f"by 3 ClientApps: 1 host + 2 guests)" in stderr
     got = json.loads(out.read_text())
     assert got["config"]["num_cpus"] == share and len(got["history"]) == 1
-    assert run.actors() == 3  # every party in its own Ray actor
+    # every party in its own Ray actor; counted as the waits count them (actors_started): Ray may never
+    # set a busy worker's title (tests/README.md; this assertion saw 0 titled actors once in a
+    # fresh-clone CI run while another Flower run loaded the machine, the run itself complete)
+    assert run.actors_started() >= 3
     assert run.left() == []
 
 
