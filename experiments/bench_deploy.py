@@ -125,7 +125,7 @@ class CpuSampler:
             if ticks is None:
                 continue
             self.ticks[pid] = max(ticks, self.ticks.get(pid, 0))
-            if pid not in self.kind and cmd:
+            if cmd:  # the latest: a child read between its fork and its exec shows its parent's
                 self.kind[pid] = next((k for needle, k in KINDS if needle in cmd), "other")
 
     def stop(self) -> dict[str, float]:
