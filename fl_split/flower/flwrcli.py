@@ -12,7 +12,8 @@ Protocol (stdin/stdout of the helper, one command at a time): the client writes 
 arguments after ``flwr``) as one line; the helper runs it, flushes, and writes the end marker
 ``<token> <exit code>`` on a line of its own. The token is random per helper (environment
 ``FL_SPLIT_FLWR_END``), so no output of a command can fake the end of it. Standard error is merged
-into standard output, as ``deploy`` always read it.
+into standard output, as ``deploy`` always read it. A command must not read standard input (none
+of ``register``, ``run``, ``ls`` does): the helper's is the command stream.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ class FlwrCli:
             out = cmd.communicate(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()  # ended for whoever looks next (a deployment then starts another)
             raise subprocess.TimeoutExpired(["flwr", *args], timeout) from None
         return subprocess.CompletedProcess(["flwr", *args], cmd.returncode or 0, out, "")
 
