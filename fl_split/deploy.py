@@ -67,8 +67,42 @@ class DeploymentError(FlSplitError):
     """The deployment failed (a process exited, the ServerApp failed, a timeout); one line."""
 
 
+#: the lowest port :func:`free_port` hands out
+PORTS_FROM = 20000
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux
+    ``ip_local_port_range``; the usual 32768–60999 where it cannot be read)."""
+    try:
+        lo, hi = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (the OS picks it)."""
+    """A currently free TCP port on 127.0.0.1, **below the ephemeral range**. A port the OS picks
+    (``bind(0)``) comes from that range, which every outgoing connection also draws from: between
+    this call and the bind of the server it is for (a SuperNode's, seconds later, after its
+    imports), any client of the deployment could take it — seen once in a CI run: a SuperNode's
+    Runtime API failed with "address already in use". Listeners are then the only competition
+    (the port is checked free here). Ports from 20000 up to 3000 below that range: clear of Ray's
+    default worker ports (10002–19999) and of the 3000 below the range the test suite's Ray nodes
+    use. Falls back to the OS's pick when no such port is found."""
+    import random
+
+    lo, _ = ephemeral_ports()
+    if lo - 3000 > PORTS_FROM:
+        rng = random.SystemRandom()
+        for _ in range(100):
+            port = rng.randrange(PORTS_FROM, lo - 3000)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

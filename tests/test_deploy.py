@@ -38,6 +38,33 @@ def _kill(pids: list[int]) -> None:
             pass
 
 
+def test_free_ports_are_below_the_ephemeral_range_and_free(monkeypatch):
+    """A deployment's server ports come from below the range outgoing connections draw their local
+    ports from (a client could take a port there before its server binds it), and are free; a port
+    taken by a listener is never handed out."""
+    import socket
+
+    import fl_split.deploy as D
+
+    lo, hi = D.ephemeral_ports()
+    assert 1024 < lo < hi
+    ports = {D.free_port() for _ in range(20)}
+    assert all(D.PORTS_FROM <= p < lo - 3000 for p in ports) and len(ports) > 1
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free: binds
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        busy = taken.getsockname()[1]
+        taken.listen()
+        other = D.free_port()
+        picks = iter([busy, busy, other])  # the random picks: the listener's port twice, then a free one
+        import random
+
+        monkeypatch.setattr(random.SystemRandom, "randrange", lambda self, a, b: next(picks))
+        assert D.free_port() == other
+
+
 def test_certs_command_writes_ca_certificates_and_node_keys(tmp_path):
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric import ec
