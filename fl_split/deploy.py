@@ -28,7 +28,7 @@ the terminal reaches only this command, which then ends them itself:
 
 The outcome is read from the SuperLink (``flwr ls --run-id N --format json``: ``status`` and
 ``status-details``), not from ``flwr run``'s exit code (0 even when the ServerApp fails). Ports are
-picked free by the OS. Whatever ends the command (success, a failure, Ctrl-C, SIGTERM), every
+picked free below the ephemeral range (:func:`free_port`). Whatever ends the command (success, a failure, Ctrl-C, SIGTERM), every
 process it started and every descendant of them is ended: SIGTERM, then SIGKILL after a grace
 period. Logs stay in ``WORKDIR/logs``. See ``docs/deploy.md``.
 
