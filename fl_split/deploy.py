@@ -607,12 +607,7 @@ class LocalDeployment:
                 self.echo(f"  | {line}")
 
     def status(self) -> tuple[str, str]:
-        out = self._flwr("ls", self.connection, "--run-id", str(self.run_id), "--format", "json")
-        try:
-            run = json.loads(out.stdout)["runs"][0]
-            return str(run.get("status", "")), str(run.get("status-details", ""))
-        except (ValueError, KeyError, IndexError):
-            return "unknown", _one_line(out.stdout + out.stderr)
+        return run_status(self._flwr("ls", self.connection, "--run-id", str(self.run_id), "--format", "json"))
 
     def _wait_outcome(self, deadline: float) -> tuple[str, str]:
         while True:
@@ -666,6 +661,16 @@ def stream_words(line: str) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(_strip_ansi(text).split())
+
+
+def run_status(out: subprocess.CompletedProcess) -> tuple[str, str]:
+    """``(status, status-details)`` of the run ``flwr ls --run-id N --format json`` printed in ``out``
+    (``("unknown", its output in one line)`` if it printed none)."""
+    try:
+        run = json.loads(out.stdout)["runs"][0]
+        return str(run.get("status", "")), str(run.get("status-details", ""))
+    except (ValueError, KeyError, IndexError):
+        return "unknown", _one_line(out.stdout + out.stderr)
 
 
 def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True, node_auth: bool = True,

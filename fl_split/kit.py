@@ -419,7 +419,7 @@ class KitError(FlSplitError):
 def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
     """``flwr run`` the job, stream its log, then the outcome as the SuperLink reports it (``flwr
     run`` exits 0 even when the ServerApp fails)."""
-    from fl_split.deploy import _one_line, staged_app
+    from fl_split.deploy import _one_line, run_status, staged_app
     from fl_split.flower.flwrcli import FlwrCli
 
     app = staged_app(kit / "app", conf["app"])  # the same FAB as the app directory's, without walking its .venv
@@ -435,12 +435,7 @@ def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
             raise KitError(f"flwr run exited with code {proc.returncode} without starting a run")
         deadline = time.monotonic() + timeout
         while True:
-            out = cli.run("ls", CONNECTION, "--run-id", run_id, "--format", "json")
-            try:
-                run = json.loads(out.stdout)["runs"][0]
-                status, details = str(run.get("status", "")), str(run.get("status-details", ""))
-            except (ValueError, KeyError, IndexError):
-                status, details = "unknown", _one_line(out.stdout + out.stderr)
+            status, details = run_status(cli.run("ls", CONNECTION, "--run-id", run_id, "--format", "json"))
             if status.startswith("finished") or time.monotonic() > deadline:
                 break
             time.sleep(0.25)

@@ -575,8 +575,7 @@ def _out_of_the_run(context: Context, role: NodeRole, req) -> bool:
         raise ProtocolError(f"{role.party}: only a guest of a resumed run can be set up out of it")
     context.state[OUT] = ConfigRecord({"party": role.party})
     for key in (R.STATE_META, CKPT_META):
-        if key in context.state.config_records:
-            del context.state.config_records[key]
+        context.state.config_records.pop(key, None)
     _PARTIES.pop((context.run_id, context.node_id), None)
     return True
 

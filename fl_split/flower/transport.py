@@ -36,6 +36,8 @@ log = logging.getLogger("fl_split.flower")
 
 #: how often replies are polled for (seconds)
 POLL_INTERVAL = 0.005
+#: after a first error reply, how long the other replies of the exchange are still awaited (seconds)
+ERROR_GRACE = 3.0
 #: a ServerApp in its own process (a deployment, ``flwr run``) asks the SuperLink over HTTP: while
 #: it waits, the interval grows from :data:`POLL_INTERVAL` to this (every poll is a request the
 #: SuperLink serves — at 5 ms, 100–200 a second through a whole epoch or PSI round; both processes'
@@ -46,8 +48,6 @@ REMOTE_POLL_CAP = 0.05
 def remote_grid(grid) -> bool:
     """Whether ``grid`` reaches the SuperLink over the network (not Flower's in-process simulation grid)."""
     return type(grid).__name__ != "InMemoryGrid"
-#: after a first error reply, how long the other replies of the exchange are still awaited (seconds)
-ERROR_GRACE = 3.0
 
 
 @dataclass
