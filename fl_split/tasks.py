@@ -14,9 +14,12 @@ A run's task is one of
 * ``next-item`` — movielens' next item among the top N, hit@10.
 
 ``--task auto`` (:func:`resolve`): a dataset that declares regression or next-item keeps it; a
-label with **2 classes is binary, more is multiclass**. For your own tables a numeric label column
-with at least one non-integer value and more than :data:`REGRESSION_MIN_DISTINCT` distinct values is
-regression; an integer-valued numeric target (counts, whole-unit prices) needs ``--task regression``.
+label with **2 classes is binary, more is multiclass**. For your own tables (:func:`looks_numeric_target`,
+docs/results.md "Tasks and their metrics"): a numeric label column with at least one non-integer value
+and more than :data:`REGRESSION_MIN_DISTINCT` distinct values is regression; an integer-valued one is
+classes up to :data:`AUTO_MAX_CLASSES` distinct values, regression beyond that when its values hold
+fewer than :data:`AUTO_MIN_ROWS_PER_CLASS` rows each on average (whole-dollar prices), and refused
+otherwise with one line asking for ``--task multiclass`` or ``--task regression``.
 
 Everything here runs at the host (the labels' owner): the metrics are its aggregates, declared in
 its privacy report like the accuracy always was.
@@ -39,6 +42,11 @@ TASK_CHOICES = ("auto", "binary", "multiclass", "regression")
 KINDS = ("binary", "multiclass", "regression", "next-item")
 #: own tables, ``--task auto``: a numeric label needs more distinct values than this to be read as a target
 REGRESSION_MIN_DISTINCT = 10
+#: own tables, ``--task auto``: an integer-valued numeric label with at most this many distinct values is classes
+AUTO_MAX_CLASSES = 20
+#: … and with more, a regression target when its values hold fewer rows than this each on average (too few
+#: to learn each as a class); between the two the column is ambiguous and ``--task`` must say which
+AUTO_MIN_ROWS_PER_CLASS = 5
 HIT_AT = 10
 #: the headline metric of each task (``final.metric``)
 HEADLINE = {"binary": "accuracy", "multiclass": "accuracy", "regression": "r2", "next-item": "hit@10"}
@@ -57,14 +65,32 @@ def kind_of(task: str, num_classes: int) -> str:
     raise DataError(f"unknown task {task!r}; expected one of {KINDS}")
 
 
-def looks_numeric_target(raw: Any) -> bool:
-    """``--task auto`` on an own table's label column: numeric, some non-integer value, many distinct values."""
+def looks_numeric_target(raw: Any, column: str = "label") -> bool:
+    """``--task auto`` on an own table's label column ``column``: whether it is a regression target.
+
+    Numeric with a non-integer value: a target when it has more than :data:`REGRESSION_MIN_DISTINCT`
+    distinct values. Integer-valued: classes up to :data:`AUTO_MAX_CLASSES` distinct values; beyond,
+    a target when the values hold fewer than :data:`AUTO_MIN_ROWS_PER_CLASS` rows each on average
+    (prices in whole dollars: most values once or twice, no class could be learnt), else a
+    :class:`ConfigError` naming the column and asking for ``--task multiclass`` or ``--task regression``.
+    Text labels are always classes."""
     import pandas as pd
 
     num = pd.to_numeric(pd.Series(raw), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     if not np.isfinite(num).all():
         return False
-    return bool((num != np.round(num)).any()) and len(np.unique(num)) > REGRESSION_MIN_DISTINCT
+    distinct = len(np.unique(num))
+    if (num != np.round(num)).any():
+        return distinct > REGRESSION_MIN_DISTINCT
+    if distinct <= AUTO_MAX_CLASSES:
+        return False
+    per = len(num) / distinct
+    if per < AUTO_MIN_ROWS_PER_CLASS:
+        return True
+    raise ConfigError("task", "auto", "multiclass (each value a class) or regression (a numeric target)",
+                      reason=f"label column {column!r} holds {distinct} distinct whole numbers, {per:.0f} rows each on "
+                      f"average: classes or a numeric target cannot be told apart; more than {AUTO_MAX_CLASSES} "
+                      f"values with {AUTO_MIN_ROWS_PER_CLASS} or more rows each, see docs/results.md")
 
 
 def resolve(requested: str, declared: str, num_classes: int, dataset: str) -> str:

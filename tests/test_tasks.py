@@ -26,9 +26,13 @@ def test_auto_rule():
     assert resolve("multiclass", "classification", 2, "x") == "multiclass"
     assert resolve("auto", "regression", 1, "x") == "regression"
     assert resolve("auto", "next-item", 200, "x") == "next-item"
-    # own tables: numeric, a non-integer value and more than 10 distinct values
+    # own tables (docs/results.md): numeric, a non-integer value and more than 10 distinct values
     assert looks_numeric_target(np.linspace(0, 1, 50))
-    assert not looks_numeric_target(np.arange(50.0))  # integer-valued: classes unless --task regression
+    assert looks_numeric_target(np.arange(50.0))  # whole numbers, 50 values of one row each: a target
+    assert not looks_numeric_target(np.arange(200) % 10)  # 0…9: classes
+    assert not looks_numeric_target(np.arange(400) % 20)  # 20 values: classes
+    with pytest.raises(ConfigError, match=r"--task: got 'auto' \(label column 'age' holds 30 distinct"):
+        looks_numeric_target(np.arange(600) % 30, "age")  # 30 values of 20 rows: either, --task says which
     assert not looks_numeric_target(np.array([0.5, 1.5] * 20))  # two values
     assert not looks_numeric_target(np.array(["a", "b"] * 20))
 
@@ -132,13 +136,68 @@ def test_own_table_with_a_numeric_target_is_regression(tmp_path):
     res = run_experiment(cfg, PS)
     assert res["final"]["task"] == "regression" and res["final"]["metric"] == "r2"
     assert res["final"]["value"] > 0.2 and res["final"]["metrics"]["mae"] < 70
-    # an integer-valued target is read as classes unless --task regression says otherwise
+    # diabetes' own whole-number target (214 values in 442 rows, 2 rows each): regression under auto too;
+    # --task multiclass still reads it as classes
     host.assign(Y=bunch.target.astype(int)).to_csv(tmp_path / "h.csv", index=False)
     from fl_split.builder import _prepare
 
     _prepare.cache_clear()  # the same paths, new contents
     assert prepare_data(cfg.replace(task="regression")).task == "regression"
-    assert prepare_data(cfg.replace(task="auto")).task != "regression"
+    assert prepare_data(cfg.replace(task="auto")).task == "regression"
+    assert prepare_data(cfg.replace(task="multiclass")).task == "multiclass"
+
+
+def _ames_like(tmp_path, n: int = 600, label=None) -> list[str]:
+    """Two parties' tables shaped like R's Ames housing: ``Sale_Price`` in whole dollars (hundreds of
+    distinct values) at the host, other house features at the guest; the CLI's --data flags."""
+    rng = np.random.default_rng(3)
+    area = rng.integers(600, 3500, n)
+    year = rng.integers(1900, 2010, n)
+    qual = rng.integers(1, 11, n)
+    lot = rng.integers(2000, 20000, n)
+    price = np.round(20000 + 60 * area + 300 * (year - 1900) + 9000 * qual + rng.normal(0, 15000, n)).astype(int)
+    ids = np.arange(n) + 1000
+    host = pd.DataFrame({"PID": ids, "Gr_Liv_Area": area, "Overall_Qual": qual,
+                         "Sale_Price": price if label is None else label})
+    guest = pd.DataFrame({"PID": ids, "Year_Built": year, "Lot_Area": lot}).sample(frac=1, random_state=1)
+    host.to_csv(tmp_path / "ames_host.csv", index=False)
+    guest.to_csv(tmp_path / "ames_guest.csv", index=False)
+    return ["--data", f"host={tmp_path / 'ames_host.csv'}", "--data", f"guest-1={tmp_path / 'ames_guest.csv'}",
+            "--id-column", "PID", "--label-column", "Sale_Price"]
+
+
+def test_auto_reads_whole_dollar_prices_as_regression(tmp_path, capsys):
+    """An Ames-shaped table (integer prices, ~600 distinct values) under ``--task auto`` is a regression
+    with R² (it used to be a 600-class task at accuracy 0.0000); labels 0…9 stay classes; a column that
+    could be either is refused with one line naming it and ``--task``."""
+    from fl_split.cli import main
+
+    flags = _ames_like(tmp_path)
+    assert pd.read_csv(tmp_path / "ames_host.csv")["Sale_Price"].nunique() > 500
+    run = tmp_path / "run"
+    assert main(["train", *flags, "--task", "auto", "--epochs", "4", "--seed", "2", "--no-progress",
+                 "--private-seed", "8c9e2d44d0ce787253e1ed754fe13786", "--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "final test r2:" in out and "task regression (chosen by --task auto" in out
+    epochs = pd.read_csv(run / "epochs.csv")
+    assert "test_r2" in epochs.columns and "test_accuracy" not in epochs.columns
+    assert epochs["test_r2"].iloc[-1] > 0.5
+    # genuine small-integer class labels (0…9) are classes, as before
+    from fl_split.builder import _prepare
+
+    digits = np.arange(600) % 10
+    flags = _ames_like(tmp_path, label=digits)
+    _prepare.cache_clear()  # the same paths, new contents
+    cfg = RunConfig(data=f"{flags[1]};{flags[3]}", id_column="PID", label_column="Sale_Price", progress=False)
+    assert prepare_data(cfg).task == "multiclass" and prepare_data(cfg).num_classes == 10
+    # 30 whole numbers of 20 rows each: classes or a target? --task says
+    _ames_like(tmp_path, label=np.arange(600) % 30)
+    _prepare.cache_clear()
+    assert main(["train", *flags, "--epochs", "1", "--no-progress", "--no-run-dir"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "--task" in err[0] and "'Sale_Price' holds 30 distinct" in err[0] and "multiclass" in err[0] \
+        and "regression" in err[0]
 
 
 def test_attacks_refuse_a_regression_run(capsys):

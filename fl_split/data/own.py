@@ -325,7 +325,7 @@ def _is_target(raw: "pd.Series", cfg: "RunConfig", where: str) -> bool:
 
     if cfg.task == "regression":
         return True
-    return cfg.task == "auto" and looks_numeric_target(raw)
+    return cfg.task == "auto" and looks_numeric_target(raw, cfg.label_column)
 
 
 def _targets(raw: "pd.Series", where: str, col: str) -> np.ndarray:
