@@ -1074,3 +1074,30 @@ def test_a_refused_new_kind_of_release_leaves_nothing_behind():
     events = [(dpa.LaplaceDpEvent(2.0), 1), (dpa.LaplaceDpEvent(4.0), 1)]
     assert led.epsilon() == pytest.approx(direct_rdp(events), rel=1e-12)
     assert Ledger.from_state(led.export_state()).report() == led.report()
+
+
+def test_any_int64_key_is_accounted_like_its_rank():
+    """Record keys are any int64 (fl_split.data.ids: text and composite IDs hash to *negative* keys,
+    integer IDs reach 2**63 - 1): the ledger's per-record counts, ε and budget refusals depend on which
+    releases share a record, never on the key's value — the same charges on keys of every range give
+    the same report as on the keys 0..n-1, and survive export/restore."""
+    n = 40
+    wild = np.sort(np.concatenate([np.array([-(2**63), -1, 2**63 - 1, 0], dtype=np.int64),
+                                   np.random.default_rng(7).integers(-(2**63), 2**63 - 1, size=n - 4,
+                                                                     dtype=np.int64)]))
+    assert len(np.unique(wild)) == n
+    plain = np.arange(n, dtype=np.int64)
+    reports = []
+    for keys in (plain, wild):
+        led = Ledger("g", accountant="pld", pld_interval=COARSE, budget=6.0)
+        for e in range(1, 4):  # three epochs; records 0..9 released twice per epoch (a test split too)
+            perm = np.random.default_rng(e).permutation(n)
+            for i in range(0, n, 8):
+                led.charge([entry(laplace(4.0, 2.0), keys[perm[i:i + 8]], epoch=e, index=i // 8, rnd=e)])
+            led.charge([entry(rr(1.0, 4), keys[:10], epoch=e, phase="test", rnd=e)])
+        with pytest.raises(BudgetExceeded):
+            led.charge([entry(laplace(0.5, 2.0), keys, epoch=4, rnd=4)])
+        restored = Ledger.from_state(unflatten(*flatten(led.export_state())))
+        assert restored.report() == led.report()
+        reports.append(led.report())
+    assert reports[0] == reports[1]

@@ -664,13 +664,16 @@ class Ledger:
         hist = base.hist
         changed = False
         if all_ids.size:
-            if int(all_ids.min()) < 0:
-                raise ValueError(f"{self.party}: ledger entry ids must be >= 0")
             col_arr = np.repeat(np.asarray(col_of, dtype=np.int64), [len(i) for i in ids_of])
-            uniq, counts = np.unique(all_ids * width + col_arr, return_counts=True)
+            # (record, column) pairs counted in one pass: records by their dense index, so any int64
+            # key packs without overflow (text IDs hash to negative keys, integer IDs reach 2**63 - 1)
+            rids, dense = np.unique(all_ids, return_inverse=True)
+            uniq, counts = np.unique(dense.reshape(-1) * width + col_arr, return_counts=True)
+            rid_of = rids.tolist()
             acc: dict[int, dict[int, int]] = {}
             for key, n in zip(uniq.tolist(), counts.tolist()):
-                rid, c = divmod(key, width)
+                i, c = divmod(key, width)
+                rid = rid_of[i]
                 d = acc.get(rid)
                 if d is None:
                     d = acc[rid] = dict(self._rec.get(rid, ()))
