@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 from fl_split.builder import make_parties
 from fl_split.protocol import Handoff, Message, decode, encode, open_message
 from fl_split.state import flatten, unflatten
@@ -94,3 +97,111 @@ POISONING_DEFENCES = {
     "r3elu": dict(defense="r3elu", epsilon=50.0),
     "dpsgd": dict(defense="dpsgd", sigma=1.0),
 }
+
+
+# -- comparing numbers: exactly, or with a stated tolerance ------------------------------------------------
+#
+# Which comparison a test makes depends on what it claims:
+#
+# * **Exact** (``==``, bit for bit) where exactness *is* the claim and both sides are computed by the
+#   same code on the same machine, usually in one process: split ≡ monolithic, in-process ≡ wire,
+#   local engine ≡ Flower, a resumed run ≡ the uninterrupted one, Ray workers ≡ inline. Those tests
+#   keep ``==``; a tolerance there would hide exactly the bugs they exist to find.
+# * **Tolerant** (the helpers below) where one side was computed elsewhere: a number read from a
+#   committed file (``experiments/results/...``), made on the machine that committed it, against
+#   the same number computed here. Different CPUs take different floating-point paths — numpy picks
+#   its SIMD loops for ``exp``/``log``/reductions at run time from the CPU's features (AVX2,
+#   AVX-512), BLAS sums in another order, FMA fuses a multiply-add — so the last bits differ: the
+#   committed small grid's ε came out ``7.988415183574831`` on an AMD EPYC against
+#   ``7.988415183574826`` committed (6e-16 relative).
+
+#: relative tolerance for ε and metrics compared with a committed file or across machines. float64
+#: carries ~1e-16 relative; the rounding differences above stay within a few units of that after
+#: the accountant's (or training's) chain of operations (seen: 6e-16), so 1e-9 leaves six orders of
+#: magnitude of margin, while any real change — another seed, calibration, or code path — moves
+#: these numbers by far more (a calibrated ε is only pinned to 1 %, one test prediction moves an
+#: accuracy by 1/n).
+REL_TOL = 1e-9
+#: absolute floor of the tolerance, for values at 0 (an advantage of 0 may come out as a 1e-17 residue)
+ABS_TOL = 1e-12
+
+# a number as text: not glued to a word before it ("guest-1" reads as the word "guest-" and 1)
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w.])")
+
+
+def _parse(cell: str):
+    """``int``, ``float`` or ``None`` (text) for one CSV cell."""
+    text = cell.strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def close(got: float, want: float, rel: float = REL_TOL, abs_: float = ABS_TOL) -> bool:
+    """``got`` within ``rel`` (relative) or ``abs_`` of ``want``; NaN equals NaN, infinities only
+    themselves."""
+    if math.isnan(want) or math.isnan(got):
+        return math.isnan(want) and math.isnan(got)
+    return math.isclose(got, want, rel_tol=rel, abs_tol=abs_)
+
+
+def same_cell(got: str, want: str, rel: float = REL_TOL) -> bool:
+    """One CSV cell: integers exactly (counts, seeds), other numbers with :func:`close` (the cells
+    hold full-precision ``repr`` floats), text exactly."""
+    g, w = _parse(got), _parse(want)
+    if isinstance(g, int) and isinstance(w, int):
+        return g == w
+    if g is None or w is None:
+        return got == want
+    return close(float(g), float(w), rel)
+
+
+def assert_same_rows(got: list[dict], want: list[dict], rel: float = REL_TOL) -> None:
+    """CSV rows (``csv.DictReader``) computed here against committed ones: the same columns and rows
+    in the same order, every cell :func:`same_cell`. Fails naming the first differing cells."""
+    assert len(got) == len(want), f"{len(got)} rows, committed {len(want)}"
+    bad = []
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert list(g) == list(w), f"row {i}: columns {list(g)}, committed {list(w)}"
+        bad += [f"row {i} {k}: {g[k]!r}, committed {w[k]!r}" for k in w if not same_cell(g[k], w[k], rel)]
+    assert not bad, f"{len(bad)} cell(s) differ beyond rel {rel:g}: " + "; ".join(bad[:10])
+
+
+def _last_digit_unit(token: str) -> float:
+    """One unit of the last printed digit of a number with a fractional part (``0.833`` → 0.001,
+    ``7.99`` → 0.01, ``1.5e-05`` → 1e-06); 0 for one without (``8``, ``2023``, ``1e-05``)."""
+    mantissa, _, exponent = token.lower().partition("e")
+    if "." not in mantissa:
+        return 0.0
+    return 10.0 ** (-len(mantissa.split(".")[1]) + (int(exponent) if exponent else 0))
+
+
+def assert_same_text(got: str, want: str, rel: float = REL_TOL) -> None:
+    """Text with numbers in it (a Markdown report) made here against a committed one: the text with
+    every number masked must be equal exactly, and the numbers pairwise
+
+    * printed **without** a fractional part (ranks, counts, seeds, ``8``, ``1e-05``): exactly;
+    * printed **with** one: within one unit of the last printed digit (or ``rel``, whichever is
+      larger). Such numbers are formatted with few digits (``0.833``, ``7.99``, ``13.62``); a value
+      that sits within a rounding difference of a rounding boundary (``0.8335``) may print as
+      ``0.833`` on one machine and ``0.834`` on another — a flip of exactly one unit. The underlying
+      full-precision values are what :func:`assert_same_rows` checks at ``rel``.
+    """
+    mask = lambda s: _NUMBER.sub("#", s)  # noqa: E731
+    if mask(got) != mask(want):
+        g_lines, w_lines = mask(got).splitlines(), mask(want).splitlines()
+        diff = next((f"line {i + 1}: {g!r}, committed {w!r}" for i, (g, w) in enumerate(zip(g_lines, w_lines))
+                     if g != w), f"{len(g_lines)} lines, committed {len(w_lines)}")
+        raise AssertionError(f"the text differs (numbers masked): {diff}")
+    bad = []
+    for g, w in zip(_NUMBER.findall(got), _NUMBER.findall(want)):
+        unit = max(_last_digit_unit(g), _last_digit_unit(w))
+        ok = g == w or (unit > 0 and (abs(float(g) - float(w)) <= unit * (1 + 1e-9) or close(float(g), float(w), rel)))
+        if not ok:
+            bad.append(f"{g} (committed {w})")
+    assert not bad, f"{len(bad)} number(s) differ: " + "; ".join(bad[:10])
