@@ -101,7 +101,8 @@ class GuestParty(_Party):
         draws: list[int | None] = []
         for key, cost in zip(keys, costs):
             if key.phase == "test" and key.index == 0:
-                self.diagnostics.check(key.epoch, self.mechanisms(key).name)  # the epoch's training is over
+                m = self.mechanisms(key)  # the epoch's training is over
+                self.diagnostics.check(key.epoch, m.name, m.public_diagnostics().get("snr_bound"))
             train = key.phase == "train" and self.update.trains
             x = self.rows(key)
             mech = self.mechanisms(key)

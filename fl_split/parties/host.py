@@ -360,8 +360,9 @@ class HostParty(_Party):
             loss_sum += float(self.objective(logits, y, reduction="sum"))
             n += len(y)
         epoch = keys[0].epoch if keys else len(self.history) + 1
-        self.diagnostics.check(epoch, next(iter(self.backward_mechanisms.values()))().name
-                               if self.backward_mechanisms else "none")
+        back = next(iter(self.backward_mechanisms.values()))() if self.backward_mechanisms else None
+        self.diagnostics.check(epoch, back.name if back is not None else "none",
+                               back.public_diagnostics().get("snr_bound") if back is not None else None)
         tl, tn = self._train_loss
         metrics = {"epoch": int(epoch), "train_loss": tl / tn if tn else math.nan,
                    **epoch_metrics(self.task, scorer.metrics()), "test_loss": loss_sum / n if n else math.nan}
