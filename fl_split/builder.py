@@ -343,12 +343,14 @@ def make_guest(plan: RunPlan, data: PartyData, name: str, device: str | None = N
 
         tracker = ImportanceTracker(_layer(update.modules[0], last=True), side="output")
         importance = Importance(tracker, AllocationRelease(tracker.n, allocation_epsilon(cfg)), cfg.importance_refresh)
-    return GuestParty(name, data, plan.schedule, update=update, cut_shape=plan.cut_shapes[name],
-                      mechanisms=plan.releases("forward", width),
-                      secret=secret, ledger=make_ledger(cfg, name, plan.role(name)), sample_rate=plan.sample_rate,
-                      grad_postprocess=privacy_factory.postprocess(cfg, "backward"), importance=importance,
-                      device=dev, max_test_requests=int(cfg.max_test_requests),
-                      host_mechanisms=plan.releases("backward", width))
+    guest = GuestParty(name, data, plan.schedule, update=update, cut_shape=plan.cut_shapes[name],
+                       mechanisms=plan.releases("forward", width),
+                       secret=secret, ledger=make_ledger(cfg, name, plan.role(name)), sample_rate=plan.sample_rate,
+                       grad_postprocess=privacy_factory.postprocess(cfg, "backward"), importance=importance,
+                       device=dev, max_test_requests=int(cfg.max_test_requests),
+                       host_mechanisms=plan.releases("backward", width))
+    guest.check_budget_covers_an_epoch()
+    return guest
 
 
 def _host_importance(plan: RunPlan, top: nn.Module):
@@ -405,7 +407,7 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, priv
     widths = {g: int(np.prod(s)) for g, s in guest_shapes.items()}
     mechanisms = {g: plan.releases("backward", w) for g, w in widths.items()}
     importance, parts = (_host_importance(plan, update.modules[-1]) if plan.role("host").importance else (None, {}))
-    return HostParty(data, plan.schedule, update=update, has_bottom=bottom is not None, merge=Merge(cfg.merge),
+    host = HostParty(data, plan.schedule, update=update, has_bottom=bottom is not None, merge=Merge(cfg.merge),
                      guest_shapes=guest_shapes, backward_mechanisms=mechanisms, secret=secret,
                      ledger=make_ledger(cfg, "host", plan.role("host")), sample_rate=plan.sample_rate,
                      act_postprocess=privacy_factory.postprocess(cfg, "forward"), one_shot=cfg.one_shot,
@@ -413,6 +415,8 @@ def make_host(plan: RunPlan, data: PartyData, device: str | None = None, *, priv
                      metrics_file=cfg.host_metrics, device=dev, objective=objective(cfg, plan, data),
                      loss_alarm=cfg.loss_alarm,
                      guest_mechanisms={g: plan.releases("forward", w) for g, w in widths.items()})
+    host.check_budget_covers_an_epoch()
+    return host
 
 
 @functools.lru_cache(maxsize=4)

@@ -48,19 +48,33 @@ def test_numpy_nan_is_caught_too():
                                                                           "computed"}
 
 
-def test_a_budget_refused_first_release_writes_null_and_why(tmp_path, capsys):
-    """--budget below the cost of one release: the run stops before any epoch is evaluated; the
-    results say so instead of writing "value": NaN (invalid JSON)."""
+def test_a_budget_below_one_epoch_is_refused_before_anything_is_written(tmp_path, capsys):
+    """--budget below the cost of one epoch: refused when the parties are set up, one line naming
+    --budget, the party and the epoch's ε, exit 2, and nothing written (no results, no run directory,
+    no saved model) — before, the run exited 0 and saved a model that never trained."""
+    out, run_dir, model = tmp_path / "r.json", tmp_path / "run", tmp_path / "model"
+    code, stdout, stderr = _run(["train", *TINY, "--defense", "laplace", "--epsilon", "1", "--budget", "0.1",
+                                 "--out", str(out), "--run-dir", str(run_dir), "--save-model", str(model)], capsys)
+    last = stderr.strip().splitlines()[-1]  # after the public SNR warning, one line
+    assert code == 2 and not any(ln.startswith("fl-split: error") for ln in stderr.strip().splitlines()[:-1])
+    assert last.startswith("fl-split: error: --budget: got 0.1 (one epoch costs guest-1 ε 0.427 (pld"), stderr
+    assert "nothing was trained, released or written" in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_budget_spent_in_a_later_epoch_stops_there_and_says_why(tmp_path, capsys):
+    """A budget that covers the first epoch but not the second: the run stops cleanly at the refused
+    release, keeps the evaluated epoch and says why, in strict JSON."""
     out = tmp_path / "r.json"
-    # one Laplace release of ε = 1 costs less at δ = 1e-5 than its pure ε (tight accounting, issue 26)
-    code, stdout, _ = _run(["train", *TINY, "--defense", "laplace", "--epsilon", "1", "--budget", "0.1",
+    # Laplace ε 1 per release, tightly accounted at δ 1e-5: one epoch 0.427, two 0.626; 0.5 holds one
+    code, stdout, _ = _run(["train", *TINY, "--defense", "laplace", "--epsilon", "1", "--budget", "0.5",
                             "--out", str(out)], capsys)
     assert code == 0
     data = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
-    assert data["stopped_reason"] == "budget" and data["history"] == []
-    assert data["final"]["value"] is None and data["final"]["train_loss"] is None
-    assert data["final"]["value_reason"].startswith("no epoch was evaluated: the run stopped (budget)")
-    assert "budget" in stdout and "none (no epoch was evaluated" in stdout
+    assert data["stopped_reason"] == "budget" and len(data["history"]) == 1
+    assert data["final"]["value"] is not None
+    assert all(p["epsilon"] <= 0.5 for p in data["privacy"].values() if p.get("epsilon") is not None)
+    assert "stopped early (budget)" in stdout
 
 
 # -- refusals ----------------------------------------------------------------------------------

@@ -324,6 +324,37 @@ class _Party:
             return charge
         return None
 
+    def _epoch_entries(self, epoch: int) -> list["LedgerEntry"]:
+        """The ledger entries this party's releases of ``epoch`` will charge (each role says which)."""
+        return []
+
+    def check_budget_covers_an_epoch(self) -> None:
+        """Refuse a ``--budget`` that this party's first epoch alone would exceed, before anything is
+        released or written (docs/accounting.md, "Budgets").
+
+        The epoch's entries (every forward/backward/update release of epoch 1; costs do not depend on
+        the data) are charged to an empty ledger with this party's settings; an importance allocation
+        is not included, so the figure is a lower bound and a run it lets through may still stop at
+        the budget later (then it stops cleanly, as before)."""
+        if self.ledger is None or self.ledger.budget is None:
+            return
+        entries = self._epoch_entries(1)
+        if not entries:
+            return
+        from fl_split.errors import ConfigError
+        from fl_split.privacy.ledger import Ledger
+
+        led = self.ledger
+        probe = Ledger(self.name, accountant=led.accountant, delta=led.delta, budget=None,
+                       amplification=led.amplification, pld_interval=led.pld_interval)
+        probe.charge(entries)
+        eps = probe.epsilon()
+        if eps is not None and eps > led.budget:
+            raise ConfigError("budget", led.budget, f"at least {eps:.4g} (one epoch), or less privacy loss per "
+                              "release (a smaller --epsilon, a larger --sigma)",
+                              reason=f"one epoch costs {self.name} ε {eps:.4g} ({led.accountant}, δ {led.delta:g}); "
+                              f"nothing was trained, released or written")
+
     def epsilons_per_epoch(self) -> dict[str, float | None]:
         """``{epoch: epsilon}`` of this party's ledger after each epoch's releases (public, as the
         final epsilon is: a function of the public parameters and release counts)."""

@@ -136,6 +136,18 @@ class GuestParty(_Party):
         self._settle(charge, digests, draws)
         return blobs
 
+    def _epoch_entries(self, epoch: int) -> list["LedgerEntry"]:
+        """Epoch ``epoch``'s forward releases (training and test batches) and DP-SGD updates."""
+        entries = []
+        update = self.update.cost()
+        for key in self.schedule.train_keys(epoch) + self.schedule.test_keys(epoch):
+            c = self.mechanisms(key).cost()
+            if c is not None:
+                entries.append(self._entry(0, key, "forward", c))
+            if update is not None and key.phase == "train":
+                entries.append(self._entry(0, key, "update", update))
+        return entries
+
     # -- backward ---------------------------------------------------------------------------
     def apply_gradients(self, blobs: list[bytes], round_: int | None = None) -> None:
         """Backpropagate the released partial losses of every pending batch, in order.

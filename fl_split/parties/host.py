@@ -263,6 +263,10 @@ class HostParty(_Party):
                 entries.append(self._entry(round_, key, "update", update_cost))
         return entries
 
+    def _epoch_entries(self, epoch: int) -> list["LedgerEntry"]:
+        """Epoch ``epoch``'s backward releases and DP-SGD updates (the host releases no test batch)."""
+        return self._entries(self.schedule.train_keys(epoch), 0)
+
     def train(self, keys, blobs_by_guest: dict[str, list[bytes]], round_: int,
               in_process: bool = False) -> dict[str, list[bytes]]:
         """Train on every batch in ``keys``; returns the released gradients per guest (nothing
