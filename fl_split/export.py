@@ -142,14 +142,16 @@ def _features_input(name: str, manifest: dict, pre: dict) -> dict[str, Any]:
 
         enc = ColumnEncoder.from_dict(pre, f"{manifest['party']}'s saved preprocessing")
         entry["columns"] = enc.output_names
+        # the encoder's own dict (ColumnEncoder.to_dict: format, policy, columns …), so that the recipe in
+        # 'how' works on it as it stands (docs/serving.md, "Schema")
         entry["encoder"] = {
-            "policy": pre["policy"], "raw_columns": pre["columns"],
-            "how": ("each raw column in 'raw_columns' order gives: numeric → (value − mean) / std, an empty cell "
+            **enc.to_dict(),
+            "how": ("each raw column in 'columns' order gives: numeric → (value − mean) / std, an empty cell "
                     "first replaced by 'fill' (policy raw; policy builtin: an empty cell gives 0); categorical → "
                     "one 0/1 column per category in 'categories' order (an unseen value: all zeros; an empty cell: "
                     "'fill' when not null); a column with indicator true adds a 0/1 column '<name>:missing'; drop → "
-                    "nothing. fl_split.data.encoding.ColumnEncoder.from_dict(raw).transform(table) does exactly "
-                    "this.")}
+                    "nothing. With raw = this 'encoder' object as json.load gives it, "
+                    "fl_split.data.encoding.ColumnEncoder.from_dict(raw).transform(table) does exactly this.")}
     else:
         entry["columns"] = list(pre.get("columns") or [])
         entry["encoder"] = {"policy": "image",

@@ -57,8 +57,7 @@ def _module_bytes(out, party) -> tuple[str, bytes]:
 def _raw_input(schema_input: dict, table_path, ids) -> torch.Tensor:
     """A features input built from the party's raw table with the schema's encoder alone, rows in ``ids`` order."""
     frame = pd.read_csv(table_path).set_index("ID").loc[ids].reset_index(drop=True)
-    enc = ColumnEncoder.from_dict({"format": "fl_split.encoder/1", "policy": schema_input["encoder"]["policy"],
-                                   "columns": schema_input["encoder"]["raw_columns"]})
+    enc = ColumnEncoder.from_dict(schema_input["encoder"])  # the schema's own recipe, as it stands
     assert enc.output_names == schema_input["columns"]
     return torch.from_numpy(enc.transform(frame))
 
@@ -278,3 +277,52 @@ def test_image_parts_export_and_reproduce_the_runs_accuracy(tmp_path):
     accuracy = float((prob.argmax(1) == data["host"].y_test.numpy()).mean())
     assert accuracy == pytest.approx(res["final"]["metrics"]["accuracy"], abs=1e-12)
     assert h["task"] == "multiclass" and h["output"]["shape"] == [-1, 10]
+
+
+def test_schema_encoder_recipe_works_as_written(tmp_path):
+    """A user's own tables with text categories and empty cells, trained with ``--save-model`` and exported:
+    the recipe in the guest's ``schema.json`` (``ColumnEncoder.from_dict(raw).transform(table)`` on the
+    schema's own ``encoder``) encodes a new pandas table exactly as ``fl-split predict`` does. It used to
+    fail on the schema's own dict (``format None, expected 'fl_split.encoder/1'``)."""
+    import re
+
+    import fl_split.data.encoding  # noqa: F401 - the recipe names the module
+
+    rng = np.random.default_rng(6)
+    n = 240
+    ids = np.arange(n) * 7 + 11
+    hood = rng.choice(["North Ames", "College Creek", "Old Town", "Edwards"], n).astype(object)
+    hood[rng.random(n) < 0.1] = None  # empty cells in a text column
+    lot = rng.normal(9000, 2500, n).round()
+    lot[rng.random(n) < 0.1] = np.nan  # and in a numeric one
+    area = rng.normal(1500, 400, n).round()
+    y = np.where(area + rng.normal(0, 200, n) > 1500, "high", "low")
+    pd.DataFrame({"ID": ids, "Gr_Liv_Area": area, "Y": y}).to_csv(tmp_path / "host.csv", index=False)
+    guest = pd.DataFrame({"ID": ids, "Neighborhood": hood, "Lot_Area": lot})
+    guest.to_csv(tmp_path / "guest.csv", index=False)
+    model, served = tmp_path / "model", tmp_path / "served"
+    assert main(["train", "--data", f"host={tmp_path / 'host.csv'}", "--data", f"guest-1={tmp_path / 'guest.csv'}",
+                 "--id-column", "ID", "--label-column", "Y", "--epochs", "1", "--no-progress", "--no-run-dir",
+                 "--private-seed", PS_HEX, "--save-model", str(model)]) == 0
+    assert main(["export-model", "--model", str(model), "--party", "guest-1", "--format", "torchscript",
+                 "--out", str(served)]) == 0
+    with open(served / "guest-1" / "schema.json") as f:
+        schema = json.load(f)
+    entry = schema["inputs"][0]
+    raw = entry["encoder"]
+    recipe = re.search(r"fl_split\.data\.encoding\.ColumnEncoder\.from_dict\(raw\)\.transform\(table\)", raw["how"])
+    assert recipe is not None, raw["how"]
+    assert raw["format"] == "fl_split.encoder/1" and [c["name"] for c in raw["columns"]] == ["Neighborhood", "Lot_Area"]
+    # new rows, as a user has them: a category never seen, empty cells, the columns in another order
+    new = pd.DataFrame({"Lot_Area": [8000.0, np.nan, 12000.0, np.nan],
+                        "ID": [5001, 5002, 5003, 5004],
+                        "Neighborhood": ["Old Town", None, "Somerset", "Edwards"]})
+    new.to_csv(tmp_path / "new-guest.csv", index=False)
+    table = pd.read_csv(tmp_path / "new-guest.csv")
+    got = eval(recipe.group(0), {"fl_split": fl_split, "raw": raw, "table": table})  # noqa: S307 - the recipe
+    assert got.shape == (4, len(entry["columns"])) and any(":missing" in c for c in entry["columns"])
+    want = GuestScorer(str(model), "guest-1", str(tmp_path / "new-guest.csv"), "ID").features(table["ID"].to_numpy())
+    np.testing.assert_array_equal(got, want.numpy())  # what predict encodes, bit for bit
+    # a schema.json written before the writer and the reader agreed ('raw_columns', no 'format') still reads
+    old = {"policy": raw["policy"], "raw_columns": raw["columns"], "how": "…"}
+    np.testing.assert_array_equal(ColumnEncoder.from_dict(old).transform(table), got)

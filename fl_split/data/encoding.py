@@ -383,8 +383,14 @@ class ColumnEncoder:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "") -> "ColumnEncoder":
-        """The encoder :meth:`to_dict` wrote (:class:`DataError` if ``d`` is not one)."""
+        """The encoder :meth:`to_dict` wrote (:class:`DataError` if ``d`` is not one).
+
+        Also the ``encoder`` of a ``schema.json`` (``fl-split export-model``): today the same dict plus
+        ``how``; schemas written before it agreed with this reader have no ``format`` and call the
+        columns ``raw_columns`` (still read)."""
         try:
+            if isinstance(d, Mapping) and "format" not in d and "raw_columns" in d and "columns" not in d:
+                d = {**d, "format": FORMAT, "columns": d["raw_columns"]}  # an older schema.json's encoder
             if d.get("format") != FORMAT:
                 raise ValueError(f"format {d.get('format')!r}, expected {FORMAT!r}")
             enc = cls(d.get("overrides") or {}, d.get("categorical") or (), str(d["policy"]),
