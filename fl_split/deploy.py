@@ -507,6 +507,14 @@ class LocalDeployment:
             items.append(f"init-from={_literal(Path(self.cfg.init_from).expanduser().resolve())}")
         return items
 
+    def saved_model(self) -> dict[str, Any] | None:
+        """``results["saved_model"]`` of a run with ``--save-model DIR`` (the shape ``fl-split train``
+        records, :func:`fl_split.engine.run_experiment`): the folder every node was given as its
+        ``model-dir`` and the parties that each wrote their own part ``DIR/<party>/`` into it."""
+        if not self.cfg.save_model:
+            return None
+        return {"dir": str(Path(self.cfg.save_model).expanduser().resolve()), "parties": list(self.parties)}
+
     def start_supernodes(self) -> None:
         self.dataplane_port = free_port()
         for party in self.parties:
@@ -725,6 +733,9 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
         say(f"deploy: running the job on {dep.address} (flwr run) …")
         results = dep.run()
         dep.interrupts.raise_if_stopped()  # a signal after the last wait still ends it as interrupted
+        saved = dep.saved_model()
+        if saved is not None:  # each SuperNode wrote its own part: where, as `fl-split train` records it
+            results["saved_model"] = saved
         marks = dep.timeline
         results["deployment"] = {"run_id": str(dep.run_id), "workdir": str(dep.workdir), "tls": tls,
                                  "node_auth": dep.node_auth, "superlink": dep.address,

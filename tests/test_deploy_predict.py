@@ -166,11 +166,13 @@ def test_a_deployment_node_takes_its_files_from_its_own_node_config(tmp_path):
 @pytest.mark.slow
 def test_deploy_local_trains_saves_and_predicts_the_runs_metrics(tmp_path):
     """End to end (separate processes): ``deploy local --save-model DIR`` trains on three partly
-    overlapping tables (PSI) and each SuperNode writes its own part (node-config model-dir);
+    overlapping tables (PSI), each SuperNode writes its own part (node-config model-dir) and the
+    results record the saved model as ``train``'s do;
     ``fl-split predict --engine deploy-local`` then scores the held-out rows — new tables that also
     hold IDs outside the intersection, aligned by PSI — with exactly the metrics the deployment
     reported; the guests say their releases are not covered (no defence); no log, result or SuperLink
-    database holds an ID outside the intersection; nothing is left running."""
+    database holds an ID outside the intersection; nothing is left running; the recorded model, loaded
+    in the test's process, predicts the same rows as the deployment's nodes."""
     import subprocess
     import sys
 
@@ -192,13 +194,15 @@ def test_deploy_local_trains_saves_and_predicts_the_runs_metrics(tmp_path):
     _kill(left)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     dep = json.loads(out.read_text())
+    saved = dep["saved_model"]  # recorded as `fl-split train --save-model` records it
+    assert saved == {"dir": str(model.resolve()), "parties": list(PARTIES)}
     assert sorted(q.name for q in model.iterdir()) == sorted(PARTIES)  # each node wrote its own part
     spec = ";".join(f"{p}={v}" for p, v in paths.items())
     test_ids = prepare_data(RunConfig(data=spec, align="psi", **RUN)).test_ids
     tables = _new_tables(tmp_path, paths, np.concatenate([test_ids, outside]))
     lines: list[str] = []
     workdir = tmp_path / "predict"
-    s = deploy_predict(str(model), tables, "ID", str(tmp_path / "pred.csv"), align="psi", label_column="Y",
+    s = deploy_predict(saved["dir"], tables, "ID", str(tmp_path / "pred.csv"), align="psi", label_column="Y",
                        workdir=str(workdir), tls=False, echo=lines.append)
     left = _deployment_pids(workdir)
     _kill(left)
@@ -207,6 +211,14 @@ def test_deploy_local_trains_saves_and_predicts_the_runs_metrics(tmp_path):
     assert s["metrics"] == dep["final"]["metrics"]
     assert not any(s["privacy"][g]["covered"] for g in ("guest-1", "guest-2"))
     assert sorted(pd.read_csv(tmp_path / "pred.csv").ID) == sorted(test_ids)
+    # the recorded model, loaded in this process, predicts what the deployment's nodes predicted
+    from fl_split.predict import predict
+
+    here = predict(saved["dir"], tables, "ID", str(tmp_path / "here.csv"), align="psi", label_column="Y")
+    assert here["metrics"] == pytest.approx(s["metrics"])
+    mine, theirs = (pd.read_csv(tmp_path / f).sort_values("ID").reset_index(drop=True) for f in ("here.csv", "pred.csv"))
+    assert list(mine.columns) == ["ID", "p_0", "p_1", "predicted"]
+    pd.testing.assert_frame_equal(mine, theirs)
     run_config = (workdir / "run-config.toml").read_text()
     assert "predict-job = " in run_config and "new-host.csv" not in run_config and str(model) not in run_config
     seen = "\n".join(lines).encode() + json.dumps(s).encode()
