@@ -3,12 +3,21 @@
 ``fl-split deploy kit --out DIR --parties host,guest-1,… --superlink HOST:PORT --dataplane HOST:PORT
 [run options]`` writes ``DIR/coordinator``, ``DIR/host``, ``DIR/guest-<g>``; each holds
 
-* ``run.sh``: a POSIX sh script, ``sh run.sh STEP``, that runs ``fl-split deploy node STEP --kit .``;
-* ``kit.toml``: its node configuration (role, guest index, addresses, ``data-path`` — a placeholder
-  the organisation fills in —, checkpoint directory, private seed file);
-* ``README.txt``: its steps, what it generates on its own machine and what it sends to whom;
+* ``run.sh``: a POSIX sh script, ``sh run.sh STEP``, that runs ``fl-split deploy node STEP --kit .``
+  (or says in words what to install when Python has no fl_split);
+* ``kit.toml``: its node configuration (the fl-split version it was written for, role, guest index,
+  addresses, ``data-path`` — a placeholder the organisation fills in —, checkpoint and model
+  directories, private seed file);
+* ``README.txt``: what to install first (``pip install fl-split==VERSION``), its steps, what it
+  generates on its own machine and what it sends to whom;
 * ``inbox/`` (what others send it), ``outbox/`` (what it sends), and after ``init`` an owner-only
   ``keys/``; the coordinator also ``run-config.toml`` (the job, no party's secret or path).
+
+A kit is **portable**: no file of it holds a path of the machine that wrote it. Paths in it are the
+kit's own, relative to its folder and resolved when a step runs there (``results.json``,
+``checkpoints/``, ``model/``, ``keys/``); the coordinator's app is the *installed* fl-split package's
+Flower app (:func:`package_app`, built at run time from the package's files), and every step first
+checks that the installed version is the kit's (:func:`check_version`).
 
 A kit holds **no key at all** when it is written: every key is made by ``init`` on the
 organisation's own machine, and only public halves travel (:data:`SENDS`). Two trust roots:
@@ -46,12 +55,80 @@ from fl_split.deploy import DeploymentError, LocalDeployment, checkpoint_dir_of,
 from fl_split.errors import ConfigError, FlSplitError
 from fl_split.secure_files import PRIVATE_UMASK, private_dir, write_private
 
-__all__ = ["SENDS", "KitDeployment", "deliver", "node_step", "party_names", "write_kits"]
+__all__ = ["SENDS", "KitDeployment", "check_version", "deliver", "node_step", "package_app", "party_names",
+           "write_kits"]
 
 KIT_FILE = "kit.toml"
 COORDINATOR = "coordinator"
 CONNECTION = "fl-split-kit"
 STEPS = ("init", "sign", "register", "start", "run")
+#: the package every organisation installs (pyproject.toml ``[project] name``)
+PACKAGE = "fl-split"
+#: ``app`` in the coordinator's kit.toml: the Flower app of the installed package (:func:`package_app`)
+INSTALLED_APP = PACKAGE
+#: run-config keys holding a path: a relative one is the coordinator kit's, resolved when it runs
+KIT_PATHS = ("out", "checkpoint-dir")
+
+
+def package_version() -> str:
+    """The installed fl-split's version (``fl_split.__version__``, pyproject.toml's ``version``)."""
+    from fl_split import __version__
+
+    return __version__
+
+
+def install_line(version: str | None = None) -> str:
+    """What an organisation installs for a kit of ``version`` (default: this one's)."""
+    v = version or package_version()
+    return f"pip install {PACKAGE}=={v} (or, from a checkout of fl_split at version {v}: pip install CHECKOUT)"
+
+
+def check_version(conf: dict[str, Any]) -> None:
+    """Refuse, in one line, a kit written for another fl-split version than the installed one: the
+    coordinator's app and every party's code must be the same release (the wire format, the run
+    options and the party files are versioned with it)."""
+    want = str(conf.get("fl-split-version", "") or "")
+    have = package_version()
+    if want and want != have:
+        raise KitError(f"this kit was written for {PACKAGE} {want}, but {sys.executable} has {PACKAGE} {have}: "
+                       f"install the kit's version, {install_line(want)}, or set PYTHON to a Python that has it")
+
+
+def package_app(dest: str | os.PathLike) -> Path:
+    """The Flower app of the **installed** fl-split in ``dest`` (emptied first), for ``flwr run dest``:
+    the files its FAB holds (``fl_split/**/*.py``, ``strategies/*.py``, ``clients/*.py``,
+    :data:`fl_split.flower.appconfig.FAB_INCLUDE`) copied from where the package is installed — a
+    site-packages directory, or a checkout installed in development mode — and a ``pyproject.toml``
+    with the package's name and version and the generated ``[tool.flwr.*]`` tables
+    (:func:`fl_split.flower.appconfig.render`, the same as the checkout's). No checkout is needed:
+    this is how a kit's ``run`` finds the app on the coordinator's machine."""
+    import fl_split
+    from fl_split.flower.appconfig import render
+
+    root = Path(fl_split.__file__).resolve().parent.parent  # where fl_split, strategies and clients are installed
+    sources = {"fl_split": "**/*.py", "strategies": "*.py", "clients": "*.py"}
+    missing = [pkg for pkg in sources if not (root / pkg / "__init__.py").is_file()]
+    if missing:
+        raise KitError(f"the installed {PACKAGE} at {root} lacks {', '.join(missing)}/ (its Flower app); "
+                       f"reinstall it: {install_line()}")
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    for pkg, pattern in sources.items():
+        for path in sorted((root / pkg).glob(pattern)):
+            if "__pycache__" in path.parts or not path.is_file():
+                continue
+            target = dest / pkg / path.relative_to(root / pkg)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+    v = package_version()
+    (dest / "pyproject.toml").write_text(
+        f'[project]\nname = "{PACKAGE}"\nversion = "{v}"\n'
+        'description = "Vertical split learning with privacy protection on Flower, PyTorch and Ray"\n'
+        'license = { text = "Apache-2.0" }\n\n' + render(), encoding="utf-8")
+    (dest / "README.md").write_text(f"The Flower app of the installed {PACKAGE} {v} (built by fl_split.kit.package_app).\n",
+                                    encoding="utf-8")
+    return dest
 
 
 def party_names(text: str, guests: int | None = None) -> list[str]:
@@ -113,11 +190,19 @@ def deliver(kits: Path, parties: list[str], only: str | None = None) -> list[str
 # -- writing the kits ------------------------------------------------------------------------------------
 _RUN_SH = """#!/bin/sh
 # fl_split kit of {party}: sh run.sh STEP (see README.txt). Runs `fl-split deploy node STEP --kit <this folder>`
-# with $PYTHON (default python3; set PYTHON=/path/to/venv/bin/python where fl_split is installed).
+# with $PYTHON (default python3), which must have {package} {version} installed: pip install {package}=={version}
+# (or set PYTHON=/path/to/venv/bin/python where it is installed).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
+py=${{PYTHON:-python3}}
+if ! "$py" -c "import fl_split" >/dev/null 2>&1; then
+    echo "run.sh: $py has no fl_split: install {package} {version} first, $py -m pip install {package}=={version} \
+(or, from a checkout of fl_split at version {version}: $py -m pip install CHECKOUT), \
+or set PYTHON=/path/to/python where it is installed" >&2
+    exit 2
+fi
 umask 077
-exec "${{PYTHON:-python3}}" -m fl_split.cli deploy node "${{1:?usage: sh run.sh {steps}}}" --kit "$here"
+exec "$py" -m fl_split.cli deploy node "${{1:?usage: sh run.sh {steps}}}" --kit "$here"
 """
 
 
@@ -149,9 +234,11 @@ def write_kits(cfg: RunConfig, out: str | os.PathLike, parties: list[str], super
                app: str | os.PathLike | None = None) -> dict[str, Path]:
     """Write one kit per organisation into ``out`` (module docstring); returns ``{name: folder}``.
     ``dataplane``: where guests reach the host's data plane; ``bind``: the SuperLink's listening
-    address; ``clientappio_ports``: each SuperNode's local port (distinct only on one machine)."""
+    address; ``clientappio_ports``: each SuperNode's local port (distinct only on one machine); ``app``:
+    the coordinator's app, default the installed package's (:data:`INSTALLED_APP`; a path names an app
+    directory, relative to the coordinator's kit). No file written holds a path of this machine."""
     from fl_split.data.own import NODE_TABLES, parse_data_spec
-    from fl_split.deploy import find_app_dir, run_config_toml
+    from fl_split.deploy import run_config_toml
 
     _hostport("superlink", superlink)
     _hostport("dataplane", dataplane)
@@ -167,24 +254,29 @@ def write_kits(cfg: RunConfig, out: str | os.PathLike, parties: list[str], super
         kit = private_dir(out / name)
         for sub in ("inbox", "outbox"):
             private_dir(kit / sub)
-        (kit / "run.sh").write_text(_RUN_SH.format(party=name, steps="|".join(_steps_of(name))), encoding="utf-8")
+        (kit / "run.sh").write_text(_RUN_SH.format(party=name, steps="|".join(_steps_of(name)), package=PACKAGE,
+                                                   version=package_version()), encoding="utf-8")
         os.chmod(kit / "run.sh", 0o700)
         if name == COORDINATOR:
-            conf = {"party": name, "parties": parties, "superlink": superlink, "superlink-bind": bind,
-                    "app": str(Path(app).resolve() if app else find_app_dir())}
+            conf = {"party": name, "fl-split-version": package_version(), "parties": parties,
+                    "superlink": superlink, "superlink-bind": bind, "app": str(app) if app else INSTALLED_APP}
             job = replace(cfg, data=NODE_TABLES) if node_tables else cfg
-            # no checkpoint path of anyone's in the job; the coordinator's own is added to its copy
-            text = run_config_toml(replace(job, checkpoint_dir=""), kit / "results.json")
+            # no path of this machine in the job: the kit's own, relative to its folder (resolved by `run`);
+            # a deployment node saves into / starts from its own kit.toml model-dir (a non-empty value: on)
+            job = replace(job, checkpoint_dir="", data_root="", save_model="model" if cfg.save_model else "",
+                          init_from="model" if cfg.init_from else "")
+            text = run_config_toml(job, Path("results.json"))
             if cfg.checkpoint_dir:
-                text = text.replace('checkpoint-dir = ""', f'checkpoint-dir = "{kit / "checkpoints"}"')
+                text = text.replace('checkpoint-dir = ""', 'checkpoint-dir = "checkpoints"')
             write_private(kit / "run-config.toml", text.encode("utf-8"))
         else:
-            conf = {"party": name, "role": "host" if name == "host" else "guest"}
+            conf = {"party": name, "fl-split-version": package_version(), "role": "host" if name == "host" else "guest"}
             if name != "host":
                 conf["guest-index"] = int(name.split("-")[1])
             conf.update({"superlink": superlink, "dataplane": dataplane,
                          "clientappio-port": (clientappio_ports or {}).get(name, 9094),
                          "data-path": "", "checkpoint-dir": "checkpoints" if cfg.checkpoint_dir else "",
+                         "model-dir": "model" if cfg.save_model or cfg.init_from else "", "init-from": "",
                          "private-seed-file": "", "clientapp": "warm"})
             if name == "host":
                 conf["guests"] = [p for p in parties if p != "host"]
@@ -205,7 +297,15 @@ def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_
     table = ("your own raw table (CSV/Parquet with the ID column" + (", and the label column" if name == "host" else "")
              + "); the coordinator's job aligns the IDs between the nodes") if node_tables else (
         f"your party file ({name}.npz|csv|parquet, fl-split export-parties)")
-    head = [f"fl_split kit of: {name}", "",
+    v = package_version()
+    head = [f"Install first, on this machine: {PACKAGE} {v} (Python >= 3.11; it brings Flower, PyTorch, ...):",
+            f"  pip install {PACKAGE}=={v}",
+            f"  or, from a checkout of fl_split at version {v}: pip install /path/to/the/checkout",
+            "  Every step runs `python3 -m fl_split.cli`; where fl-split is in a virtual environment, run",
+            "  PYTHON=/path/to/venv/bin/python sh run.sh STEP. Every step checks that the installed version",
+            f"  is {v} (kit.toml fl-split-version) and stops with one line if it is not.", "",
+            f"fl_split kit of: {name}", "",
+            "Every path in this kit is relative to this folder: move or copy the folder anywhere.",
             "Every key is made on THIS machine by `sh run.sh init` and stays in keys/ (0700, files 0600).",
             "No private key ever leaves it; only the files listed under 'You send' travel.", ""]
     if name == COORDINATOR:
@@ -216,8 +316,10 @@ def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_
                  "  2. sh run.sh start     starts the SuperLink (keep it running; one HTTPS port: Fleet + Control API)",
                  "     sh run.sh register  registers every party's SuperNode public key (SuperNode authentication)",
                  "  3. (the parties start their SuperNodes)",
-                 "  4. sh run.sh run       submits run-config.toml with flwr run, streams the log, and exits",
-                 "                        non-zero unless the SuperLink reports the run completed; results.json",
+                 "  4. sh run.sh run       submits run-config.toml with flwr run (the Flower app of the installed",
+                 f"                        {PACKAGE}: kit.toml app = \"{PACKAGE}\"), streams the log, and exits non-zero",
+                 "                        unless the SuperLink reports the run completed; results in results.json here",
+                 "                        (run-config.toml out; relative paths there are this folder's)",
                  "Keep secret: keys/ca.key, keys/superlink.key, state/superlink.db (messages of past runs)."]
     else:
         steps = ["Steps:",
@@ -238,7 +340,8 @@ def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_
                   "                        lives in this one process for the whole run (kit.toml clientapp = \"warm\";",
                   "                        \"per-message\": Flower's fresh flwr-clientapp process per message)",
                   "  4. (the coordinator runs the job)",
-                  "Keep secret: keys/, your table, your seed file, checkpoints/ (your secret and weights)."]
+                  "Keep secret: keys/, your table, your seed file, checkpoints/ (your secret and weights),",
+                  "  model/ (when the job saves the model: your own part of it, model/" + name + "/)."]
     return "\n".join(head + steps + ["", "You send:"] + (sends or ["  nothing"]) + ["", "You receive:"]
                      + (gets or ["  nothing"])) + "\n"
 
@@ -272,10 +375,7 @@ def _init(kit: Path, conf: dict[str, Any]) -> list[str]:
         for path in (keys / "ca.crt", kit / "outbox" / "ca.crt"):
             path.write_bytes(pem_cert(ca))
         (keys / "superlink.crt").write_bytes(pem_cert(cert))
-        private_dir(kit / "flwr-home")
-        (kit / "flwr-home" / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{conf["superlink"]}"\n'
-            f'root-certificates = "{keys / "ca.crt"}"\n', encoding="utf-8")
+        _flwr_config(kit, conf)
         return ["keys/ca.key", "keys/superlink.key", "outbox/ca.crt"]
     keys = _fresh(kit, f"auth-{name}.key")
     private, public = make_node_auth_key(f"fl-split-{name}")
@@ -341,6 +441,15 @@ def _sign(kit: Path, conf: dict[str, Any]) -> list[str]:
     return made
 
 
+def _flwr_config(kit: Path, conf: dict[str, Any]) -> None:
+    """The coordinator's ``flwr`` connection (``flwr-home/config.toml``), written again by every step
+    that uses it: it names ``keys/ca.crt`` by its absolute path, which changes when the kit moves."""
+    private_dir(kit / "flwr-home")
+    (kit / "flwr-home" / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{conf["superlink"]}"\n'
+        f'root-certificates = "{kit / "keys" / "ca.crt"}"\n', encoding="utf-8")
+
+
 def _env(kit: Path) -> dict[str, str]:
     bindir = str(Path(sys.executable).parent)
     return dict(os.environ, FLWR_HOME=str(kit / "flwr-home"), FLWR_TELEMETRY_ENABLED="0",
@@ -388,6 +497,10 @@ def _start_args(kit: Path, conf: dict[str, Any]) -> list[str]:
                   f"dataplane-keyfile={_literal(key)}"]
     if conf.get("checkpoint-dir"):
         items.append(f"checkpoint-dir={_literal(private_dir(_path(kit, conf['checkpoint-dir'])))}")
+    if conf.get("model-dir"):  # --save-model: this party's own part goes to model-dir/<party>/
+        items.append(f"model-dir={_literal(private_dir(_path(kit, conf['model-dir'])))}")
+    if conf.get("init-from"):  # --init-from: this party's own part is read from init-from/<party>/ (else model-dir)
+        items.append(f"init-from={_literal(_path(kit, conf['init-from']))}")
     if conf.get("private-seed-file"):  # the path only: the seed itself is never on a command line
         items.append(f"private-seed-file={_literal(_path(kit, conf['private-seed-file']))}")
     return [_bin("flower-supernode"), "--superlink", conf["superlink"], "--host", "127.0.0.1",
@@ -402,6 +515,7 @@ def _register(kit: Path, conf: dict[str, Any]) -> list[str]:
     done = []
     pubs = {party: _need(kit / "inbox" / f"auth-{party}.pub", f"every party's public key in inbox/ ({party} sends it)")
             for party in conf["parties"]}
+    _flwr_config(kit, conf)
     with FlwrCli(_env(kit), kit, own_session=False) as cli:
         for party, pub in pubs.items():
             out = cli.run("supernode", "register", str(pub), CONNECTION, "--name", party, "--format", "json")
@@ -416,14 +530,38 @@ class KitError(FlSplitError):
     """A step of a kit failed (a ``flwr`` command, the run); one line."""
 
 
+def _job(kit: Path) -> tuple[Path, Path]:
+    """The kit's ``run-config.toml`` with its relative paths (:data:`KIT_PATHS`) resolved against the
+    kit's folder on this machine, written to ``state/run-config.toml``; returns it and the results' path."""
+    job = tomllib.loads(_need(kit / "run-config.toml", "the job").read_text(encoding="utf-8"))
+    for key in KIT_PATHS:
+        if str(job.get(key, "") or ""):
+            job[key] = str(_path(kit, str(job[key])))
+    resolved = private_dir(kit / "state") / "run-config.toml"
+    write_private(resolved, _toml(job).encode("utf-8"))
+    return resolved, Path(str(job.get("out", "") or kit / "results.json"))
+
+
+def _app(kit: Path, conf: dict[str, Any]) -> Path:
+    """The Flower app to submit, in ``app/``: the installed package's (kit.toml ``app = "fl-split"``,
+    :func:`package_app`), or the app directory kit.toml names (a checkout; relative to the kit)."""
+    from fl_split.deploy import staged_app
+
+    app = str(conf.get("app", "") or INSTALLED_APP)
+    if app == INSTALLED_APP:
+        return package_app(kit / "app")
+    return staged_app(kit / "app", _path(kit, app))  # the same FAB as the directory's, without walking its .venv
+
+
 def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
     """``flwr run`` the job, stream its log, then the outcome as the SuperLink reports it (``flwr
     run`` exits 0 even when the ServerApp fails)."""
-    from fl_split.deploy import _one_line, run_status, staged_app
+    from fl_split.deploy import _one_line, run_status
     from fl_split.flower.flwrcli import FlwrCli
 
-    app = staged_app(kit / "app", conf["app"])  # the same FAB as the app directory's, without walking its .venv
-    run_config = _need(kit / "run-config.toml", "the job")
+    app = _app(kit, conf)
+    run_config, results = _job(kit)
+    _flwr_config(kit, conf)
     with FlwrCli(_env(kit), kit, own_session=False) as cli:  # `flwr run` and `flwr ls`: one flwr process
         proc = cli.start("run", str(app), CONNECTION, "--stream", "--run-config", str(run_config))
         run_id = None
@@ -441,7 +579,7 @@ def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
             time.sleep(0.25)
     if status != "finished:completed":
         raise KitError(f"run {run_id} {status.replace('finished:', '')}: {_one_line(details) or 'no details'}")
-    return [f"run {run_id} completed; results in {kit / 'results.json'}"]
+    return [f"run {run_id} completed; results in {results}"]
 
 
 def node_step(step: str, kit_dir: str | os.PathLike) -> list[str]:
@@ -450,6 +588,7 @@ def node_step(step: str, kit_dir: str | os.PathLike) -> list[str]:
     conf = read_kit(kit)
     if step not in _steps_of(conf["party"]):
         raise ConfigError("step", step, f"one of {', '.join(_steps_of(conf['party']))} for {conf['party']}'s kit")
+    check_version(conf)
     os.umask(PRIVATE_UMASK)
     if step == "init":
         return _init(kit, conf)
@@ -528,12 +667,15 @@ class KitDeployment(LocalDeployment):
                 values["private_seed_file"] = "keys/private-seed"
             if self.cfg.checkpoint_dir:  # deploy local's layout: DIR/<party>, DIR/coordinator
                 values["checkpoint_dir"] = str(checkpoint_dir_of(self.cfg, party))
+            # --save-model DIR / --init-from DIR: deploy local's layout, every node's part in the one DIR
+            for key, where in (("model_dir", self.cfg.save_model), ("init_from", self.cfg.init_from)):
+                if where:
+                    values[key] = str(Path(where).expanduser().resolve())
             update_kit(kits[party], **values)
         if self.cfg.checkpoint_dir:
             job = kits[COORDINATOR] / "run-config.toml"
             text = job.read_text(encoding="utf-8").replace(
-                f'checkpoint-dir = "{kits[COORDINATOR] / "checkpoints"}"',
-                f'checkpoint-dir = "{checkpoint_dir_of(self.cfg, COORDINATOR)}"')
+                'checkpoint-dir = "checkpoints"', f'checkpoint-dir = "{checkpoint_dir_of(self.cfg, COORDINATOR)}"')
             write_private(job, text.encode("utf-8"))
         deliver(self.kits, self.parties)  # public keys, CSRs, CA certificates
         self._step("host", "sign")  # (2) the host's data-plane CA signs the guests' CSRs
@@ -608,5 +750,7 @@ def cmd_kit(ns, config_from_args) -> int:
     kits = write_kits(replace(cfg, engine="flower", out=""), cfg.out, parties, ns.superlink, ns.dataplane)
     for name, path in kits.items():
         print(f"{name}: {path} (README.txt)")
+    print(f"each organisation installs {PACKAGE} {package_version()} first (README.txt): pip install "
+          f"{PACKAGE}=={package_version()}")
     print("no key was written: each organisation runs `sh run.sh init` on its own machine")
     return 0

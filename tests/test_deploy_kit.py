@@ -148,6 +148,101 @@ def test_start_names_a_missing_table_or_file_in_one_line(tmp_path):
     assert out.returncode == 2 and "--step" in out.stderr and "init, sign, start" in out.stderr
 
 
+def _pyproject_version() -> str:
+    import tomllib
+
+    from fl_split.deploy import find_app_dir
+
+    return tomllib.loads((find_app_dir() / "pyproject.toml").read_text())["project"]["version"]
+
+
+def test_a_kit_holds_no_path_of_the_machine_that_wrote_it(tmp_path):
+    """Kits are portable: written in a temporary folder from this checkout, no file of any kit holds
+    that folder, the checkout's path or the home directory; the job's paths are the kit's own,
+    relative, and resolve against wherever the kit lies when it runs (here: after a move); the app is
+    the installed package, with its version."""
+    import shutil
+    import tomllib
+
+    import fl_split
+    from fl_split.kit import _job
+
+    out = subprocess.run([*FLSPLIT, "deploy", "kit", "--out", "kits", "--parties", "host,guest-1,guest-2",
+                          "--dataset", "digits", "--limit", "150", "--save-model", "model", "--checkpoint-dir",
+                          "ck", "--data-root", str(tmp_path / "data")], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    checkout = str(Path(fl_split.__file__).resolve().parent.parent)
+    home = str(Path.home())
+    where = {str(tmp_path), str(tmp_path.resolve()), checkout} | ({home} if len(home) > 5 else set())
+    files = [p for p in (tmp_path / "kits").rglob("*") if p.is_file()]
+    assert len(files) == 4 + 3 * 3
+    for path in files:
+        data = path.read_bytes()
+        assert not [w for w in where if w.encode() in data], f"{path} holds a path of this machine"
+    coordinator = tomllib.loads((tmp_path / "kits" / COORDINATOR / "kit.toml").read_text())
+    assert coordinator["app"] == "fl-split" and coordinator["fl-split-version"] == _pyproject_version()
+    job = tomllib.loads((tmp_path / "kits" / COORDINATOR / "run-config.toml").read_text())
+    assert (job["out"], job["checkpoint-dir"], job["save-model"], job["data-root"]) == (
+        "results.json", "checkpoints", "model", "")
+    host = tomllib.loads((tmp_path / "kits" / "host" / "kit.toml").read_text())
+    assert (host["model-dir"], host["checkpoint-dir"], host["fl-split-version"]) == (
+        "model", "checkpoints", _pyproject_version())
+    moved = tmp_path / "elsewhere" / "coordinator"
+    shutil.copytree(tmp_path / "kits" / COORDINATOR, moved)
+    resolved, results = _job(moved)
+    assert results == moved / "results.json"
+    job = tomllib.loads(resolved.read_text())
+    assert job["out"] == str(moved / "results.json") and job["checkpoint-dir"] == str(moved / "checkpoints")
+
+
+def test_each_readme_starts_with_what_to_install_and_run_sh_says_it_in_words(tmp_path):
+    """README.txt opens with ``pip install fl-split==VERSION`` (pyproject's name and version); ``sh
+    run.sh init`` with a Python lacking fl_split says what to install instead of a traceback; with
+    another installed version, ``init`` stops with one line naming both versions and writes no key."""
+    version = _pyproject_version()
+    kits = write_kits(RunConfig(dataset="digits", guests=2, limit=150, engine="flower"), tmp_path / "kits",
+                      PARTIES, "127.0.0.1:9093", "127.0.0.1:9300")
+    for kit in kits.values():
+        first = (kit / "README.txt").read_text().splitlines()[:3]
+        assert first[0].startswith(f"Install first, on this machine: fl-split {version}"), first
+        assert first[1].strip() == f"pip install fl-split=={version}"
+    fake = tmp_path / "python-without-fl-split"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'fl_split'\" >&2\nexit 1\n")
+    fake.chmod(0o700)
+    out = subprocess.run(["/bin/sh", str(kits["guest-1"] / "run.sh"), "init"], env=dict(ENV, PYTHON=str(fake)),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert f"pip install fl-split=={version}" in out.stderr and "No module named" not in out.stderr
+    update_kit(kits["guest-1"], fl_split_version="0.0.0")
+    out = _step(kits["guest-1"], "init")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert f"written for fl-split 0.0.0, but {sys.executable} has fl-split {version}" in out.stderr
+    assert "pip install fl-split==0.0.0" in out.stderr and not (kits["guest-1"] / "keys").exists()
+
+
+def test_the_installed_packages_app_is_the_checkouts_code(tmp_path):
+    """A kit's ``run`` submits the Flower app of the installed package (:func:`fl_split.kit.package_app`,
+    no checkout needed): its FAB holds the same code and the same ``[tool.flwr]`` tables as the
+    checkout's FAB, under the package's name and version."""
+    import io
+    import tomllib
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+
+    from fl_split.deploy import staged_app
+    from fl_split.kit import package_app
+
+    ours, checkout = (zipfile.ZipFile(io.BytesIO(build_fab_from_disk(app))) for app in (
+        package_app(tmp_path / "app"), staged_app(tmp_path / "checkout")))
+    code = [{n: z.read(n) for n in z.namelist() if n.endswith(".py")} for z in (ours, checkout)]
+    assert code[0] == code[1] and "strategies/server_app.py" in code[0] and "clients/client_app.py" in code[0]
+    meta = [tomllib.loads(z.read("pyproject.toml").decode()) for z in (ours, checkout)]
+    assert meta[0]["tool"]["flwr"] == meta[1]["tool"]["flwr"]
+    assert (meta[0]["project"]["name"], meta[0]["project"]["version"]) == ("fl-split", _pyproject_version())
+
+
 def _kit_pids(workdir: Path) -> list[int]:
     return pids_with_env(f"FLWR_HOME={workdir.resolve()}".encode())
 
@@ -157,10 +252,13 @@ def test_loopback_deployment_from_the_kits(tmp_path):
     """``deploy local --from-kits``: the kits' run.sh executed as the organisations would (TLS,
     SuperNode authentication, the host's CA signing the guests' CSRs); the same final accuracy,
     loss and ε as the local engine with the same seeds (as ``deploy local``,
-    tests/test_deploy.py); no kit holds another organisation's key, seed or table; nothing left."""
-    workdir, out_path = tmp_path / "dep", tmp_path / "results.json"
+    tests/test_deploy.py); no kit holds another organisation's key, seed or table; nothing left.
+    The coordinator submitted the installed package's app (kit.toml ``app = "fl-split"``); with
+    ``--save-model`` each kit's node saved its own part and the results record the saved model."""
+    workdir, out_path, model = tmp_path / "dep", tmp_path / "results.json", tmp_path / "model"
     proc = subprocess.run([*FLSPLIT, "deploy", "local", "--from-kits", *SMALL, "--private-seed", "5",
-                           "--insecure-private-seed", "--workdir", str(workdir), "--out", str(out_path)],
+                           "--insecure-private-seed", "--save-model", str(model), "--workdir", str(workdir),
+                           "--out", str(out_path)],
                           capture_output=True, text=True, timeout=1200)
     left = _kit_pids(workdir)
     for pid in left:
@@ -169,7 +267,10 @@ def test_loopback_deployment_from_the_kits(tmp_path):
     assert left == [], f"processes left running: {left}"
     results = json.loads(out_path.read_text())
     assert results["deployment"]["tls"] and results["deployment"]["node_auth"]
+    assert results["saved_model"] == {"dir": str(model.resolve()), "parties": PARTIES}
+    assert sorted(p.name for p in model.iterdir()) == sorted(PARTIES)
     kits = {p.name: p for p in (workdir / "kits").iterdir()}
+    assert (kits[COORDINATOR] / "app" / "strategies" / "server_app.py").is_file()
     assert sorted(kits) == ["coordinator", "guest-1", "guest-2", "host"]
     assert not (workdir / "certs").exists()  # no central key maker: every key came from a kit's init
     secrets = {name: list(_private_keys(kit).values()) for name, kit in kits.items()}
