@@ -61,6 +61,8 @@ class _Scorer:
             raise DataError(f"--model: {party}'s part was trained with --padding; predict does not pad yet")
         # names: the party's own key -> ID value mapping (text IDs; None for integer IDs), never sent
         self.ids, self.names, self.frame = _table(table_path, party, id_column)
+        #: how this party's errors about its table open: the party, its table's path, its saved part
+        self.where = f"{party} (table {table_path}, saved part {self.directory / party})"
 
     def _arch(self):
         from fl_split.builder import _architecture
@@ -71,7 +73,8 @@ class _Scorer:
         from fl_split.data.base import apply_preprocessing, positions_of
 
         pos = positions_of(self.ids, shared, who=self.name)
-        return torch.from_numpy(apply_preprocessing(self.pre, table=self.frame.iloc[pos].reset_index(drop=True)))
+        return torch.from_numpy(apply_preprocessing(self.pre, table=self.frame.iloc[pos].reset_index(drop=True),
+                                                    where=self.where))
 
 
 class GuestScorer(_Scorer):
@@ -223,7 +226,11 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
     host = HostScorer(model_dir, "host", tables["host"], id_column, label_column, model)
     guests = {g: GuestScorer(model_dir, g, tables[g], id_column, model) for g in host.manifest["guest_shapes"]}
     if align == "public":
+        from fl_split.data.own import check_public_ids
+
         shared = np.sort(host.ids)
+        for g, s in guests.items():  # before any release; the host names its own missing IDs
+            check_public_ids(s.ids, shared, s.where, host.names, host.where)
     elif align == "psi":
         from fl_split.psi import align_by_psi
 

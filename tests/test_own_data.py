@@ -152,7 +152,8 @@ def test_bad_tables_are_one_line_errors(tmp_path, capsys):
     assert "label column 'Y'" in err and "host's table only" in err
     short = g1.iloc[:-3]
     err = _bad(tmp_path, capsys, data_flags(variant("short", short)))
-    assert "3 shared IDs are missing" in err and "--align psi" in err
+    assert "guest-1 (short.csv): 3 of the host's 569 IDs are not in its rows; IDs " in err
+    assert "--align psi" in err
     err = _bad(tmp_path, capsys, [*data_flags(paths), "--data", f"guest-3={paths['guest-1']}"])
     assert "unknown party 'guest-3'" in err and "--data" in err
     err = _bad(tmp_path, capsys, [*data_flags({"host": paths["host"]})])

@@ -126,7 +126,8 @@ def test_encoder_errors_are_one_line_and_name_the_column():
     enc = ColumnEncoder().fit(f[["age"]].iloc[:4])
     with pytest.raises(DataError, match=r"row 2, column 'age': 'old' is not a number .*'age=categorical'"):
         enc.transform(pd.DataFrame({"age": [1.0, "old"]}, dtype=object))
-    with pytest.raises(DataError, match=r"columns \['age'\] are missing"):
+    with pytest.raises(DataError, match=r"column \['age'\] missing; expected the 1 column\(s\) the encoder was fitted on "
+                                        r"\['age'\], found \['sex'\]"):
         enc.transform(pd.DataFrame({"sex": ["m"]}))
     with pytest.raises(DataError, match="not a finite number"):
         ColumnEncoder().fit(pd.DataFrame({"v": [1.0, np.inf]}))

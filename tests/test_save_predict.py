@@ -262,7 +262,8 @@ def test_predict_with_psi_scores_the_intersection(tmp_path):
     host.to_csv(new["host"], index=False)
     guest.to_csv(new["guest-1"], index=False)
     tables = {p: str(v) for p, v in new.items()}
-    with pytest.raises(DataError, match="guest-1: 5 shared IDs are missing"):  # public: every host ID needed
+    with pytest.raises(DataError, match=r"^guest-1 \(table .*new-guest-1\.csv, saved part .*guest-1\): 5 of the host's "
+                                        r"\d+ IDs are not in its rows; IDs \d+"):  # public: every host ID needed
         predict(str(tmp_path / "model"), tables, "ID", str(tmp_path / "p.csv"), label_column="Y")
     s = predict(str(tmp_path / "model"), tables, "ID", str(tmp_path / "p.csv"), align="psi", label_column="Y")
     assert s["records"] == len(test_ids) and s["metrics"] == res["final"]["metrics"]

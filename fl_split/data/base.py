@@ -379,15 +379,18 @@ def party_preprocessing(data: "PartyData") -> dict:
     return {**pre, "padded": bool(data.padded)}
 
 
-def apply_preprocessing(pre: dict, table: "pd.DataFrame | None" = None, images: np.ndarray | None = None) -> np.ndarray:
-    """The inverse direction of :func:`party_preprocessing`: encode new rows with the saved encoder."""
+def apply_preprocessing(pre: dict, table: "pd.DataFrame | None" = None, images: np.ndarray | None = None,
+                        where: str = "the saved part") -> np.ndarray:
+    """The inverse direction of :func:`party_preprocessing`: encode new rows with the saved encoder.
+
+    ``where`` opens an error about the table (``predict``: the party, its table's path and its saved part)."""
     kind = pre.get("kind")
     if kind == "table":
         from fl_split.data.encoding import ColumnEncoder
 
         if table is None:
             raise DataError("the saved preprocessing encodes a table, and no table was given")
-        return ColumnEncoder.from_dict(pre, "the saved part").transform(table)
+        return ColumnEncoder.from_dict(pre, where).transform(table)
     if kind == "image":
         if images is None:
             raise DataError("the saved preprocessing is of images, and no images were given")

@@ -326,8 +326,12 @@ class ColumnEncoder:
         self._need_fitted()
         missing = [c["name"] for c in self.columns if c["kind"] != "drop" and c["name"] not in frame.columns]
         if missing:
-            raise DataError(self._say(f"columns {missing[:5]} are missing; the encoder was fitted on "
-                                      f"{[c['name'] for c in self.columns][:8]}"))
+            fitted = [c["name"] for c in self.columns if c["kind"] != "drop"]
+            found = [str(c) for c in frame.columns]
+            raise DataError(self._say(f"column{'s' if len(missing) > 1 else ''} {missing[:5]}"
+                                      f"{' …' if len(missing) > 5 else ''} missing; expected the {len(fitted)} "
+                                      f"column(s) the encoder was fitted on {fitted[:8]}{' …' if len(fitted) > 8 else ''}"
+                                      f", found {found[:8]}{' …' if len(found) > 8 else ''}"))
         n = len(frame)
         blocks: list[np.ndarray] = []
         for c in self.columns:

@@ -434,17 +434,40 @@ def check_column_owner(owner: dict[str, str], where: str, party: str, columns: l
         owner[c] = party
 
 
-def check_public(table: OwnTable, shared: np.ndarray) -> None:
-    """``--align public``: a guest holds every one of the host's (published) IDs."""
-    from fl_split.data.base import positions_of
+def check_public(table: OwnTable, shared: np.ndarray, host: OwnTable | None = None) -> None:
+    """``--align public``: a guest holds every one of the host's (published) IDs (:func:`check_public_ids`;
+    ``host``: the host's table, when it is in this process, to name the missing IDs as it writes them)."""
+    check_public_ids(table.slice.ids, shared, table.where, None if host is None else host.names,
+                     None if host is None else host.where)
 
-    try:
-        positions_of(table.slice.ids, shared, who=table.where)
-    except DataError as exc:
-        # the missing IDs are the host's, which this guest knows as keys only: a hashed one is shown as its key
-        hashed = " (negative numbers: the keys of text IDs, fl_split.data.ids)" if (shared < 0).any() else ""
-        raise DataError(f"{exc}{hashed} (with --align public every guest holds each of the host's IDs; --align psi "
-                        f"trains on the intersection)") from None
+
+def check_public_ids(have: np.ndarray, shared: np.ndarray, where: str, host_names: Any = None,
+                     host_where: str | None = None) -> None:
+    """A one-line :class:`DataError` when a guest's IDs ``have`` lack some of the host's ``shared`` ones.
+
+    It names the guest (``where``: party and file). The missing IDs are the host's: a guest knows them
+    as keys only, and no party's message shows another's values (docs/datasets.md "Join keys"). Integer
+    IDs are their own keys: shown as they are. Text IDs: the host, when its table is at hand
+    (``host_where``, its own ``host_names``: one process, a ``predict``), names them in its part of the
+    message as its table writes them; a guest alone shows the published keys and says they are hashes."""
+    from fl_split.data.ids import describe
+
+    have = np.asarray(have, dtype=np.int64)
+    want = np.asarray(shared, dtype=np.int64)
+    missing = want[~np.isin(want, have)]
+    if not missing.size:
+        return
+    more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+    n = f"{len(missing)} of the host's {len(want)} IDs {'is' if len(missing) == 1 else 'are'} not in its rows"
+    if not (missing < 0).any():  # integer IDs: the published keys are the values (the same line on every path)
+        told = f"IDs {describe(missing[:5], None)}{more}"
+    elif host_where is not None:
+        told = f"{host_where} holds them: {describe(missing[:5], host_names)}{more}"
+    else:
+        told = (f"their keys {describe(missing[:5], None)}{more} (text IDs travel as hashed keys, fl_split.data.ids: "
+                f"the host's own table names them)")
+    raise DataError(f"{where}: {n}; {told} (with --align public every guest holds each of the host's IDs; "
+                    f"--align psi uses the intersection)")
 
 
 def split_of(cfg: "RunConfig", shared: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -548,7 +571,7 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
     if cfg.align == "public":  # the host's ID list is published; every guest must hold each ID
         shared = np.sort(tables["host"].slice.ids)
         for g in cfg.parties[1:]:
-            check_public(tables[g], shared)
+            check_public(tables[g], shared, tables["host"])  # one process: the host names its own IDs
         alignment: dict[str, Any] = {"align": "public", "shared_ids": int(len(shared))}
     else:
         from fl_split.psi import align_by_psi

@@ -147,7 +147,7 @@ def handle_predict(role, req, context) -> dict[str, Any]:
         _keep(state, shared)
         return {"ids": np.ascontiguousarray(shared, "<i8").tobytes()}
     if op == "public-accept":
-        from fl_split.data.base import positions_of
+        from fl_split.data.own import check_public_ids
 
         _expect(role, "guest", op)
         raw = _bytes(req, "ids", role)
@@ -156,7 +156,7 @@ def handle_predict(role, req, context) -> dict[str, Any]:
         shared = np.frombuffer(raw, "<i8").astype(np.int64)
         if shared.size > 1 and not np.all(np.diff(shared) > 0):
             raise ProtocolError(f"{role.party}: the host's ID list is not sorted and unique")
-        positions_of(scorer.ids, shared, who=role.party)  # every published ID must be in its table
+        check_public_ids(scorer.ids, shared, scorer.where)  # every published ID must be in its table
         return {"digest": _keep(state, shared)}
     if op == "release":
         _expect(role, "guest", op)
