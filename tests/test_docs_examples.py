@@ -542,6 +542,46 @@ def test_registry_is_not_stale():
     assert set(INPUTS) <= set(DOCS)
 
 
+FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
+INVOCATION = re.compile(r"(?<![\w/.-])fl-split ([a-z][\w-]*)(?: ([a-z][\w-]*))?")
+
+
+def _options(parser) -> dict:
+    import argparse
+
+    return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def test_flags_of_every_fl_split_command_exist():
+    """The commands not run as written (synopses, deployments, Flower runs) cannot drift either: each
+    `--flag` of an `fl-split SUBCOMMAND` line (comments and what follows ` -- ` aside) is one of that
+    subcommand's flags (in process: the CLI's own parser)."""
+    from fl_split.cli import build_parser
+
+    commands = _options(build_parser())
+    wrong = []
+    for ex in (e for e in ALL if e.kind in ("shell", "console")):
+        text = "\n".join(re.sub(r"(^|\s)#.*", "", ln) for ln in ex.text.replace("\\\n", " ").split("\n"))
+        found = list(INVOCATION.finditer(text))
+        for n, m in enumerate(found):
+            parser = commands.get(m.group(1))
+            if parser is None:
+                wrong.append(f"{ex.id}: no subcommand {m.group(1)!r}")
+                continue
+            start = m.end(1)
+            if _options(parser):  # deploy local|kit|node
+                parser = _options(parser).get(m.group(2) or "")
+                if parser is None:
+                    wrong.append(f"{ex.id}: no subcommand 'fl-split {m.group(1)} {m.group(2)}'")
+                    continue
+                start = m.end(2)
+            segment = text[start:found[n + 1].start() if n + 1 < len(found) else len(text)]
+            segment = re.split(r"\s--\s|&&|\|\||;", segment)[0]
+            known = set(parser._option_string_actions)
+            wrong += [f"{ex.id}: fl-split {m.group(0)[9:]} has no {f}" for f in FLAG.findall(segment) if f not in known]
+    assert not wrong, "flags the docs use that the CLI does not have:\n" + "\n".join(wrong)
+
+
 def test_every_doc_is_scanned_and_blocks_are_cut_right():
     """The scan sees README.md and every docs/*.md, every fence is closed, and no example is empty."""
     assert "README.md" in DOCS and len(DOCS) > 10
