@@ -20,7 +20,7 @@ it are the output the doc promises), one per Python, TOML or JSON block, and one
 A new example that is neither runnable nor registered fails (docs cannot drift), and so does a
 registry entry whose fragment no longer occurs in its doc (:func:`test_registry_is_not_stale`).
 
-Cost: the 23 examples run here took ~2.9 min of wall time and ~90 s of CPU on the shared 2-core
+Cost: the 21 examples run here took 2.3–2.9 min of wall time and ~90 s of CPU on the shared 2-core
 machine (``pytest tests/test_docs_examples.py --durations=25``; tests/README.md); the Flower
 simulations and loopback deployments of the docs (30–60 s each) are registered with the tests that
 run their equivalents.
