@@ -323,8 +323,9 @@ class SavedModel:
                 align: str = "public", out: str | os.PathLike | None = None, budget: float | None = None):
         """Score new rows: ``tables`` maps each party to its own new table (a CSV/Parquet path or a
         :class:`pandas.DataFrame` with the ``id_column`` and that party's columns; the host's may hold
-        the ``label_column``). Returns the predictions as a :class:`pandas.DataFrame` (the ID, ``p_k``
-        per class and ``predicted``, or ``prediction`` for regression) with the summary in
+        the ``label_column``). Returns the predictions as a :class:`pandas.DataFrame` (the host table's
+        own ID column(s) — names, values, dtypes — then ``p_k`` per class and ``predicted``, or
+        ``prediction`` for regression) with the summary in
         ``frame.attrs["summary"]`` (records, task, each guest's inference ε, the metrics when the host
         holds labels). ``out``: also keep the predictions CSV there (owner-only). ``budget``: each
         guest's inference-ledger ε budget."""
@@ -343,9 +344,36 @@ class SavedModel:
             target = os.fspath(out) if out is not None else os.path.join(work, "predictions.csv")
             summary = predict(os.fspath(self.path), paths, id_column, target, align, label_column, budget,
                               model=self._model)
-            frame = pd.read_csv(target)
+            frame = _with_own_ids(pd.read_csv(target), pd.read_csv(target, dtype=str, keep_default_na=False),
+                                  tables["host"], paths["host"], id_column)
         frame.attrs["summary"] = {k: v for k, v in summary.items() if k != "out" or out is not None}
         return frame
+
+
+def _with_own_ids(pred, pred_text, host_table, host_path: str, id_column: str):
+    """The predictions with their score columns as numbers and their ID column(s) exactly as the user's
+    own host table holds them (the DataFrame passed, or the file as pandas reads it): same names,
+    values and dtypes, so ``pred.merge(table, on=ID)`` matches every row."""
+    import pandas as pd
+
+    from fl_split.data.ids import parse_columns
+
+    cols = parse_columns(id_column)
+    if isinstance(host_table, pd.DataFrame):
+        own = host_table.reset_index(drop=True)
+    elif host_path.lower().endswith(".csv"):
+        own = pd.read_csv(host_path, low_memory=False)
+    else:
+        own = pd.read_parquet(host_path)
+    # the CSV text of each ID cell (as fl-split read the table and wrote the predictions) -> its row
+    written = pd.read_csv(host_path, usecols=cols, dtype=str, keep_default_na=False) \
+        if host_path.lower().endswith(".csv") else own[cols].astype(str)
+    rows = pd.MultiIndex.from_frame(written[cols]).get_indexer(pd.MultiIndex.from_frame(pred_text[cols]))
+    if (rows < 0).any():  # cannot happen: every predicted row is a row of the host's table
+        raise RuntimeError("a predicted ID is not in the host's table")
+    out = {c: own[c].iloc[rows].reset_index(drop=True) for c in cols}
+    out.update({c: pred[c] for c in pred.columns if c not in cols})
+    return pd.DataFrame(out)
 
 
 def load_model(path: str | os.PathLike, *, model=None) -> SavedModel:

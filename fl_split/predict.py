@@ -12,8 +12,9 @@ own folder of the saved model (:mod:`fl_split.serving`) and reads only its own n
    ``DIR/<guest>/inference-ledger.json`` (each new record released once per call; the ledger adds up
    over calls);
 3. the host merges (its receiver-side denoising included), runs its top and writes the predictions,
-   owner-only: the ID, one probability column per class (or the value, for regression) and the
-   predicted class. With the label column in its table it computes the task's metrics.
+   owner-only: the host table's own ID column(s) (names and values as its table holds them; a
+   composite key as its columns), one probability column per class (or the value, for regression)
+   and the predicted class. With the label column in its table it computes the task's metrics.
 """
 
 from __future__ import annotations
@@ -167,6 +168,26 @@ class HostScorer(_Scorer):
         self.merge = Merge(m["merge"])
         self.task_info = json.loads(self.files["task.json"])
         self.label_column = label_column
+        self.id_column = id_column
+        from fl_split.data.ids import parse_columns
+
+        # the predictions hold the ID column(s) beside the score columns: a name both would use is
+        # refused here, before any guest releases anything
+        taken = [c for c in parse_columns(id_column) if c in {"prediction", "predicted"}
+                 or (c.startswith("p_") and c[2:].isdigit())]
+        if taken:
+            raise ConfigError("id-column", id_column, "ID column names other than prediction, predicted and p_0, "
+                              "p_1, … (the predictions' own columns)", reason=f"{taken[0]!r} would be written twice")
+
+    def id_columns(self, shared: np.ndarray) -> dict[str, Any]:
+        """The ``shared`` rows' ID column(s) exactly as the host's own table holds them: the same names,
+        values and types (a composite key as its columns; a CSV's IDs as their text), so the
+        predictions join back on the user's own key."""
+        from fl_split.data.base import positions_of
+        from fl_split.data.ids import parse_columns
+
+        pos = positions_of(self.ids, shared, who=self.name)
+        return {c: self.frame[c].iloc[pos].reset_index(drop=True) for c in parse_columns(self.id_column)}
 
     def predict(self, shared: np.ndarray, released: dict[str, torch.Tensor]) -> dict[str, Any]:
         from fl_split.privacy import factory
@@ -256,8 +277,7 @@ def write_predictions(host: HostScorer, shared: np.ndarray, released: dict[str, 
 
     out_t = host.predict(shared, released)["out"]
     task = host.task_info["task"]
-    # the host's own ID values (text IDs: its mapping from keys, fl_split.data.ids), as its table writes them
-    frame = {id_column: np.asarray([host.names.name(k) for k in shared], dtype=object) if host.names else shared}
+    frame = host.id_columns(shared)
     if task == "regression":
         mean, sd = host.task_info["target_scale"]
         frame["prediction"] = out_t[:, 0].double().numpy() * sd + mean

@@ -268,3 +268,39 @@ def test_predict_with_psi_scores_the_intersection(tmp_path):
     s = predict(str(tmp_path / "model"), tables, "ID", str(tmp_path / "p.csv"), align="psi", label_column="Y")
     assert s["records"] == len(test_ids) and s["metrics"] == res["final"]["metrics"]
     assert sorted(pd.read_csv(tmp_path / "p.csv").ID) == sorted(test_ids)
+
+
+def test_predictions_join_back_on_the_users_own_composite_key(tmp_path):
+    """A composite key (text name + a Parquet date at the host; CSV text at the guests), long
+    non-ASCII names: the CLI's predictions CSV carries the key as the host's own columns and values
+    (no quotes, no truncation), and :meth:`SavedModel.predict` given the host's DataFrame returns them
+    with that DataFrame's own dtypes — a pandas merge on the user's columns matches every row, 1:1."""
+    import fl_split
+    from fl_split.cli import main
+    from tests.test_join_keys import _composite
+
+    paths = _composite(tmp_path)
+    for party, path in paths.items():  # long, non-ASCII names: over 40 characters
+        frame = pd.read_parquet(path) if path.endswith(".parquet") else pd.read_csv(path)
+        frame["name"] = "Frau Dr. Ünal-Čapek, geb. Øster—" + frame["name"].astype(str)
+        frame.to_parquet(path, index=False) if path.endswith(".parquet") else frame.to_csv(path, index=False)
+    flags = [a for p, v in paths.items() for a in ("--data", f"{p}={v}")]
+    flags += ["--id-column", "name,birth_date", "--label-column", "Y"]
+    model = tmp_path / "model"
+    assert main(["train", *flags, "--epochs", "1", "--defense", "gaussian", "--no-progress",
+                 "--private-seed", "3f9d27c1b08e64a5d2c71e90b4a6f358", "--save-model", str(model),
+                 "--out", str(tmp_path / "r.json")]) == 0
+    out = tmp_path / "pred.csv"
+    assert main(["predict", "--model", str(model), *flags, "--out", str(out)]) == 0
+    host = pd.read_parquet(paths["host"])
+    pred = pd.read_csv(out, parse_dates=["birth_date"])
+    assert list(pred.columns[:2]) == ["name", "birth_date"] and len(pred) == len(host)
+    assert pred["name"].str.len().max() > 40 and not pred["name"].str.startswith("'").any()
+    joined = host.merge(pred, on=["name", "birth_date"], validate="one_to_one")
+    assert len(joined) == len(host)
+    # the Python API: the host's own DataFrame in, its own dtypes out
+    frame = fl_split.load_model(model).predict({"host": host, **{g: paths[g] for g in ("guest-1", "guest-2")}},
+                                                id_column="name,birth_date", label_column="Y")
+    assert frame[["name", "birth_date"]].dtypes.tolist() == host[["name", "birth_date"]].dtypes.tolist()
+    assert len(host.merge(frame, on=["name", "birth_date"], validate="one_to_one")) == len(host)
+    assert frame["p_1"].dtype == np.float64 and set(frame["predicted"]) <= {0, 1}
