@@ -64,6 +64,14 @@ def _torch_bytes(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+def _plain_state(module) -> dict:
+    """The module's parameters as the plain architecture names them, on the CPU: a DP-SGD party's
+    modules are wrapped by Opacus (``GradSampleModule``, its keys prefixed ``_module.``), the saved
+    model is the unwrapped one (predict and ``--init-from`` build the plain module)."""
+    wrapped = type(module).__name__ == "GradSampleModule"  # (opacus is imported only where DP-SGD runs)
+    return _cpu((module._module if wrapped else module).state_dict())
+
+
 def _cpu(state: dict) -> dict:
     return {k: v.detach().cpu().clone() for k, v in state.items()}
 
@@ -92,14 +100,14 @@ def save_part(party, plan, directory: str | Path) -> Path:
     files["preprocessing.json"] = json.dumps(party_preprocessing(party.data), indent=1).encode()
     if party.role == "guest":
         manifest["cut_shape"] = list(plan.cut_shapes[party.name])
-        files["model.pt"] = _torch_bytes({"bottom": _cpu(party.bottom.state_dict())})
+        files["model.pt"] = _torch_bytes({"bottom": _plain_state(party.bottom)})
         files["mechanism.json"] = json.dumps(party.mechanism.describe(), indent=1, default=str).encode()
     else:
         manifest["guest_shapes"] = {g: list(plan.cut_shapes[g]) for g in plan.guests}
         manifest["merged_shape"] = list(plan.merged_shape)
-        state = {"top": _cpu(party.top.state_dict())}
+        state = {"top": _plain_state(party.top)}
         if party.bottom is not None:
-            state["bottom"] = _cpu(party.bottom.state_dict())
+            state["bottom"] = _plain_state(party.bottom)
         files["model.pt"] = _torch_bytes(state)
         scale = party.data.target_scale
         files["task.json"] = json.dumps({"task": plan.task, "num_classes": int(party.data.num_classes),
