@@ -1112,6 +1112,60 @@ def test_a_run_that_fails_while_the_interrupt_is_being_handled_still_exits_130()
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "fl-split: interrupted; no results written"
 
 
+def _exit_on_signals_program(body: str, prelude: str = "") -> tuple[int, str, str, float]:
+    """``body`` inside ``exit_on_signals`` in a fresh interpreter (after ``prelude``): its exit
+    status, stdout, stderr and seconds."""
+    code = ("import os, signal, sys, time\n"
+            "import fl_split.flower.processes as P\n" + prelude +
+            "with P.exit_on_signals('fl-split: interrupted; no results written'):\n" +
+            "".join(f"    {line}\n" for line in body.splitlines()))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start
+
+
+def test_an_interrupt_whose_byte_is_not_yet_read_when_the_block_fails_still_exits_130():
+    """The race of the test above without its timing: the signal's byte is in the wakeup pipe, a
+    swallowing handler (Ray's deferral) took the Python side, and the block fails at once — before
+    the watcher thread has read the byte. The block's end reads the pipe up to a sentinel first:
+    exit 130, the one line (before: exit 1 with the traceback, 20 of 20 runs)."""
+    code, _, err, _ = _exit_on_signals_program("signal.signal(signal.SIGINT, lambda *a: None)\n"
+                                               "os.kill(os.getpid(), signal.SIGINT)\n"
+                                               "raise RuntimeError('the actors died')")
+    assert code == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "fl-split: interrupted; no results written"
+
+
+def test_an_interrupt_after_the_wakeup_fd_is_stopped_still_exits_130():
+    """A signal landing after the block's end has stopped the wakeup fd (its byte goes nowhere) but
+    before the caller's handlers are back, while a swallowing handler was left installed: the block's
+    end put its own handler back first, which ends the run with 130."""
+    prelude = ("real = signal.set_wakeup_fd\n"
+               "def stop_then_signal(fd, **kw):\n"
+               "    old = real(fd, **kw)\n"
+               "    if fd == -1:  # the block's end stops the wakeup fd; a signal lands right then\n"
+               "        os.kill(os.getpid(), signal.SIGINT)\n"
+               "    return old\n"
+               "signal.set_wakeup_fd = stop_then_signal\n")
+    code, _, err, _ = _exit_on_signals_program("signal.signal(signal.SIGINT, lambda *a: None)\n"
+                                               "raise RuntimeError('the actors died')", prelude)
+    assert code == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "fl-split: interrupted; no results written"
+
+
+def test_a_block_without_a_signal_ends_at_once_and_restores_the_handlers():
+    """No signal: the block's end waits only for the watcher to read the sentinel (not the 5 s bound),
+    the caller's handlers and wakeup fd are back, and the block's own error propagates unchanged."""
+    prelude = ("mine = lambda *a: None\nsignal.signal(signal.SIGTERM, mine)\nimport atexit\n"
+               "atexit.register(lambda: print(signal.getsignal(signal.SIGTERM) is mine, "
+               "signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.set_wakeup_fd(-1), "
+               "time.monotonic() - ended[0] < 4, flush=True))\n")
+    code, out, err = _exit_on_signals_program("print('in', flush=True)\nended = [time.monotonic()]", prelude)[:3]
+    assert (code, out) == (0, "in\nTrue True -1 True\n"), err
+    code, _, err = _exit_on_signals_program("raise ValueError('its own error')")[:3]
+    assert code == 1 and err.strip().splitlines()[-1] == "ValueError: its own error"
+
+
 def test_watch_says_why_the_clientapps_did_not_start():
     """The ClientApp wait of the Flower CLI tests names the reason and shows the command's stderr
     (CI once reported only "the ClientApps never started"); only the engine's own "Ray did not

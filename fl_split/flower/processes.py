@@ -184,27 +184,42 @@ EXIT_INTERRUPTED = 130
 
 
 @contextlib.contextmanager
-def exit_on_signals(message: str, grace: float = 2.0) -> Iterator[None]:
-    """While the block runs, SIGINT (Ctrl-C) and SIGTERM print ``message`` on stderr, end every
-    process this one started (Ray's daemons and actors: this process's descendants, by PID —
-    never by name), and exit at once with status 130, with no traceback.
+def exit_on_signals(message: str, grace: float = 2.0, settle: float = 5.0) -> Iterator[None]:
+    """SIGINT or SIGTERM during the block: print ``message``, end this process's descendants, exit 130.
+
+    On SIGINT (Ctrl-C) or SIGTERM while the block runs, ``message`` goes to stderr, every process
+    this one started is ended (Ray's daemons and actors: this process's descendants, by PID — never
+    by name), and the process exits at once with status 130, with no traceback.
 
     Why exit instead of raising ``KeyboardInterrupt``: Flower's simulation threads wait on Ray actors
     that the same Ctrl-C has killed, and Python waits for those (non-daemon) threads before it
     exits — measured: still alive 180 s later (issue 17). Nothing is half-written: the results file
     is written once, after the run, outside this block. A second signal during the clean-up is
     ignored; the clean-up is bounded (``grace`` s for SIGTERM, then SIGKILL: well under 10 s).
-    Only in the main thread (Python delivers signals there); elsewhere the block runs unchanged."""
+
+    A signal is seen two ways: this function's Python handler, and — because Ray's deferral can
+    replace that handler and swallow the signal — a thread reading the signal's byte from
+    ``signal.set_wakeup_fd``. When the block ends (with an error from the actors the clean-up is
+    killing, or normally) a signal may still be on its way, its byte not yet read by that thread.
+    So the block's end first puts this function's handler back (a signal from then on runs it in
+    this thread, byte or no byte), stops the wakeup fd, writes a sentinel byte into the pipe and
+    waits (at most ``settle`` s) until the thread has read up to the sentinel — a pipe keeps order,
+    so every signal byte written before it has been seen. If a signal was seen on either path, it
+    then waits for that clean-up, which exits 130; the block's own error never overtakes it. Only
+    then are the caller's handlers put back: a signal after that is the caller's. Only in the main
+    thread (Python delivers signals there); elsewhere the block runs unchanged."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     once = threading.Lock()
+    settled = threading.Event()  # the watcher read the sentinel, or a signal is being handled
 
     def interrupted() -> None:
         if not once.acquire(blocking=False):  # the other path is already ending the run
             return
+        settled.set()
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.write(message + "\n")
@@ -226,6 +241,7 @@ def exit_on_signals(message: str, grace: float = 2.0) -> Iterator[None]:
     r, w = os.pipe()
     os.set_blocking(w, False)
     wanted = {int(signal.SIGINT), int(signal.SIGTERM)}
+    sentinel = b"\0"  # no signal has number 0
 
     def watch() -> None:
         try:
@@ -234,7 +250,10 @@ def exit_on_signals(message: str, grace: float = 2.0) -> Iterator[None]:
                 if not data:
                     return
                 if wanted.intersection(data):
-                    interrupted()
+                    interrupted()  # does not return, unless the handler is already ending the run
+                if sentinel in data:
+                    settled.set()
+                    return
         except OSError:
             return
         finally:
@@ -246,13 +265,29 @@ def exit_on_signals(message: str, grace: float = 2.0) -> Iterator[None]:
     try:
         yield
     finally:
+        # 1. our handler again (the block may have replaced it, as Ray's deferral does): a signal
+        #    from now on, whether or not its byte reaches the pipe, ends the run in this thread
+        for sig in saved:
+            signal.signal(sig, handler)
+        # 2. no more bytes into the pipe; then the sentinel after every byte already written
+        signal.set_wakeup_fd(old_fd)
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline:
+            try:
+                os.write(w, sentinel)
+                break
+            except BlockingIOError:  # a full pipe (thousands of signals): the watcher drains it
+                time.sleep(0.01)
+        # 3. the watcher has seen every signal that came through the pipe (or is handling one)
+        settled.wait(max(0.0, deadline - time.monotonic()))
         if once.locked():
             # a signal is being handled on the other path (the watcher thread, or the handler while
             # this thread was inside Ray's deferral): the run's own ending — an error from the actors
             # that clean-up is killing, exit status 1 (measured) — must not overtake it. That path
             # ends the process with 130 once the clean-up is done.
             threading.Event().wait()
-        signal.set_wakeup_fd(old_fd)
-        os.close(w)  # the watcher reads end-of-file and stops
+        os.close(w)  # a watcher still reading (the wait above ran out) reads end-of-file and stops
+        # 4. the caller's handlers: a signal from now on is the caller's (one landing while they are
+        #    put back may run either handler)
         for sig, old in saved.items():
             signal.signal(sig, old)
