@@ -107,7 +107,7 @@ def _insecure_party_key(value: int, party: str) -> bytes:
                                _text("fl_split insecure private seed", party), INSECURE_PBKDF2_ITERATIONS, SECRET_BYTES)
 
 
-#: a hex seed whose entropy estimate (:func:`pattern_estimate`) is below this is refused as patterned
+#: a hex seed whose entropy estimate (:func:`pattern_estimate`) is at most this is refused as patterned
 #: (random 32-digit seeds estimate >= 91 bits: the least of 10^5 draws, `fl-split seed`'s 64 digits ~240)
 MIN_PATTERN_BITS = 64
 
@@ -121,9 +121,15 @@ def pattern_estimate(digits: str) -> tuple[float, str]:
     * **symbols**: ``n`` digits drawn from their own frequencies hold ``n·H`` bits (``H``: the
       empirical Shannon entropy per digit; few distinct symbols → low);
     * **steps**: the first digit and the differences between neighbours (mod 16) — ``0123…``,
-      ``fedc…``, ``02468…`` — hold ``4 + (n−1)·H(differences)`` bits.
+      ``fedc…``, ``02468…`` — hold ``4 + (n−1)·H(differences)`` bits;
+    * **copies**: near-patterns — a repeated block with a few digits substituted, inserted or
+      dropped (``deadbeef``×3 + ``deadbeee``) — are described as literal digits (4 bits each) and
+      copies of earlier stretches of the seed (:func:`_copies_bits`: 1 + log2 of the start + log2
+      of the length per copy), the cheapest such description.
 
-    It only catches patterns: a seed that passes is not thereby random (use ``fl-split seed``)."""
+    Frequencies (symbols, steps) are not changed much by a few edits; the copies rule covers the
+    periods that an edit breaks. It only catches patterns: a seed that passes is not thereby random
+    (use ``fl-split seed``)."""
     d = digits.lower()
     n = len(d)
     if n == 0:
@@ -139,7 +145,38 @@ def pattern_estimate(digits: str) -> tuple[float, str]:
     steps = [(int(d[i + 1], 16) - int(d[i], 16)) % 16 for i in range(n - 1)]
     return min((4.0 * period, f"it repeats a {period}-digit block"),
                (n * h(d), f"{len(set(d))} distinct digits"),
-               (4.0 + (n - 1) * h(steps) if steps else 4.0, "its digits step by regular differences"))
+               (4.0 + (n - 1) * h(steps) if steps else 4.0, "its digits step by regular differences"),
+               (_copies_bits(d), "it is mostly copies of its own earlier digits"))
+
+
+def _copies_bits(d: str) -> float:
+    """The cheapest description of ``d`` as literal digits (4 bits each) and copies, where a copy of
+    ``L`` digits at position ``j`` repeats the stretch that starts at some earlier position (it may
+    overlap itself) and costs ``1 + log2(j) + log2(n − j)`` bits (a flag, where it copies from,
+    how far). Dynamic programming over the positions, O(n²)."""
+    if len(d) > 256:  # the rest as literals: an upper estimate still, in O(256²)
+        return _copies_bits(d[:256]) + 4.0 * (len(d) - 256)
+    n = len(d)
+    # lcp[j]: the longest stretch at j that also starts at an earlier position (overlap allowed)
+    lcp = [0] * n
+    row = [0] * (n + 1)  # row[k] = longest common prefix of d[k:] and d[j:], for j from the end
+    for j in range(n - 1, -1, -1):
+        new = [0] * (n + 1)
+        for k in range(j - 1, -1, -1):
+            if d[k] == d[j]:
+                new[k] = row[k + 1] + 1
+        lcp[j] = max(new[:j], default=0)
+        row = new
+    best = [0.0] + [math.inf] * n
+    for j in range(n):
+        if best[j] == math.inf:
+            continue
+        best[j + 1] = min(best[j + 1], best[j] + 4.0)
+        if lcp[j] >= 2:
+            cost = best[j] + 1.0 + math.log2(j) + math.log2(n - j)
+            for length in range(2, lcp[j] + 1):
+                best[j + length] = min(best[j + length], cost)
+    return best[n]
 
 
 _HEX = re.compile(r"(0x)?([0-9a-fA-F]+)")
@@ -186,7 +223,7 @@ class PrivateSeed:
     @classmethod
     def parse(cls, text: str, what: str = "--private-seed", allow_pattern: bool = False) -> "PrivateSeed":
         """A hex seed of >= 32 digits. A bare (small) integer is refused with what is allowed, and so
-        is a patterned one (:func:`pattern_estimate` below :data:`MIN_PATTERN_BITS`) unless
+        is a patterned one (:func:`pattern_estimate` at most :data:`MIN_PATTERN_BITS`) unless
         ``allow_pattern`` (``--insecure-private-seed``: :meth:`insecure_hex`)."""
         raw = str(text).strip()
         m = _HEX.fullmatch(raw)
@@ -197,9 +234,9 @@ class PrivateSeed:
             raise PrivateSeedError(f"{what}: got {shown} ({why}); allowed: {SEED_ALLOWED}")
         digits = m.group(2)
         bits, rule = pattern_estimate(digits)
-        if bits < MIN_PATTERN_BITS and not allow_pattern:
+        if bits <= MIN_PATTERN_BITS and not allow_pattern:
             raise PrivateSeedError(f"{what}: got <hidden> (a patterned seed: {rule}, estimated entropy {bits:.0f} "
-                                   f"bits, fewer than {MIN_PATTERN_BITS}); allowed: {SEED_ALLOWED}; a patterned "
+                                   f"bits, at most {MIN_PATTERN_BITS}); allowed: {SEED_ALLOWED}; a patterned "
                                    f"hex seed only with --insecure-private-seed")
         return cls(bytes.fromhex(digits if len(digits) % 2 == 0 else "0" + digits))
 

@@ -73,6 +73,14 @@ def test_short_or_malformed_hex_seeds_are_refused(capsys, tmp_path):
     ("0123456789abcdef" * 2, "its digits step by regular differences"),
     ("fedcba9876543210" * 2, "its digits step by regular differences"),
     ("12211212121122121211212212112122", "2 distinct digits"),        # no period, no steps: few symbols
+    # near-patterns: a refused pattern with a few digits edited (threat model, "Curious host")
+    ("deadbeef" * 3 + "deadbeee", "it is mostly copies of its own earlier digits"),   # was 67 bits: passed
+    ("deadbeefcafebabe" * 2, "it repeats a 16-digit block"),                         # exactly 64 bits: passed
+    ("deadbeefdeadbeefdeadb0efdeadbeef", "it is mostly copies of its own earlier digits"),  # a substitution
+    ("deadbeefdeadbeef1deadbeefdeadbee", "it is mostly copies of its own earlier digits"),  # an insertion
+    ("c0ffee00c0ffee00c0ffee00c0ffee01", "it is mostly copies of its own earlier digits"),
+    ("abababababababababababab12ababab", "it is mostly copies of its own earlier digits"),
+    ("0123456789abcdef56789abcdef01234", "its digits step by regular differences"),   # a run with one break
 ])
 def test_patterned_hex_seeds_are_refused_with_the_rule(tmp_path, capsys, seed, rule):
     out = tmp_path / "r.json"
@@ -80,7 +88,7 @@ def test_patterned_hex_seeds_are_refused_with_the_rule(tmp_path, capsys, seed, r
     line = err.strip()
     assert code == 2 and line.count("\n") == 0, err
     assert line.startswith("fl-split: error: --private-seed: got <hidden> (a patterned seed: ") and seed not in line
-    assert f"{rule}, estimated entropy " in line and "bits, fewer than 64)" in line, line
+    assert f"{rule}, estimated entropy " in line and "bits, at most 64)" in line, line
     assert line.endswith("a patterned hex seed only with --insecure-private-seed")
     assert not out.exists()
 
@@ -92,13 +100,21 @@ def test_patterned_seed_in_a_seed_file_is_refused_too(tmp_path):
 
 
 def test_random_seeds_pass_the_pattern_rules():
-    """The rules only catch patterns: 32 random hex digits (the shortest seed) estimate >= 64 bits
+    """The rules only catch patterns: 32 random hex digits (the shortest seed) estimate > 64 bits
     (the least of 10^5 draws was 91 bits; 2000 here), `fl-split seed`'s 64 digits far more."""
     import secrets
 
     from fl_split.seeding import MIN_PATTERN_BITS, pattern_estimate
 
-    assert min(pattern_estimate(secrets.token_hex(16))[0] for _ in range(2000)) >= MIN_PATTERN_BITS
+    assert min(pattern_estimate(secrets.token_hex(16))[0] for _ in range(2000)) > MIN_PATTERN_BITS
+    refused = []
+    for _ in range(2000):  # what --private-seed does with them: zero refusals
+        seed = secrets.token_hex(16)
+        try:
+            PrivateSeed.parse(seed)
+        except PrivateSeedError:
+            refused.append(seed)
+    assert refused == []
     assert min(pattern_estimate(PrivateSeed.generate().file_text().splitlines()[-1])[0] for _ in range(200)) > 150
 
 
