@@ -22,7 +22,7 @@ from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine
 from fl_split.privacy.base import PrivacyCost
 from fl_split.privacy.ledger import Ledger, LedgerEntry
-from fl_split.privacy.mechanisms import Laplace
+from fl_split.privacy.mechanisms import Laplace, RandomizedResponse
 from fl_split.privacy.r3elu import R3eLU
 from fl_split.seeding import PrivateSeed
 
@@ -177,3 +177,85 @@ def test_ledger_of_a_real_digits_run_is_tight():
     lower, upper = exact_bounds([("dlap", 1.0 / mech["t"], shift, width)], EPOCHS)
     assert_tight(rep["epsilon"], lower, upper)
     assert rep["epsilons"]["basic"] == pytest.approx(20.0)
+
+
+# -- randomized response: d bits of ε_b each --------------------------------------------------------
+def rr_loss_log_pmf(bits: int, eps_bit: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(losses, log P)`` of ``bits`` binary randomized responses of ε_b, every bit differing: the
+    loss is ``k·ε_b − (bits − k)·ε_b`` with ``k ~ Binomial(bits, e^ε_b/(1 + e^ε_b))`` kept bits."""
+    from scipy.special import gammaln
+
+    k = np.arange(bits + 1)
+    log_keep, log_flip = -np.logaddexp(0.0, -eps_bit), -np.logaddexp(0.0, eps_bit)
+    log_p = gammaln(bits + 1) - gammaln(k + 1) - gammaln(bits - k + 1) + k * log_keep + (bits - k) * log_flip
+    return (2 * k - bits) * eps_bit, log_p
+
+
+def exact_delta(losses: np.ndarray, log_p: np.ndarray, eps: float) -> float:
+    """The hockey-stick divergence ``Σ P(L)·max(0, 1 − e^{ε − L})``, summed in log space."""
+    from scipy.special import logsumexp
+
+    above = losses > eps
+    if not above.any():
+        return 0.0
+    return float(np.exp(logsumexp(log_p[above] + np.log(-np.expm1(eps - losses[above])))))
+
+
+def exact_epsilon(losses: np.ndarray, log_p: np.ndarray, delta: float = DELTA) -> float:
+    """The smallest ε with ``exact_delta(ε) ≤ delta`` (bisection to 1e-9; δ(ε) is decreasing)."""
+    lo, hi = 0.0, float(losses.max())
+    while hi - lo > 1e-9:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if exact_delta(losses, log_p, mid) > delta else (lo, mid)
+    return hi
+
+
+def exact_rr_epsilon(bits: int, eps_bit: float, delta: float = DELTA) -> float:
+    return exact_epsilon(*rr_loss_log_pmf(bits, eps_bit), delta)
+
+
+def test_the_exact_binomial_sum_agrees_with_dp_accountings_pld():
+    """The test's own exact value is right: 64 bits of ε_b = 1 lie between dp_accounting's optimistic
+    and pessimistic PLDs of 64 composed binary randomized responses (at an interval 1e-5)."""
+    lower, upper = exact_bounds([("rr", 1.0, 0, 64)], 1)
+    assert lower - 1e-9 <= exact_rr_epsilon(64, 1.0) <= upper + 1e-9
+    assert exact_rr_epsilon(64, 1.0) == pytest.approx(55.709, abs=1e-3)  # the audit's value
+
+
+@pytest.mark.parametrize("bits,eps_bit,old", [(64, 1.0, 56.004), (1024, 0.1, 22.81), (16384, 0.1, 1453.9)])
+def test_one_randomized_response_release_is_tight_at_every_width(bits, eps_bit, old):
+    """One ``bits``-wide RR release is charged as the exact binomial mixture of its worst pair,
+    rounded up to the ledger's interval once: at or above the exact ε (sound), within 5 % of it. Each
+    bit's loss used to be rounded up on a grid set by the whole release's ε (``old``: 10.7× the
+    exact ε at 16,384 bits)."""
+    cost = RandomizedResponse(bits, bits * eps_bit).privacy_cost()
+    rep = charged(cost, epochs=1).report()
+    exact = exact_rr_epsilon(bits, eps_bit)
+    assert exact - 1e-9 <= rep["epsilon"] <= 1.05 * exact, (rep["epsilon"], exact)
+    assert rep["epsilon"] <= exact + 1e-4 * bits * eps_bit + 1e-9  # at most one ledger interval above
+    assert rep["epsilon"] < old
+    assert rep["epsilons"]["basic"] == pytest.approx(bits * eps_bit)
+
+
+@pytest.mark.parametrize("eps,releases", [(64.0, 2), (64.0, 5), (1.0, 5), (4.0, 20)])
+def test_composed_randomized_response_releases_stay_above_the_exact_composition(eps, releases):
+    """Several 64-bit releases of one record (ε = 1: the digits run's default; ε = 64: ε_b = 1):
+    the ledger's ε is at or above the exact composition — ``releases·64`` independent bits, one
+    binomial — and within 5 % of it."""
+    rep = charged(RandomizedResponse(64, eps).privacy_cost(), epochs=releases).report()
+    assert rep["releases_per_record"] == releases
+    exact = exact_rr_epsilon(64 * releases, eps / 64)
+    assert exact - 1e-9 <= rep["epsilon"] <= 1.05 * exact, (rep["epsilon"], exact)
+
+
+def test_two_kinds_of_randomized_response_compose_above_the_exact_convolution():
+    """Two different RR releases of one record (64 bits at ε_b = 1 and 32 bits at ε_b = 0.5, i.e. two
+    PLDs composed by dp_accounting): at or above the exact ε of the convolved loss distributions."""
+    led = Ledger("guest-1", accountant="pld")
+    for i, cost in enumerate([RandomizedResponse(64, 64.0).privacy_cost(),
+                              RandomizedResponse(32, 16.0).privacy_cost()]):
+        led.charge([LedgerEntry(1, ("train", 1, i), "forward", cost, np.arange(4), None)])
+    (l1, p1), (l2, p2) = rr_loss_log_pmf(64, 1.0), rr_loss_log_pmf(32, 0.5)
+    exact = exact_epsilon(np.add.outer(l1, l2).ravel(), np.add.outer(p1, p2).ravel())
+    reported = led.report()["epsilon"]
+    assert exact - 1e-9 <= reported <= 1.05 * exact, (reported, exact)
