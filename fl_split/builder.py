@@ -68,7 +68,7 @@ def _data_key(cfg: RunConfig) -> tuple:
     return (cfg.dataset, cfg.data_root, cfg.guests, cfg.host_features, cfg.columns, cfg.padding,
             cfg.test_fraction, cfg.limit, cfg.seed, cfg.public_fraction if cfg.one_shot else 0.0,
             (cfg.data, cfg.id_column, cfg.label_column, cfg.align, cfg.data_name, cfg.encode,
-             _encode_items(cfg.encode)) if cfg.data else (), cfg.task)
+             _encode_items(cfg.encode), cfg.psi_max_peer_ids) if cfg.data else (), cfg.task)
 
 
 def _encode_items(spec: str) -> tuple:
@@ -85,8 +85,9 @@ def _prepare(key: tuple) -> PreparedData:
     if own:  # --data: the user's tables (fl_split.data.own), aligned by ID as --align says
         from fl_split.data.own import load_own
 
-        data, id_column, label_column, align, data_name, encode, _ = own
+        data, id_column, label_column, align, data_name, encode, _, max_peer_ids = own
         loaded = load_own(RunConfig(data=data, id_column=id_column, label_column=label_column, align=align,
+                                    psi_max_peer_ids=max_peer_ids,
                                     data_name=data_name, encode=encode, guests=guests, host_features=host_features,
                                     columns=columns, test_fraction=test_fraction, limit=limit, seed=seed, task=task_))
         dataset, task, metric, num_classes = loaded["name"], loaded["task"], loaded["metric"], loaded["num_classes"]

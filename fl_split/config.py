@@ -42,6 +42,12 @@ def _opt(default: Any, help: str, *, choices: tuple | Callable[[], tuple] | None
     return field(default=default, metadata=meta)
 
 
+def _peer_limit_ok(v: str) -> bool:
+    from fl_split.psi import check_peer_limit
+
+    return check_peer_limit(v)
+
+
 def _positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
@@ -167,6 +173,14 @@ class RunConfig:
                                 "are the shared list, sent to every party, and every guest must hold each of them; "
                                 "psi = private set intersection (ECDH-PSI): the run trains on the intersection "
                                 "and no party learns another's IDs outside it", choices=("public", "psi"))
+    psi_max_peer_ids: str = _opt("", "with --align psi: the largest ID set of another party this run's parties align "
+                                     "with, N IDs or RATIOx their own set's size (e.g. 50000 or 25x); a larger "
+                                     "announced set is refused before any of it is blinded. Empty = the larger of 4x "
+                                     "the own set and the own set + 10,000. A deployment node takes its own from its "
+                                     "node config psi-max-peer-ids; this key can only lower it (docs/threat-model.md, "
+                                     "\"Alignment\")",
+                                 check=lambda v: isinstance(v, str) and _peer_limit_ok(v),
+                                 allowed="empty, a number of IDs N or a ratio RATIOx (e.g. 50000 or 25x)")
     task: str = _opt("auto", "what the host's top model learns: binary (2 classes; accuracy, AUC, F1, precision, "
                              "recall, KS), multiclass (accuracy), regression (a numeric label, MSE loss; R2, MAE, RMSE); "
                              "auto = the dataset's own task, 2 classes binary, more multiclass, and for --data a numeric "

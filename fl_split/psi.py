@@ -13,7 +13,9 @@ made per alignment and never sent; ``H``: hash to the group; ``+`` on party indi
 
 1. *start* — party i sends ``L_i = π_i([H(x)^{k_i} for x in X_i])`` (one hop done);
 2. *round r = 1 … N-1* — the list of origin i is at party ``i + r``, which raises every element to its
-   own key keeping the order, and passes it on to ``i + r + 1``; all N lists move in the same round
+   own key keeping the order, and passes it on to ``i + r + 1`` (in round 1 the list comes inside the
+   coordinator's ``sizes`` frame, every party's announced size, checked first: "Bounded inputs",
+   below); all N lists move in the same round
    (a ring: every party receives from ``i - 1`` and sends to ``i + 1``), so the protocol costs N + 1
    rounds of messages, not N² sequential hops. After round N-1 the list
    ``F_i = π_i([H(x)^{k_0 k_1 … k_{N-1}}])`` goes to the coordinator (from party ``i - 1``, never back
@@ -51,6 +53,20 @@ party raises at most ``Σ_j |X_j|`` values to its key per alignment, each list o
 checks that every hop keeps the list's length, origin and hop count and that no ``F_i`` repeats a
 value.
 
+**Bounded inputs.** A party that submits IDs it does not hold learns, for each, whether the others
+all hold it: submitting the whole ID space would give it the others' intersection. So every party
+bounds the set of every other: a party's start list is its announcement (its length is fixed before
+any party blinds a value of another's list); the coordinator sends every party all announced sizes
+inside round 1's ``sizes`` frame (:func:`sizes_frame`), and each party, before it reads any value
+of that round's list, checks that its own size is stated truly and that no peer's exceeds its own
+limit (:func:`peer_limit`: by default the larger of ``4 ×`` its own size and its own size
+``+ 10,000``; ``--psi-max-peer-ids N|RATIOx`` in one process, a deployment node's node-config
+``psi-max-peer-ids``, which the run config can only lower). A peer beyond it is refused with one
+line naming the peer, its announced size, the limit and the setting (:class:`DataError`); every
+later list it blinds must hold exactly its origin's announced size. Within the limit ``L`` a party
+holding ``m`` IDs can still probe ``L − m`` IDs it does not hold (docs/threat-model.md,
+"Alignment").
+
 **Over the run's channels.** Each message is one framed ``bytes`` blob (:func:`encode` /
 :func:`decode`: ``b"P2" | kind | sender | receiver | payload``, ``0`` = the coordinator, ``i + 1`` =
 party i) with sender and receiver checked by the receiver, bounded in size. :func:`run_psi` is the
@@ -70,6 +86,7 @@ public-ID assumption (docs/accounting.md) covers exactly ``I``.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from collections.abc import Callable
@@ -83,12 +100,50 @@ from fl_split.protocol import _read_varint, _varint, party_index, party_name
 from fl_split.psi_group import POINT, blind, hash_ids
 
 MAGIC = b"P2"
-KINDS = ("list", "positions")
+KINDS = ("list", "positions", "sizes")
 COORDINATOR = "coordinator"
 #: at most this many bytes per PSI frame: ~ 16 million IDs of 32-byte points
 MAX_PSI_FRAME = 512 * 1024 * 1024
 #: a progress bar from this many X25519 operations on (fewer take well under a second)
 PROGRESS_FROM = 100_000
+#: the default bound on a peer's announced set: the larger of this many times the own size …
+DEFAULT_PEER_RATIO = 4
+#: … and the own size plus this many IDs (module docstring, "Bounded inputs")
+DEFAULT_PEER_SLACK = 10_000
+PEER_LIMIT_ALLOWED = ("empty (the default: the larger of 4x the own set and the own set + 10,000), a number of IDs N "
+                      "(e.g. 50000) or a ratio to the own set RATIOx (e.g. 25x)")
+
+
+def peer_limit(spec: object, own: int) -> tuple[int, str]:
+    """The largest peer set a party holding ``own`` IDs aligns with under ``spec`` (``""``: the
+    default; ``"N"``: N IDs; ``"RATIOx"``: RATIO times its own size), and how it came about (for the
+    refusal's line). :class:`ValueError` for a malformed ``spec``."""
+    text = str(spec if spec is not None else "").strip().lower().replace("_", "").replace(",", "")
+    if not text:
+        limit = max(DEFAULT_PEER_RATIO * own, own + DEFAULT_PEER_SLACK)
+        return limit, (f"the default: the larger of {DEFAULT_PEER_RATIO}x its {own:,} IDs and "
+                       f"{own:,} + {DEFAULT_PEER_SLACK:,}")
+    try:
+        if text.endswith("x"):
+            ratio = float(text[:-1])
+            if not (math.isfinite(ratio) and ratio > 0):
+                raise ValueError
+            return int(math.floor(ratio * own)), f"{text[:-1]}x its {own:,} IDs"
+        n = int(text)
+        if n < 1:
+            raise ValueError
+        return n, f"{n:,} IDs"
+    except ValueError:
+        raise ValueError(f"psi-max-peer-ids: got {spec!r}; allowed: {PEER_LIMIT_ALLOWED}") from None
+
+
+def check_peer_limit(spec: object) -> bool:
+    """Whether ``spec`` is a valid ``psi-max-peer-ids`` (:func:`peer_limit`)."""
+    try:
+        peer_limit(spec, 1)
+    except ValueError:
+        return False
+    return True
 
 
 def _who(name: str) -> int:
@@ -140,6 +195,26 @@ def read_list(blob: object, sender: str, receiver: str) -> tuple[int, int, np.nd
     return origin, hop, np.frombuffer(payload, np.uint8, offset=pos).reshape(-1, POINT)
 
 
+def sizes_frame(receiver: str, sizes: list[int], inner: bytes) -> bytes:
+    """A ``sizes`` frame from the coordinator: every party's announced set size (index order) and,
+    inside, the list ``receiver`` blinds in round 1 (module docstring, "Bounded inputs")."""
+    return encode("sizes", COORDINATOR, receiver,
+                  _varint(len(sizes), "parties") + b"".join(_varint(int(x), "size") for x in sizes) + inner)
+
+
+def read_sizes(blob: object, receiver: str, n: int) -> tuple[list[int], bytes]:
+    """``(sizes, inner frame)`` of a ``sizes`` frame for ``receiver`` among ``n`` parties."""
+    payload = decode(blob, kind="sizes", sender=COORDINATOR, receiver=receiver)
+    count, pos = _read_varint(payload, 0, "parties")
+    if count != n:
+        raise ProtocolError(f"{receiver}: PSI sizes of {count} parties, expected {n}")
+    sizes = []
+    for _ in range(n):
+        x, pos = _read_varint(payload, pos, "size")
+        sizes.append(x)
+    return sizes, payload[pos:]
+
+
 def _sorted_unique(ids) -> np.ndarray:
     """``np.unique`` by sorting (numpy's hash-based unique is several times slower at 1M IDs)."""
     a = np.sort(np.asarray(ids, np.int64))
@@ -159,16 +234,22 @@ def _ring(parties: list[str], i: int) -> str:
 class PsiParty:
     """One party's side (module docstring): its own IDs, a fresh key and permutation per alignment.
 
-    ``parties``: every party in index order (host first). ``key``, ``perm_seed``, ``rnd``: its
-    state when restored in a fresh process (:meth:`import_state`); fresh secrets otherwise. The
-    permutation is PCG64's, seeded with 256 secret bits: its order means nothing to the others."""
+    ``parties``: every party in index order (host first). ``key``, ``perm_seed``, ``rnd``, ``sizes``:
+    its state when restored in a fresh process (:meth:`import_state`); fresh secrets otherwise. The
+    permutation is PCG64's, seeded with 256 secret bits: its order means nothing to the others.
+    ``max_peer_ids``: its own bound on a peer's set (:func:`peer_limit`), named in a refusal as
+    ``flag``."""
 
     def __init__(self, party: str, ids: np.ndarray, parties: list[str], *, key: bytes | None = None,
                  perm_seed: bytes | None = None, rnd: int = 0,
-                 tick: Callable[[int], None] | None = None) -> None:
+                 tick: Callable[[int], None] | None = None, max_peer_ids: object = "",
+                 flag: str = "--psi-max-peer-ids", sizes: list[int] | None = None) -> None:
         self.party, self.parties = party, list(parties)
         self.me, self.n = self.parties.index(party), len(self.parties)
         self._own = _sorted_unique(ids)
+        self.max_peer_ids, self.flag = max_peer_ids, flag
+        #: every party's announced set size (index order), from round 1 on
+        self.sizes = None if sizes is None else [int(x) for x in sizes]
         self._key = fresh_secret() if key is None and rnd < self.n else key
         self._perm_seed = perm_seed or fresh_secret()
         #: 0: not started; r: rounds 1 … r-1 done; n: every round done; n + 1: finished
@@ -193,19 +274,46 @@ class PsiParty:
         self.round = 1
         return list_frame(self.party, self._next(1), self.me, 1, pts)
 
+    def check_sizes(self, sizes: list[int]) -> None:
+        """Refuse, with one line, announced sizes that misstate its own set or name a peer set beyond
+        its limit (:func:`peer_limit`); before any element of any peer is read."""
+        own = len(self._own)
+        if sizes[self.me] != own:
+            raise ProtocolError(f"{self.party}: the coordinator announced {sizes[self.me]} IDs for this party, "
+                                f"which holds {own}")
+        limit, how = peer_limit(self.max_peer_ids, own)
+        for j, size in enumerate(sizes):
+            if j != self.me and size > limit:
+                peer = self.parties[j]
+                raise DataError(f"{self.party}: PSI refused: {peer} announced {size:,} IDs, more than "
+                                f"{self.party}'s limit of {limit:,} peer IDs ({how}); nothing of {peer}'s list "
+                                f"was blinded; to align with a larger set, {self.party} sets {self.flag} "
+                                f"(N IDs or RATIOx)")
+
     def hop(self, blob: bytes) -> bytes:
         """Step 2, round ``self.round``: blind the list of origin ``me - round`` from the ring
-        predecessor, keep its order, pass it on. One list per round, rounds in order."""
+        predecessor, keep its order, pass it on. One list per round, rounds in order. In round 1 the
+        list comes inside the coordinator's ``sizes`` frame: the announced sizes are checked against
+        the party's limit first; every list must hold exactly its origin's announced size."""
         r = self.round
         if not 1 <= r < self.n:
             raise ProtocolError(f"{self.party}: a PSI list to blind in round {r} of {self.n - 1}; a party blinds "
                                 f"one list per round, after its start")
         prev = _ring(self.parties, self.me - 1)
+        if r == 1:
+            sizes, blob = read_sizes(blob, self.party, self.n)
+            self.check_sizes(sizes)
+            self.sizes = sizes
+        elif self.sizes is None:
+            raise ProtocolError(f"{self.party}: a PSI list in round {r} but no announced sizes")
         origin, hop, pts = read_list(blob, prev, self.party)
         want = (self.me - r) % self.n
         if (origin, hop) != (want, r):
             raise ProtocolError(f"{self.party}: PSI list of origin {origin} after {hop} hop(s) in round {r}; "
                                 f"expected origin {want} after {r}")
+        if len(pts) != self.sizes[origin]:
+            raise ProtocolError(f"{self.party}: PSI list of {self.parties[origin]} with {len(pts):,} values, but "
+                                f"{self.parties[origin]} announced {self.sizes[origin]:,}; refused")
         out = blind(pts, self._key, f"{self.party}: the list from {prev}", self.tick)
         self.round = r + 1
         if self.round == self.n:
@@ -241,20 +349,27 @@ class PsiParty:
         out: dict[str, object] = {"round": int(self.round), "perm-seed": self._perm_seed}
         if self._key is not None:
             out["key"] = self._key
+        if self.sizes is not None:
+            out["sizes"] = np.asarray(self.sizes, "<u8").tobytes()
         return out
 
     @classmethod
-    def import_state(cls, party: str, ids: np.ndarray, parties: list[str], state: dict) -> "PsiParty":
-        """The party :meth:`export_state` saved (``ids``: its own IDs, read again from its table)."""
+    def import_state(cls, party: str, ids: np.ndarray, parties: list[str], state: dict,
+                     **limits) -> "PsiParty":
+        """The party :meth:`export_state` saved (``ids``: its own IDs, read again from its table;
+        ``limits``: ``max_peer_ids`` and ``flag``, from its own configuration again)."""
         try:
             rnd, seed = int(state["round"]), bytes(state["perm-seed"])
             key = bytes(state["key"]) if "key" in state else None
+            raw = bytes(state["sizes"]) if "sizes" in state else None
         except (KeyError, TypeError, ValueError):
             raise ProtocolError(f"{party}: damaged PSI state") from None
         if not 0 <= rnd <= len(parties) + 1 or len(seed) != 32 or (key is None) != (rnd >= len(parties)) \
-                or (key is not None and len(key) != POINT):
+                or (key is not None and len(key) != POINT) or (raw is not None and len(raw) != 8 * len(parties)) \
+                or (raw is None) != (rnd <= 1):
             raise ProtocolError(f"{party}: damaged PSI state (round {rnd})")
-        return cls(party, ids, parties, key=key, perm_seed=seed, rnd=rnd)
+        sizes = None if raw is None else np.frombuffer(raw, "<u8").tolist()
+        return cls(party, ids, parties, key=key, perm_seed=seed, rnd=rnd, sizes=sizes, **limits)
 
 
 class PsiRoute(Protocol):
@@ -272,9 +387,10 @@ class PsiRoute(Protocol):
 class LocalRoute:
     """:class:`PsiRoute` between :class:`PsiParty` objects in one process."""
 
-    def __init__(self, ids: dict[str, np.ndarray], tick: Callable[[int], None] | None = None) -> None:
+    def __init__(self, ids: dict[str, np.ndarray], tick: Callable[[int], None] | None = None,
+                 max_peer_ids: object = "") -> None:
         order = sorted(ids, key=party_index)
-        self.parties = {p: PsiParty(p, ids[p], order, tick=tick) for p in order}
+        self.parties = {p: PsiParty(p, ids[p], order, tick=tick, max_peer_ids=max_peer_ids) for p in order}
 
     def start(self, parties):
         return {p: self.parties[p].start() for p in parties}
@@ -321,9 +437,11 @@ def run_psi(route: PsiRoute, parties: list[str],
         sizes[i] = len(pts)
         log("list", p, to, blob)
         frames[i] = blob
+    announced = [sizes[i] for i in range(n)]  # the starts fix every party's size before anyone blinds a peer's
     for r in range(1, n):
         at = {j: (j - r) % n for j in range(n)}  # party j holds the list of origin j - r in round r
-        outs = route.hop({parties[j]: frames[i] for j, i in at.items()})
+        outs = route.hop({parties[j]: (sizes_frame(parties[j], announced, frames[i]) if r == 1 else frames[i])
+                          for j, i in at.items()})
         for j, i in at.items():
             p, to = parties[j], (COORDINATOR if r + 1 == n else _ring(parties, j + 1))
             blob = outs.get(p)
@@ -353,14 +471,15 @@ def run_psi(route: PsiRoute, parties: list[str],
 
 
 def align_by_psi(ids: dict[str, np.ndarray], transcript: Callable[[str, str, str, bytes], None] | None = None,
-                 progress: bool = False, stats: dict | None = None) -> np.ndarray:
+                 progress: bool = False, stats: dict | None = None, max_peer_ids: object = "") -> np.ndarray:
     """:func:`run_psi` over a :class:`LocalRoute` between one :class:`PsiParty` per party (``ids``:
     each party's own IDs) and the intersection every party agreed on (sorted).
 
     ``transcript(kind, sender, receiver, blob)`` sees every message (tests scan it); ``progress``:
     a progress bar over the X25519 operations when there are many (``PROGRESS_FROM``); ``stats``
-    gets ``time_s``, ``messages`` and ``bytes``. Raises :class:`DataError` when the intersection is
-    empty or the parties disagree."""
+    gets ``time_s``, ``messages`` and ``bytes``; ``max_peer_ids``: every party's bound on a peer's set
+    (``--psi-max-peer-ids``, :func:`peer_limit`). Raises :class:`DataError` when the intersection is
+    empty, a party refuses a peer's announced size, or the parties disagree."""
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
@@ -372,7 +491,7 @@ def align_by_psi(ids: dict[str, np.ndarray], transcript: Callable[[str, str, str
         if transcript is not None:
             transcript(kind, sender, receiver, blob)
 
-    route = LocalRoute(ids)
+    route = LocalRoute(ids, max_peer_ids=max_peer_ids)
     total = len(ids) * sum(len(party._own) for party in route.parties.values())  # X25519 operations
     with tqdm(total=total, desc="private set intersection", unit="pt", unit_scale=True, leave=False,
               dynamic_ncols=True, disable=not progress or total < PROGRESS_FROM) as bar:

@@ -224,7 +224,7 @@ def test_nodes_enforce_the_protocols_order(tmp_path):
     """A node takes the PSI steps only in the protocol's order: one start (with 'open'), one list per
     round from its ring predecessor, the positions once after its last round; its state between
     messages holds its key only until its last round; nothing is accepted after the list is agreed."""
-    from fl_split.psi import COORDINATOR, encode, list_frame
+    from fl_split.psi import COORDINATOR, encode, list_frame, read_list, sizes_frame
 
     paths, inter, _ = _overlapping(tmp_path)
     cfg = RunConfig(data="node-tables", align="psi", engine="flower", data_plane="flower", **RUN)
@@ -245,21 +245,29 @@ def test_nodes_enforce_the_protocols_order(tmp_path):
         step("host", "open", **{"psi-start": True})
     with pytest.raises(ProtocolError, match="before its last round"):
         step("host", "psi-finish", frame=encode("positions", COORDINATOR, "host", b""), **{"input-shapes": "{}"})
-    # round 1: the host blinds guest-2's list (its ring predecessor's), not guest-1's
+    # round 1: the coordinator's announced sizes, around the list; without them nothing is blinded
+    sizes = [len(read_list(frames[p], p, PARTIES[(i + 1) % 3])[2]) for i, p in enumerate(PARTIES)]
+    with pytest.raises(ProtocolError, match="expected 'sizes'"):
+        step("host", "psi-blind", frame=frames["guest-2"])
+    # the host blinds guest-2's list (its ring predecessor's), not guest-1's
     with pytest.raises(ProtocolError, match="expected guest-2 to host"):
-        step("host", "psi-blind", frame=frames["guest-1"])
-    out = step("host", "psi-blind", frame=frames["guest-2"])["frame"]
-    g1 = step("guest-1", "psi-blind", frame=frames["host"])["frame"]
+        step("host", "psi-blind", frame=sizes_frame("host", sizes, frames["guest-1"]))
+    out = step("host", "psi-blind", frame=sizes_frame("host", sizes, frames["guest-2"]))["frame"]
+    g1 = step("guest-1", "psi-blind", frame=sizes_frame("guest-1", sizes, frames["host"]))["frame"]
+    n2 = sizes[2]
     # a replayed start list of the host (origin 0, hop 1) is not guest-1's round-2 list
     with pytest.raises(ProtocolError, match="expected origin 2 after 2"):
         step("guest-1", "psi-blind", frame=list_frame("host", "guest-1", 0, 1, np.zeros((3, 32), np.uint8)))
+    # a list longer than its origin announced is refused before any of it is blinded
+    with pytest.raises(ProtocolError, match=f"guest-2 with {n2 + 1:,} values, but guest-2 announced {n2:,}"):
+        step("guest-1", "psi-blind", frame=list_frame("host", "guest-1", 2, 2, np.zeros((n2 + 1, 32), np.uint8)))
     # a value of small order (u = 0) or not canonical (bit 255 set) is refused
     with pytest.raises(ProtocolError, match="small order"):
-        step("guest-1", "psi-blind", frame=list_frame("host", "guest-1", 2, 2, np.zeros((3, 32), np.uint8)))
+        step("guest-1", "psi-blind", frame=list_frame("host", "guest-1", 2, 2, np.zeros((n2, 32), np.uint8)))
     with pytest.raises(ProtocolError, match="not canonical"):
-        step("guest-1", "psi-blind", frame=list_frame("host", "guest-1", 2, 2, np.full((3, 32), 0xFF, np.uint8)))
+        step("guest-1", "psi-blind", frame=list_frame("host", "guest-1", 2, 2, np.full((n2, 32), 0xFF, np.uint8)))
     step("guest-1", "psi-blind", frame=out)
-    assert set(ctx["guest-1"].state.config_records[PSI_STATE]) == {"round", "perm-seed"}  # its key is gone
+    assert set(ctx["guest-1"].state.config_records[PSI_STATE]) == {"round", "perm-seed", "sizes"}  # its key is gone
     with pytest.raises(ProtocolError, match="one list per round"):  # a third list: no oracle
         step("guest-1", "psi-blind", frame=g1)
     with pytest.raises(ProtocolError, match="not sorted, unique and inside"):
@@ -293,7 +301,7 @@ def test_psi_state_survives_a_fresh_process():
         def start(self, parties):
             return {p: self._run(p, PsiParty.start) for p in parties}
 
-        def hop(self, frames):
+        def hop(self, frames):  # round 1's lists come inside the coordinator's announced sizes
             return {p: self._run(p, PsiParty.hop, b) for p, b in frames.items()}
 
         def finish(self, frames):

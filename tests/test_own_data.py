@@ -288,19 +288,20 @@ def test_psi_messages_from_a_hostile_peer_are_refused():
     """DESIGN "Privacy principles" 7: a party checks each PSI frame (kind, sender, receiver, origin,
     hop, size, values of the group) and blinds one list per round; the coordinator checks that every
     hop keeps its list; nothing else escapes."""
-    from fl_split.psi import COORDINATOR, LocalRoute, PsiParty, decode, encode, list_frame, read_list, run_psi
+    from fl_split.psi import (COORDINATOR, LocalRoute, PsiParty, decode, encode, list_frame, read_list, run_psi,
+                              sizes_frame)
 
     order = ["host", "guest-1"]
     host, guest = PsiParty("host", np.arange(0, 50), order), PsiParty("guest-1", np.arange(25, 80), order)
     mine = host.start()
     with pytest.raises(ProtocolError, match="list from host to guest-1, expected guest-1 to host"):
-        PsiParty("host", np.arange(3), order, rnd=1).hop(mine)  # its own list back
+        PsiParty("host", np.arange(3), order, rnd=1).hop(sizes_frame("host", [3, 50], mine))  # its own list back
     for junk in (b"", b"P2", b"XX\x00\x00\x01", encode("list", "host", "guest-1", b"\x00\x01" + b"\x07" * 33),
-                 encode("positions", "host", "guest-1", b""), "text"):
+                 encode("positions", "host", "guest-1", b""), "text", mine):
         with pytest.raises(ProtocolError):
             PsiParty("guest-1", np.arange(3), order, rnd=1).hop(junk)
     guest.start()
-    blinded = guest.hop(mine)
+    blinded = guest.hop(sizes_frame("guest-1", [50, 55], mine))
     origin, hop, pts = read_list(blinded, "guest-1", COORDINATOR)
     assert (origin, hop, len(pts)) == (0, 2, 50)
     with pytest.raises(ProtocolError, match="round 2 of 1"):  # blinding a second list: refused

@@ -578,7 +578,7 @@ def load_own(cfg: "RunConfig", transcript=None) -> dict[str, Any]:
 
         stats: dict[str, Any] = {}
         shared = align_by_psi({p: tables[p].slice.ids for p in cfg.parties}, transcript, progress=cfg.progress,
-                              stats=stats)
+                              stats=stats, max_peer_ids=cfg.psi_max_peer_ids)
         alignment = {"align": "psi", "shared_ids": int(len(shared)), "psi_messages": stats["messages"],
                      "psi_bytes": stats["bytes"], "time_s": stats["time_s"]}
 

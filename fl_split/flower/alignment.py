@@ -47,7 +47,9 @@ every message). Replies: names and widths, frames, digests of the found list.
 
 **The coordinator's honesty.** Each node enforces the protocol's order (fl_split/psi.py, "What each
 party enforces"): one start, one list per round from its ring predecessor, rounds in order, one
-finish after the last round. Frames are not signed: a coordinator that forged a list could have a
+finish after the last round; and its own bound on every peer's announced set (fl_split/psi.py,
+"Bounded inputs": its node-config ``psi-max-peer-ids``, else the default; the run config's can only
+lower it, :func:`node_peer_limit`), checked in round 1 before any value of a peer is blinded. Frames are not signed: a coordinator that forged a list could have a
 node blind values of *its* choosing (at most one list per round), and a coordinator colluding with
 a party learns that party's sub-intersections. The deployment trusts its coordinator to route
 honestly (as it trusts it with the run configuration); docs/datasets.md and docs/threat-model.md
@@ -224,10 +226,11 @@ def own_table(cfg: RunConfig, role):
     return _table(cfg, role.party, path, os.path.getmtime(path) if os.path.exists(path) else 0.0)
 
 
-def handle_align(cfg: RunConfig, role, req, state) -> dict[str, Any]:
+def handle_align(cfg: RunConfig, role, req, state, node_config: dict | None = None) -> dict[str, Any]:
     """One ``query.align`` step at this node (module docstring); returns the reply's values. The step
     that agrees this node's shared ID list carries every holder's input shape: the node then aligns
-    and encodes its data (every check of it) before it answers."""
+    and encodes its data (every check of it) before it answers. ``node_config``: this node's own
+    (its ``psi-max-peer-ids``)."""
     if role.mode != "deployment" or not uses_node_tables(cfg):
         raise ProtocolError(f"{role.party}: an alignment message, but this node does not read its own table "
                             f"(deployment with data = 'node-tables')")
@@ -255,7 +258,7 @@ def handle_align(cfg: RunConfig, role, req, state) -> dict[str, Any]:
         return {}
     if aligned is not None:
         raise ProtocolError(f"{role.party}: '{op}' after this node agreed on its shared ID list")
-    reply = _align_step(cfg, role, req, state, op, table)
+    reply = _align_step(cfg, role, req, state, op, table, node_config or {})
     if ALIGNED in state.config_records:  # the list is agreed: build the data now (every check of it)
         try:
             data = _aligned(cfg, role.party, *_file(role), bytes(state.config_records[ALIGNED]["shared"]))
@@ -266,7 +269,7 @@ def handle_align(cfg: RunConfig, role, req, state) -> dict[str, Any]:
     return reply
 
 
-def _align_step(cfg: RunConfig, role, req, state, op: str, table) -> dict[str, Any]:
+def _align_step(cfg: RunConfig, role, req, state, op: str, table, node_config: dict) -> dict[str, Any]:
     from fl_split.psi import ids_digest
 
     is_host = role.role == "host"
@@ -296,38 +299,65 @@ def _align_step(cfg: RunConfig, role, req, state, op: str, table) -> dict[str, A
         _keep(state, shared)
         return {"digest": ids_digest(shared)}
     if op == "psi-finish":
-        shared = _psi_step(cfg, role, state, op, _bytes(req, "frame", role.party), table)
+        shared = _psi_step(cfg, role, state, op, _bytes(req, "frame", role.party), table, node_config)
         _keep(state, shared)
         return {"digest": ids_digest(shared)}
     if op == "psi-blind":
-        return {"frame": _psi_step(cfg, role, state, op, _bytes(req, "frame", role.party), table)}
+        return {"frame": _psi_step(cfg, role, state, op, _bytes(req, "frame", role.party), table, node_config)}
     raise ProtocolError(f"{role.party}: unknown alignment step {op!r}")
 
 
-def _psi_step(cfg: RunConfig, role, state, op: str, frame: bytes | None, table):
+def _psi_step(cfg: RunConfig, role, state, op: str, frame: bytes | None, table, node_config: dict | None = None):
     """One PSI step of this node (start, blind, finish) in the alignment phase (:func:`psi_step`)."""
     if cfg.align != "psi":
         raise ProtocolError(f"{role.party}: '{op}' but the run aligns with --align {cfg.align}")
     parties = ["host", *(f"guest-{i}" for i in range(1, cfg.guests + 1))]
-    return psi_step(role.party, parties, table.slice.ids, state, op, frame)
+    limits = node_peer_limit(table.slice.ids, node_config or {}, cfg.psi_max_peer_ids)
+    return psi_step(role.party, parties, table.slice.ids, state, op, frame, limits=limits)
 
 
-def psi_step(party: str, parties: list[str], ids, state, op: str, frame: bytes | None, key: str = PSI_STATE):
+#: the node-config key of a deployment node's bound on a peer's PSI set (:func:`fl_split.psi.peer_limit`)
+NODE_PEER_LIMIT = "psi-max-peer-ids"
+
+
+def node_peer_limit(ids, node_config: dict, run_value: object = "") -> dict[str, Any]:
+    """``max_peer_ids`` and ``flag`` of a deployment node's :class:`~fl_split.psi.PsiParty`: its own
+    node-config ``psi-max-peer-ids`` (else the default), lowered — never raised — by the run
+    config's (DESIGN.md, "Privacy principles" 10)."""
+    from fl_split.psi import _sorted_unique, peer_limit
+
+    mine = str(node_config.get(NODE_PEER_LIMIT, "") or "").strip()
+    try:
+        own = len(_sorted_unique(ids))
+        limit = peer_limit(mine, own)[0]
+        run = str(run_value or "").strip()
+        if run and peer_limit(run, own)[0] < limit:
+            return {"max_peer_ids": run, "flag": f"this node's node-config {NODE_PEER_LIMIT} (the run config's "
+                                                 f"{NODE_PEER_LIMIT} = {run!r} lowers it)"}
+    except ValueError as e:
+        raise DataError(f"node-config {e}") from None
+    return {"max_peer_ids": mine, "flag": f"this node's node-config {NODE_PEER_LIMIT}"}
+
+
+def psi_step(party: str, parties: list[str], ids, state, op: str, frame: bytes | None, key: str = PSI_STATE,
+             limits: dict[str, Any] | None = None):
     """One PSI step of ``party`` holding ``ids`` (start, blind, finish), its state restored from and
     saved to its own ``context.state`` under ``key`` (a fresh ClientApp process continues from
-    there); also the prediction job's alignment (:mod:`fl_split.flower.predicting`)."""
+    there); also the prediction job's alignment (:mod:`fl_split.flower.predicting`). ``limits``:
+    its bound on a peer's set (:func:`node_peer_limit`; ``None``: the default)."""
     from fl_split.psi import PsiParty
 
+    limits = limits if limits is not None else {"max_peer_ids": "", "flag": f"node-config {NODE_PEER_LIMIT}"}
     rec = state.config_records.get(key)
     if op == "psi-start":
         if rec is not None:
             raise ProtocolError(f"{party}: a second PSI start in this run")
-        psi = PsiParty(party, ids, parties)
+        psi = PsiParty(party, ids, parties, **limits)
         out = psi.start()
     else:
         if rec is None:
             raise ProtocolError(f"{party}: '{op}' before this node's PSI start")
-        psi = PsiParty.import_state(party, ids, parties, dict(rec.items()))
+        psi = PsiParty.import_state(party, ids, parties, dict(rec.items()), **limits)
         out = psi.hop(frame) if op == "psi-blind" else psi.finish(frame)
     if op == "psi-finish":
         state.config_records.pop(key, None)  # the PSI is over: no key, no seed left

@@ -373,7 +373,7 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
             from fl_split.flower.alignment import handle_align
 
             return _reply(message, **handle_align(_coordinator_config(str(req["config"]), context), role, req,
-                                                  context.state))
+                                                  context.state, dict(context.node_config)))
         if mtype == MSG_PREDICT:  # the prediction job: its own part, its own new table
             from fl_split.flower.predicting import handle_predict
 

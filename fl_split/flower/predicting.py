@@ -117,7 +117,7 @@ def _keep(state, shared: np.ndarray) -> str:
 
 def handle_predict(role, req, context) -> dict[str, Any]:
     """One ``query.predict`` step at this node (module docstring); returns the reply's values."""
-    from fl_split.flower.alignment import psi_step
+    from fl_split.flower.alignment import node_peer_limit, psi_step
 
     spec = R.loads(str(req["job"]))
     op = str(req.get("op", ""))
@@ -137,7 +137,8 @@ def handle_predict(role, req, context) -> dict[str, Any]:
         if spec["align"] != want:
             raise ProtocolError(f"{role.party}: '{op}' but the job aligns with --align {spec['align']}")
     if op == "psi-blind":
-        return {"frame": psi_step(role.party, parties, scorer.ids, state, op, _bytes(req, "frame", role), PSI_STATE)}
+        return {"frame": psi_step(role.party, parties, scorer.ids, state, op, _bytes(req, "frame", role), PSI_STATE,
+                                  limits=node_peer_limit(scorer.ids, node_config))}  # its own bound on a peer's set
     if op == "psi-finish":
         return {"digest": _keep(state, psi_step(role.party, parties, scorer.ids, state, op,
                                                 _bytes(req, "frame", role), PSI_STATE))}
