@@ -320,15 +320,18 @@ class SavedModel:
         return list(self.manifests["host"]["parties"])
 
     def predict(self, tables: Mapping[str, Any], *, id_column: str = "id", label_column: str = "label",
-                align: str = "public", out: str | os.PathLike | None = None, budget: float | None = None):
+                align: str = "public", out: str | os.PathLike | None = None, budget: float | None = None,
+                max_queries_per_id: int = 3):
         """Score new rows: ``tables`` maps each party to its own new table (a CSV/Parquet path or a
         :class:`pandas.DataFrame` with the ``id_column`` and that party's columns; the host's may hold
         the ``label_column``). Returns the predictions as a :class:`pandas.DataFrame` (the host table's
         own ID column(s) — names, values, dtypes — then ``p_k`` per class and ``predicted``, or
         ``prediction`` for regression) with the summary in
         ``frame.attrs["summary"]`` (records, task, each guest's inference ε, the metrics when the host
-        holds labels). ``out``: also keep the predictions CSV there (owner-only). ``budget``: each
-        guest's inference-ledger ε budget."""
+        holds labels). ``out``: also keep the predictions CSV there (owner-only). ``budget`` and
+        ``max_queries_per_id``: each guest's own inference limits (ε over its inference ledger, default
+        the ε of ``max_queries_per_id`` releases of one record; releases per record over all calls;
+        docs/serving.md "Inference limits")."""
         import pandas as pd
 
         from fl_split.predict import predict
@@ -343,7 +346,7 @@ class SavedModel:
                     paths[party] = os.fspath(table)
             target = os.fspath(out) if out is not None else os.path.join(work, "predictions.csv")
             summary = predict(os.fspath(self.path), paths, id_column, target, align, label_column, budget,
-                              model=self._model)
+                              model=self._model, max_queries_per_id=max_queries_per_id)
             frame = _with_own_ids(pd.read_csv(target), pd.read_csv(target, dtype=str, keep_default_na=False),
                                   tables["host"], paths["host"], id_column)
         frame.attrs["summary"] = {k: v for k, v in summary.items() if k != "out" or out is not None}

@@ -230,8 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--align", default="public", choices=("public", "psi"), help="how the new IDs are aligned")
     pr.add_argument("--out", dest="pred_out", required=True, metavar="PRED.csv", help="the predictions (host only)")
     pr.add_argument("--budget", dest="pred_budget", type=float, default=None, metavar="E",
-                    help="refuse a guest's release that would take its inference ledger over epsilon E "
-                         "[default: no budget]")
+                    help="each guest's own inference budget: refuse a release that would take its inference "
+                         "ledger (over all calls) over epsilon E [default: the epsilon of --max-queries-per-id "
+                         "releases of one record] (docs/serving.md \"Inference limits\")")
+    pr.add_argument("--max-queries-per-id", dest="pred_max_queries", type=int, default=3, metavar="N",
+                    help="each guest's own per-ID cap: refuse a release of a record already released N times for "
+                         "inference, over all calls [default: 3]")
     pr.add_argument("--engine", dest="pred_engine", default="local", choices=("local", "flower", "deploy-local"),
                     help="local: one process; flower: a Flower simulation, one SuperNode per party; deploy-local: "
                          "a SuperLink and one SuperNode per party on this machine (each node-config: its model-dir, "
@@ -526,18 +530,19 @@ def cmd_predict(ns: argparse.Namespace) -> int:
                 raise ConfigError("data", item, "PARTY=PATH, e.g. host=a.csv")
             tables[party.strip()] = path.strip()
     args = (ns.model, tables, ns.id_column, ns.pred_out, ns.align, ns.label_column, ns.pred_budget)
+    limit = {"max_queries_per_id": ns.pred_max_queries}
     if ns.pred_engine == "flower":
         from fl_split.flower.predict_sim import predict_flower
 
-        s = predict_flower(*args)
+        s = predict_flower(*args, **limit)
     elif ns.pred_engine == "deploy-local":
         from fl_split.deploy_predict import deploy_predict
 
         if not ns.pred_workdir:
             raise ConfigError("workdir", "", "a directory", reason="--engine deploy-local needs a work directory")
-        s = deploy_predict(*args, workdir=ns.pred_workdir, tls=ns.pred_tls)
+        s = deploy_predict(*args, workdir=ns.pred_workdir, tls=ns.pred_tls, **limit)
     else:
-        s = predict(*args)
+        s = predict(*args, **limit)
     print(f"scored {s['records']} records ({s['task']}); predictions (host only): {s['out']}")
     print("host: releases nothing when it predicts (no gradients); the predictions and metrics stay with it")
     for g, r in s["privacy"].items():

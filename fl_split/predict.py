@@ -9,8 +9,11 @@ own folder of the saved model (:mod:`fl_split.serving`) and reads only its own n
 2. each guest encodes its rows with its saved preprocessing, runs its bottom and **releases** the
    cut-layer output through its saved mechanism with fresh noise (OS entropy: inference is a new
    release, never a replay of training noise), charged first to its *inference ledger*, written as
-   ``DIR/<guest>/inference-ledger.json`` (each new record released once per call; the ledger adds up
-   over calls);
+   ``DIR/<guest>/inference-ledger.npz`` (each new record released once per call; the ledger adds up
+   over calls), within its **own inference limits** (:class:`InferenceLimits`: an ε budget over that
+   ledger and a per-ID query cap counted in ``DIR/<guest>/inference-queries.npz``; a release past
+   either is refused before anything is computed, charged or written; docs/serving.md "Inference
+   limits");
 3. the host merges (its receiver-side denoising included), runs its top and writes the predictions,
    owner-only: the host table's own ID column(s) (names and values as its table holds them; a
    composite key as its columns), one probability column per class (or the value, for regression)
@@ -20,13 +23,67 @@ own folder of the saved model (:mod:`fl_split.serving`) and reads only its own n
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from fl_split.errors import ConfigError, DataError
+from fl_split.errors import ConfigError, DataError, FlSplitError
+
+#: a guest's per-ID query cap when its own configuration sets none (docs/serving.md "Inference limits")
+DEFAULT_MAX_QUERIES_PER_ID = 3
+#: the files beside a guest's saved part that remember its inference releases (never reset by fl_split)
+LEDGER_FILE, QUERIES_FILE = "inference-ledger.npz", "inference-queries.npz"
+
+
+class InferenceRefused(FlSplitError):
+    """A guest refused an inference release under its own per-ID query cap; nothing was released or charged."""
+
+
+@dataclass(frozen=True)
+class InferenceLimits:
+    """A guest's own limits on inference releases (docs/serving.md "Inference limits").
+
+    ``budget``: the ε its inference ledger may reach over all its calls; ``None``: the ε that
+    ``max_queries_per_id`` releases of one record reach under its saved mechanism (so the cap refuses
+    first). ``max_queries_per_id``: how many times one record may be released for inference, over all
+    calls. A caller (a coordinator's job) can only tighten them: :meth:`GuestScorer.release`."""
+
+    budget: float | None = None
+    max_queries_per_id: int = DEFAULT_MAX_QUERIES_PER_ID
+
+    def __post_init__(self) -> None:
+        check_limits(self.budget, self.max_queries_per_id)
+
+
+def check_limits(budget, max_queries_per_id) -> None:
+    """Refuse (one line) an inference budget that is not a finite number > 0 or a per-ID cap that is not
+    an integer >= 1 (``None``: not set)."""
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                               or not (budget > 0 and math.isfinite(budget))):
+        raise ConfigError("budget", budget, "a number > 0")
+    if max_queries_per_id is not None and (isinstance(max_queries_per_id, bool)
+                                           or not isinstance(max_queries_per_id, (int, np.integer))
+                                           or max_queries_per_id < 1):
+        raise ConfigError("max-queries-per-id", max_queries_per_id, "an integer >= 1")
+
+
+def _read_queries(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, counts)`` of the per-ID query counts file (sorted IDs; empty before the first call)."""
+    if not path.exists():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    with np.load(path, allow_pickle=False) as z:
+        return z["ids"].astype(np.int64), z["counts"].astype(np.int64)
+
+
+def _counts_of(ids: np.ndarray, counts: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """How many times each ID of ``want`` was released so far (0 for one never released)."""
+    pos = np.minimum(np.searchsorted(ids, want), max(len(ids) - 1, 0))
+    hit = (ids[pos] == want) if len(ids) else np.zeros(len(want), bool)
+    return np.where(hit, counts[pos] if len(ids) else 0, 0).astype(np.int64)
 
 
 def _config(manifest: dict, model=None):
@@ -81,8 +138,11 @@ class _Scorer:
 class GuestScorer(_Scorer):
     """A guest at prediction time: its bottom, its preprocessing, its mechanism, its inference ledger."""
 
-    def __init__(self, directory, party, table_path, id_column, model=None) -> None:
+    def __init__(self, directory, party, table_path, id_column, model=None,
+                 limits: InferenceLimits | None = None) -> None:
         super().__init__(directory, party, table_path, id_column, model)
+        #: this guest's own inference limits (its configuration; the defaults when it sets none)
+        self.limits = limits if limits is not None else InferenceLimits()
         from fl_split.models.registry import build_bottom
         from fl_split.serving import load_state
 
@@ -94,18 +154,40 @@ class GuestScorer(_Scorer):
             raise ConfigError("schedule", self.cfg.schedule, "constant for a model that predicts",
                               reason="a geometric schedule has no mechanism for releases after training")
 
-    def release(self, shared: np.ndarray, budget: float | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The released cut-layer output of the ``shared`` rows (charged first; fresh noise). ``budget``:
-        a release that would take the inference ledger over ε = ``budget`` is refused before anything
-        is computed (:class:`~fl_split.errors.BudgetExceeded`; the ledger file is unchanged)."""
+    def release(self, shared: np.ndarray, budget: float | None = None,
+                max_queries_per_id: int | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The released cut-layer output of the ``shared`` rows (charged first; fresh noise).
+
+        The guest's own :attr:`limits` hold; ``budget`` and ``max_queries_per_id`` (a coordinator's job,
+        ``None``: not set) can only tighten them: the smaller of each applies. A release that would
+        take one of the ``shared`` records past the per-ID cap (:class:`InferenceRefused`) or the
+        inference ledger past the ε budget (:class:`~fl_split.errors.BudgetExceeded`) is refused
+        before anything is computed: nothing released, the ledger and query files unchanged."""
         from fl_split.builder import make_ledger
         from fl_split.privacy import factory
         from fl_split.privacy.ledger import Ledger, LedgerEntry
+        from fl_split.results import write_bytes_atomic
         from fl_split.seeding import PartySecret
 
+        check_limits(budget, max_queries_per_id)
+        own = self.limits
+        cap = own.max_queries_per_id if max_queries_per_id is None else min(own.max_queries_per_id,
+                                                                            int(max_queries_per_id))
+        shared = np.asarray(shared, np.int64)
+        qpath = self.directory / self.name / QUERIES_FILE
+        q_ids, q_counts = _read_queries(qpath)
+        records = np.unique(shared)
+        before = _counts_of(q_ids, q_counts, records)
+        over = int(np.count_nonzero(before >= cap))
+        if over:
+            raise InferenceRefused(
+                f"{self.name}: release refused, per-ID query cap reached: {over} of the {len(records)} requested "
+                f"records were already released {cap} time(s) for inference (max-queries-per-id {cap}"
+                f"{'' if cap == own.max_queries_per_id else f': the job’s, below its own {own.max_queries_per_id}'}; "
+                f"nothing released or charged; docs/serving.md \"Inference limits\")")
         width = int(np.prod(self.manifest["cut_shape"]))
         mech = factory.forward_mechanism(self.cfg, width, 1)
-        path = self.directory / self.name / "inference-ledger.npz"
+        path = self.directory / self.name / LEDGER_FILE
         ledger = make_ledger(self.cfg.replace(budget="auto"), self.name)
         if ledger is not None and path.exists():
             from fl_split.state import unflatten
@@ -113,34 +195,56 @@ class GuestScorer(_Scorer):
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files if k != "__skeleton__"}
                 ledger = Ledger.from_state(unflatten(arrays, json.loads(str(z["__skeleton__"]))))
-        if ledger is not None:
-            ledger.budget = None if budget is None else float(budget)
-        calls = len(ledger) if ledger is not None else 0  # earlier predict calls (one ledger entry each)
         cost = mech.cost()
+        limit = None
         if ledger is not None and cost is not None:
-            ledger.charge([LedgerEntry(0, ("predict", 0, int(calls)), "forward", cost, np.asarray(shared, np.int64),
-                                       None)])
+            limit = own.budget if own.budget is not None else self.default_budget(cost, own.max_queries_per_id)
+            if budget is not None:
+                limit = min(limit, float(budget))
+        if ledger is not None:
+            ledger.budget = limit
+        calls = len(ledger) if ledger is not None else 0  # earlier predict calls (one ledger entry each)
+        if ledger is not None and cost is not None:  # BudgetExceeded here records nothing
+            ledger.charge([LedgerEntry(0, ("predict", 0, int(calls)), "forward", cost, shared, None)])
         with torch.no_grad():
             v = self.bottom(self.features(shared))
         gen = PartySecret.fresh().torch_generator("inference", 0) if mech.random else None
         value = mech.release(v, gen).value
-        report: dict[str, Any] = {"mechanism": mech.name, "records": int(len(shared))}
+        report: dict[str, Any] = {"mechanism": mech.name, "records": int(len(shared)),
+                                  "limits": {"budget": limit, "max_queries_per_id": cap,
+                                             "queries_per_id": int(before.max(initial=0)) + 1}}
+        # what is spent is written (atomically, owner-only) before the release leaves this object
+        all_ids, inv = np.unique(np.concatenate([q_ids, records]), return_inverse=True)
+        counts = np.bincount(inv, weights=np.concatenate([q_counts, np.ones(len(records))])).astype(np.int64)
+        import io
+
+        buf = io.BytesIO()
+        np.savez(buf, ids=all_ids, counts=counts)
+        write_bytes_atomic(qpath, buf.getvalue())
         if ledger is None or cost is None:
             report.update(epsilon=None, covered=False,
                           note="released without a differential-privacy mechanism (--defense none): not covered")
         else:
-            from fl_split.secure_files import write_private
             from fl_split.state import flatten
-
-            import io
 
             arrays, skeleton = flatten(ledger.export_state())
             buf = io.BytesIO()
             np.savez(buf, __skeleton__=np.asarray(json.dumps(skeleton)), **arrays)
-            write_private(path, buf.getvalue())
+            write_bytes_atomic(path, buf.getvalue())
             report.update(epsilon=ledger.epsilon(), covered=True, accountant=self.cfg.accountant,
                           delta=self.cfg.delta, ledger=str(path))
         return value, report
+
+    def default_budget(self, cost, queries: int) -> float:
+        """The default inference ε budget: what ``queries`` releases of one record reach under the saved
+        mechanism (its accountant), with a relative slack of 1e-9 so the cap, not rounding, refuses first."""
+        from fl_split.builder import make_ledger
+        from fl_split.privacy.ledger import LedgerEntry
+
+        scratch = make_ledger(self.cfg.replace(budget="auto"), self.name)
+        scratch.charge([LedgerEntry(0, ("predict", 0, k), "forward", cost, np.zeros(1, np.int64), None)
+                        for k in range(int(queries))])
+        return float(scratch.epsilon()) * (1 + 1e-9)
 
 
 class HostScorer(_Scorer):
@@ -229,15 +333,17 @@ class HostScorer(_Scorer):
 
 
 def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, align: str = "public",
-            label_column: str = "label", budget: float | None = None, model=None) -> dict[str, Any]:
+            label_column: str = "label", budget: float | None = None, model=None,
+            max_queries_per_id: int = DEFAULT_MAX_QUERIES_PER_ID) -> dict[str, Any]:
     """Score the new rows of ``tables`` (party → path) with the saved model in ``model_dir``; write
     ``out`` (owner-only CSV, host only) and return the summary (metrics, each party's epsilon).
-    ``budget``: each guest's inference-ledger ε budget; a guest that would exceed it refuses, and
-    nothing reaches the host (a guest charged before that refusal stays charged: conservative).
+    ``budget`` and ``max_queries_per_id``: each guest's own inference limits (:class:`InferenceLimits`;
+    ``budget`` None: the ε of ``max_queries_per_id`` releases of one record); a guest that would
+    exceed one refuses, and nothing reaches the host (a guest charged before that refusal stays
+    charged: conservative).
     ``model``: the model factory of a run trained from Python with a function that cannot be imported
     by name (a lambda, a notebook's function; :class:`fl_split.api.SavedModel` passes it)."""
-    if budget is not None and not (isinstance(budget, (int, float)) and budget > 0 and np.isfinite(budget)):
-        raise ConfigError("budget", budget, "a number > 0")
+    limits = InferenceLimits(budget, max_queries_per_id)
     from fl_split.serving import check_parts, load_part
 
     if "host" not in tables:
@@ -245,7 +351,7 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
                           reason="the host's new table is needed")
     check_parts({p: load_part(model_dir, p)[0] for p in tables})
     host = HostScorer(model_dir, "host", tables["host"], id_column, label_column, model)
-    guests = {g: GuestScorer(model_dir, g, tables[g], id_column, model) for g in host.manifest["guest_shapes"]}
+    guests = {g: GuestScorer(model_dir, g, tables[g], id_column, model, limits) for g in host.manifest["guest_shapes"]}
     if align == "public":
         from fl_split.data.own import check_public_ids
 
@@ -260,7 +366,7 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
         raise ConfigError("align", align, "public or psi")
     released, privacy = {}, {}
     for g, s in guests.items():  # each guest releases its new rows' cut-layer outputs
-        released[g], privacy[g] = s.release(shared, budget)
+        released[g], privacy[g] = s.release(shared)
     return write_predictions(host, shared, released, privacy, id_column, out)
 
 

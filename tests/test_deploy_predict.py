@@ -225,3 +225,53 @@ def test_deploy_local_trains_saves_and_predicts_the_runs_metrics(tmp_path):
     seen += b"".join(p.read_bytes() for p in (workdir / "logs").glob("*.log"))
     seen += b"".join(p.read_bytes() for p in workdir.glob("superlink.db*"))
     assert _scan(seen, outside) == []
+
+
+def test_a_guests_node_config_limits_hold_against_the_coordinators_job(tmp_path):
+    """The repeated-predict attack on deployment nodes (docs/serving.md "Inference limits"): a
+    coordinator whose jobs carry a huge budget and cap asks for the same 20 IDs 50 times. Each guest's
+    own node config (guest-1: max-queries-per-id 2; guest-2: none set, the default 3) refuses past its
+    cap: a one-line PartyError at the coordinator naming the guest, the same line in the guest's log,
+    nothing released (the host writes no predictions) and its ledger and query files unchanged (on the
+    call where guest-1 first refuses, guest-2, still under its own cap, released and stays charged:
+    each guest's limits are its own).
+    A job that sets the guests' own limits, and a node-config limit that is not one, are refused."""
+    import logging
+
+    from tests.test_threat_model import _files_of
+
+    paths, _, _ = _overlapping(tmp_path)
+    cfg, _ = _train(tmp_path, paths, defense="gaussian", protect="guest", sigma=0.7)
+    tables = _new_tables(tmp_path, paths, prepare_data(cfg).test_ids[:20])
+    nodes = _node_configs(tables, tmp_path / "model", tmp_path / "pred.csv")
+    nodes[1]["max-queries-per-id"] = 2
+    conf, _ = _job(tmp_path / "model")
+    job = job_spec("ID", "Y", "public", 1e12, 2, max_queries_per_id=10**6)  # the coordinator's: no tightening
+    done, refused = [], []
+    logs = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logs.append(record.getMessage())
+    logging.getLogger("fl_split.flower").addHandler(handler)
+    try:
+        for _ in range(50):
+            before = {g: _files_of(tmp_path / "model" / g) for g in ("guest-1", "guest-2")}
+            (tmp_path / "pred.csv").unlink(missing_ok=True)
+            try:
+                done.append(predict_job(RecordingGrid(nodes, fresh_process=True), conf, job))
+            except PartyError as exc:
+                refused.append(str(exc))
+                assert {g: _files_of(tmp_path / "model" / g) for g in before} == before or len(refused) == 1
+                assert not (tmp_path / "pred.csv").exists()
+    finally:
+        logging.getLogger("fl_split.flower").removeHandler(handler)
+    assert len(done) == 2 and len(refused) == 48
+    assert all(len(r.splitlines()) == 1 and "guest-1" in r and "per-ID query cap reached" in r for r in refused)
+    assert sum("guest-1: release refused, per-ID query cap reached" in line for line in logs) == 48
+    assert [d["privacy"]["guest-1"]["limits"]["max_queries_per_id"] for d in done] == [2, 2]
+    assert [d["privacy"]["guest-2"]["limits"]["max_queries_per_id"] for d in done] == [3, 3]
+    # the coordinator does not set a guest's own limits; a node-config value that is not a limit is one line
+    with pytest.raises(PartyError, match="sets the guests' own inference limits"):
+        predict_job(RecordingGrid(nodes), conf, {**job, "limits": {"budget": 1e12, "max_queries_per_id": 10**6}})
+    nodes[2]["max-queries-per-id"] = 0
+    with pytest.raises(PartyError, match="guest-2 node-config: inference-budget='', max-queries-per-id='0'"):
+        predict_job(RecordingGrid(nodes), conf, job)

@@ -85,3 +85,31 @@ def test_predict_deploy_local_needs_a_workdir(tmp_path, capsys):
                  "--out", str(tmp_path / "p.csv")])
     err = capsys.readouterr().err
     assert code == 2 and "--workdir" in err and "deploy-local" in err and len(err.strip().splitlines()) == 1
+
+
+def test_flower_predict_guest_limits_hold_when_the_job_sends_a_huge_budget(tmp_path, monkeypatch):
+    """In a Flower simulation the guests' own limits (``--max-queries-per-id``, ``--budget``: the job's
+    ``limits``, as one user runs every party) hold even when the coordinator's job carries a huge
+    budget and cap: with a cap of 1 the second call on the same IDs is refused, one line naming the
+    guest, no predictions written, its ledger and query files unchanged (docs/serving.md "Inference
+    limits")."""
+    import fl_split.flower.predict_sim as sim
+    from fl_split.errors import FlSplitError
+    from fl_split.flower.predict_sim import predict_flower
+    from tests.test_threat_model import _files_of
+
+    real = sim.job_spec
+    monkeypatch.setattr(sim, "job_spec", lambda *a, **kw: {**real(*a, **kw), "budget": 1e12,
+                                                           "max_queries_per_id": 10**6})
+    paths = _tables(tmp_path, guests=1)
+    cfg, _ = _train(tmp_path, paths, defense="laplace", epsilon=2.0)
+    new = {p: str(v) for p, v in _rows(tmp_path, paths, prepare_data(cfg).test_ids[:20]).items()}
+    model = str(tmp_path / "model")
+    s = predict_flower(model, new, "ID", str(tmp_path / "p1.csv"), label_column="Y", max_queries_per_id=1)
+    assert s["privacy"]["guest-1"]["limits"]["max_queries_per_id"] == 1
+    before = _files_of(tmp_path / "model" / "guest-1")
+    with pytest.raises(FlSplitError) as refused:
+        predict_flower(model, new, "ID", str(tmp_path / "p2.csv"), label_column="Y", max_queries_per_id=1)
+    text = str(refused.value)
+    assert len(text.splitlines()) == 1 and "guest-1" in text and "per-ID query cap reached" in text
+    assert _files_of(tmp_path / "model" / "guest-1") == before and not (tmp_path / "p2.csv").exists()

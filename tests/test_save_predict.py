@@ -304,3 +304,37 @@ def test_predictions_join_back_on_the_users_own_composite_key(tmp_path):
     assert frame[["name", "birth_date"]].dtypes.tolist() == host[["name", "birth_date"]].dtypes.tolist()
     assert len(host.merge(frame, on=["name", "birth_date"], validate="one_to_one")) == len(host)
     assert frame["p_1"].dtype == np.float64 and set(frame["predicted"]) <= {0, 1}
+
+
+def test_predict_cli_and_api_apply_the_guests_own_limits(tmp_path, capsys):
+    """``--max-queries-per-id N`` (default 3) and ``--budget E`` are each guest's own inference limits
+    in one process (docs/serving.md "Inference limits"): past the cap the call is refused with one
+    line, exit code 1, no predictions written and the guests' ledger and query files unchanged; a cap
+    that is not an integer >= 1 is one usage line; ``SavedModel.predict`` takes the same limits."""
+    import fl_split
+    from fl_split.cli import main
+    from tests.test_threat_model import _files_of
+
+    paths = _tables(tmp_path)
+    cfg, _ = _train(tmp_path, paths, defense="laplace", epsilon=2.0)
+    new = _rows(tmp_path, paths, prepare_data(cfg).test_ids[:20])
+    model = tmp_path / "model"
+    flags = ["predict", "--model", str(model), *[a for p, v in new.items() for a in ("--data", f"{p}={v}")],
+             "--id-column", "ID", "--label-column", "Y"]
+    assert main([*flags, "--out", str(tmp_path / "p1.csv"), "--max-queries-per-id", "1"]) == 0
+    capsys.readouterr()
+    before = {g: _files_of(model / g) for g in ("guest-1", "guest-2")}
+    assert set(before["guest-1"]) == {"inference-ledger.npz", "inference-queries.npz"}
+    assert main([*flags, "--out", str(tmp_path / "p2.csv"), "--max-queries-per-id", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "guest-1: release refused, per-ID query cap reached: 20 of the 20" in err
+    assert {g: _files_of(model / g) for g in before} == before and not (tmp_path / "p2.csv").exists()
+    assert main([*flags, "--out", str(tmp_path / "p2.csv"), "--max-queries-per-id", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "max-queries-per-id" in err
+    # the default cap (3): two more calls, then refused; the API the same
+    frame = fl_split.load_model(model).predict({p: str(v) for p, v in new.items()}, id_column="ID", label_column="Y")
+    assert frame.attrs["summary"]["privacy"]["guest-1"]["limits"]["max_queries_per_id"] == 3
+    assert main([*flags, "--out", str(tmp_path / "p3.csv")]) == 0
+    assert main([*flags, "--out", str(tmp_path / "p4.csv")]) == 1 and not (tmp_path / "p4.csv").exists()
+    assert main([*flags, "--out", str(tmp_path / "p4.csv"), "--max-queries-per-id", "4"]) == 0  # its own to raise

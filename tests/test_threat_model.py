@@ -496,3 +496,75 @@ def test_deployment_refuses_a_private_seed_in_the_run_config(tmp_path):
     assert private_seed_of(sim, ctx(run={"private-seed-file": ""})) is None
 
 
+
+
+def _files_of(directory) -> dict:
+    """Name → bytes of a guest's inference files (its ledger and its per-ID query counts)."""
+    return {f.name: f.read_bytes() for f in sorted(directory.glob("inference-*"))}
+
+
+def test_repeated_predict_is_capped_by_the_guests_own_limits(tmp_path):
+    """The repeated-predict attack (docs/serving.md "Inference limits"): a host asks a guest to release
+    the same 20 chosen IDs 50 times and averages. With no limit the average's RMS error to the guest's
+    clean cut-layer output falls from ~0.70 to ~0.10 (measured; ε 358 → 13,751). The guest's own
+    default limits (3 releases per ID, ε budget = 3 releases of one record) refuse calls 4-50 —
+    whether the caller sends no budget or a huge one (a job's limits only tighten): each refusal is
+    one line, releases nothing and leaves its ledger and query files byte for byte; the attacker's
+    average stays at what 3 calls give (~0.41). An own ε budget refuses likewise, and a job's
+    tighter cap applies, a looser one does not."""
+    from fl_split.builder import prepare_data
+    from fl_split.errors import BudgetExceeded
+    from fl_split.predict import GuestScorer, InferenceLimits, InferenceRefused
+    from tests.test_save_predict import _rows, _tables, _train
+
+    paths = _tables(tmp_path, guests=1)
+    cfg, _ = _train(tmp_path, paths, defense="gaussian", protect="guest", sigma=0.7, denoise="scale",
+                    denoise_param=0.2)
+    ids = np.sort(prepare_data(cfg).test_ids[:20])  # the attacker's chosen IDs
+    table = str(_rows(tmp_path, paths, ids)["guest-1"])
+    part = tmp_path / "model" / "guest-1"
+
+    def attack(limits, job_budget=None, job_cap=None, calls=50):
+        guest = GuestScorer(tmp_path / "model", "guest-1", table, "ID", limits=limits)
+        with torch.no_grad():
+            clean = guest.bottom(guest.features(ids))
+        got, eps, refusals = [], [], []
+        for _ in range(calls):
+            before = _files_of(part)
+            try:
+                value, rep = guest.release(ids, job_budget, job_cap)
+            except (InferenceRefused, BudgetExceeded) as exc:
+                refusals.append(str(exc))
+                assert _files_of(part) == before  # nothing spent, nothing counted
+                continue
+            got.append(value)
+            eps.append(rep["epsilon"])
+        rms = lambda v: float(((v - clean) ** 2).mean().sqrt())  # noqa: E731
+        return got, eps, refusals, rms
+
+    for job_budget in (None, 1e12):  # the caller sends no budget, or a huge one (and a huge cap)
+        for f in part.glob("inference-*"):
+            f.unlink()
+        got, eps, refusals, rms = attack(InferenceLimits(), job_budget, None if job_budget is None else 10**6)
+        assert len(got) == 3 and len(refusals) == 47
+        assert all(len(r.splitlines()) == 1 and "per-ID query cap reached: 20 of the 20" in r and "guest-1" in r
+                   for r in refusals)
+        single = float(np.mean([rms(v) for v in got]))
+        averaged = rms(torch.stack(got).mean(0))
+        # the best the attacker can do is average the 3 allowed releases: ~ single / √3, far above 50 calls'
+        assert averaged > 0.75 * single / math.sqrt(3) and averaged > 3 * single / math.sqrt(50)
+        assert eps[0] < eps[1] < eps[2]  # charged per allowed call, then no more
+
+    # an own ε budget (cap raised): refused when the ledger would pass it, however large the job's
+    for f in part.glob("inference-*"):
+        f.unlink()
+    got, eps, _, _ = attack(InferenceLimits(None, 50), calls=2)
+    for f in part.glob("inference-*"):
+        f.unlink()
+    got, _, refusals, _ = attack(InferenceLimits(eps[1] * 1.001, 50), job_budget=1e12, job_cap=10**6, calls=5)
+    assert len(got) == 2 and len(refusals) == 3 and all("privacy budget exhausted" in r for r in refusals)
+    # a job's tighter cap applies; a looser one never lifts the guest's own
+    for f in part.glob("inference-*"):
+        f.unlink()
+    assert [len(attack(InferenceLimits(), job_cap=1, calls=2)[0])] == [1]
+    assert len(attack(InferenceLimits(), job_cap=100, calls=5)[0]) == 2  # 1 + 2 more up to its own 3

@@ -15,9 +15,13 @@ from fl_split.flower.predicting import federation_config, job_spec, predict_serv
 
 
 def predict_flower(model_dir: str, tables: dict[str, str], id_column: str, out: str, align: str = "public",
-                   label_column: str = "label", budget: float | None = None, verbose: bool = False) -> dict[str, Any]:
+                   label_column: str = "label", budget: float | None = None, verbose: bool = False,
+                   max_queries_per_id: int | None = None) -> dict[str, Any]:
     """``fl-split predict --engine flower``: the job in a Flower simulation in this process, one
-    virtual SuperNode per party of the saved model (each loads its own part and reads its own table)."""
+    virtual SuperNode per party of the saved model (each loads its own part and reads its own table).
+    ``budget`` and ``max_queries_per_id``: the guests' own inference limits (one user runs every
+    party; ``None``: the defaults, :class:`fl_split.predict.InferenceLimits`); the job sets none."""
+    from fl_split.predict import DEFAULT_MAX_QUERIES_PER_ID, InferenceLimits
     from pathlib import Path
 
     from fl_split.flower.engine import FlowerEngine
@@ -33,8 +37,9 @@ def predict_flower(model_dir: str, tables: dict[str, str], id_column: str, out: 
         raise ConfigError("data", ";".join(sorted(tables)), ";".join(host["parties"]),
                           reason="one new table per party of the saved model")
     absolute = {p: str(Path(v).expanduser().resolve()) for p, v in tables.items()}
-    spec = job_spec(id_column, label_column, align, budget, guests, str(Path(model_dir).expanduser().resolve()),
-                    absolute, str(Path(out).expanduser().resolve()))
+    own = InferenceLimits(budget, DEFAULT_MAX_QUERIES_PER_ID if max_queries_per_id is None else max_queries_per_id)
+    spec = job_spec(id_column, label_column, align, None, guests, str(Path(model_dir).expanduser().resolve()),
+                    absolute, str(Path(out).expanduser().resolve()), limits=own)
     cfg = federation_config(host["config"], guests)
 
     class PredictEngine(FlowerEngine):

@@ -19,7 +19,11 @@ paths (one user runs every party). The coordinator sends ``query.predict`` messa
    sizes only, each node learns the intersection) or, with ``--align public``, the host's sorted ID
    list sent to every guest (``public-ids`` / ``public-accept``), as ``--align public`` publishes it in
    training. Each node answers with a digest of its list; the coordinator checks they agree;
-3. ``release`` to every guest: it charges its **inference ledger** (``model-dir/<guest>/inference-
+3. ``release`` to every guest: within **its own inference limits** (a deployment: its node config's
+   ``inference-budget`` and ``max-queries-per-id``, else the defaults; the job's ``budget`` and
+   ``max_queries_per_id`` can only tighten them; docs/serving.md "Inference limits"; a refusal is one
+   line in the guest's log and one at the coordinator, nothing released or charged) it charges its
+   **inference ledger** (``model-dir/<guest>/inference-
    ledger.npz``, on its own machine) one release per scored record, then releases the cut-layer
    output of the shared rows through its saved mechanism with fresh noise
    (:meth:`~fl_split.predict.GuestScorer.release`); the reply carries the released values (as every
@@ -57,17 +61,23 @@ PSI_STATE = "fl_split.predict.psi"
 
 # -- the job ----------------------------------------------------------------------------------------
 def job_spec(id_column: str, label_column: str, align: str, budget: float | None, guests: int,
-             model: str = "", tables: dict[str, str] | None = None, out: str = "") -> dict[str, Any]:
-    """The prediction job every node receives. ``model``, ``tables`` and ``out`` only in a simulation
-    (one user runs every party); a deployment's nodes take their paths from their own node config."""
+             model: str = "", tables: dict[str, str] | None = None, out: str = "",
+             max_queries_per_id: int | None = None, limits=None) -> dict[str, Any]:
+    """The prediction job every node receives. ``budget`` and ``max_queries_per_id``: the coordinator's
+    inference limits, which only tighten each guest's own (``None``: not set). ``model``, ``tables``,
+    ``out`` and ``limits`` (the guests' own :class:`~fl_split.predict.InferenceLimits`) only in a
+    simulation (one user runs every party); a deployment's nodes take them from their own node config."""
+    from fl_split.predict import check_limits
+
     if align not in ("public", "psi"):
         raise ConfigError("align", align, "public or psi")
-    if budget is not None and not (isinstance(budget, (int, float)) and budget > 0 and np.isfinite(budget)):
-        raise ConfigError("budget", budget, "a number > 0")
+    check_limits(budget, max_queries_per_id)
     spec: dict[str, Any] = {"id_column": id_column, "label_column": label_column, "align": align,
-                            "budget": budget, "guests": int(guests)}
+                            "budget": budget, "max_queries_per_id": max_queries_per_id, "guests": int(guests)}
     if model:
         spec.update(model=model, tables=dict(tables or {}), out=out)
+        if limits is not None:
+            spec["limits"] = {"budget": limits.budget, "max_queries_per_id": limits.max_queries_per_id}
     return spec
 
 
@@ -92,13 +102,38 @@ def _paths(role, node_config: dict, spec: dict) -> tuple[str, str, str]:
     return model, role.data_path, out
 
 
+def guest_limits(role, node_config: dict, spec: dict):
+    """This guest's own :class:`~fl_split.predict.InferenceLimits`: in a deployment its node config's
+    ``inference-budget`` and ``max-queries-per-id`` (absent: the defaults; limits in the job are refused
+    there: the coordinator does not set a party's own limits); in a simulation the job's ``limits``."""
+    from fl_split.predict import DEFAULT_MAX_QUERIES_PER_ID, InferenceLimits
+
+    if role.mode != "deployment":
+        own = spec.get("limits") or {}
+        return InferenceLimits(own.get("budget"), own.get("max_queries_per_id", DEFAULT_MAX_QUERIES_PER_ID))
+    if spec.get("limits"):
+        raise FederationError(f"{role.party}: the prediction job sets the guests' own inference limits; in a "
+                              f"deployment each guest takes its own from its node config (inference-budget, "
+                              f"max-queries-per-id); a job's budget can only tighten them")
+    raw_b, raw_q = (str("" if node_config.get(k) is None else node_config[k]).strip()
+                    for k in ("inference-budget", "max-queries-per-id"))
+    try:
+        budget = None if not raw_b else float(raw_b)
+        queries = DEFAULT_MAX_QUERIES_PER_ID if not raw_q else int(raw_q)
+        return InferenceLimits(budget, queries)
+    except (ConfigError, ValueError):
+        raise FederationError(f"{role.party} node-config: inference-budget={raw_b!r}, max-queries-per-id={raw_q!r}; "
+                              f"allowed: a number > 0 (or unset: the ε of max-queries-per-id releases of one "
+                              f"record) and an integer >= 1 (unset: {DEFAULT_MAX_QUERIES_PER_ID})") from None
+
+
 def _scorer(role, node_config: dict, spec: dict):
     from fl_split.predict import GuestScorer, HostScorer
 
     model, table, _ = _paths(role, node_config, spec)
     if role.role == "host":
         return HostScorer(model, "host", table, spec["id_column"], spec["label_column"])
-    return GuestScorer(model, role.party, table, spec["id_column"])
+    return GuestScorer(model, role.party, table, spec["id_column"], limits=guest_limits(role, node_config, spec))
 
 
 def _shared(role, state) -> np.ndarray:
@@ -160,8 +195,17 @@ def handle_predict(role, req, context) -> dict[str, Any]:
         check_public_ids(scorer.ids, shared, scorer.where)  # every published ID must be in its table
         return {"digest": _keep(state, shared)}
     if op == "release":
+        from fl_split.errors import BudgetExceeded
+        from fl_split.predict import InferenceRefused
+
         _expect(role, "guest", op)
-        value, report = scorer.release(_shared(role, state), spec["budget"])
+        try:
+            value, report = scorer.release(_shared(role, state), spec["budget"], spec.get("max_queries_per_id"))
+        except (InferenceRefused, BudgetExceeded) as exc:  # one line here; the coordinator gets the same one
+            import logging
+
+            logging.getLogger("fl_split.flower").warning("%s", exc)
+            raise
         report["ledger"] = f"{role.party}/inference-ledger.npz in its model-dir" if report.get("covered") else None
         buf = io.BytesIO()
         np.save(buf, value.detach().cpu().numpy(), allow_pickle=False)
