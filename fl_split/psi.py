@@ -115,9 +115,10 @@ PEER_LIMIT_ALLOWED = ("empty (the default: the larger of 4x the own set and the 
 
 
 def peer_limit(spec: object, own: int) -> tuple[int, str]:
-    """The largest peer set a party holding ``own`` IDs aligns with under ``spec`` (``""``: the
-    default; ``"N"``: N IDs; ``"RATIOx"``: RATIO times its own size), and how it came about (for the
-    refusal's line). :class:`ValueError` for a malformed ``spec``."""
+    """The largest peer set a party holding ``own`` IDs aligns with, and how it came about.
+
+    ``spec``: ``""`` the default, ``"N"`` N IDs, ``"RATIOx"`` RATIO times its own size. The second
+    value is for the refusal's line. :class:`ValueError` for a malformed ``spec``."""
     text = str(spec if spec is not None else "").strip().lower().replace("_", "").replace(",", "")
     if not text:
         limit = max(DEFAULT_PEER_RATIO * own, own + DEFAULT_PEER_SLACK)
@@ -196,8 +197,10 @@ def read_list(blob: object, sender: str, receiver: str) -> tuple[int, int, np.nd
 
 
 def sizes_frame(receiver: str, sizes: list[int], inner: bytes) -> bytes:
-    """A ``sizes`` frame from the coordinator: every party's announced set size (index order) and,
-    inside, the list ``receiver`` blinds in round 1 (module docstring, "Bounded inputs")."""
+    """A ``sizes`` frame from the coordinator to ``receiver``, around its round-1 list.
+
+    It holds every party's announced set size (index order) and, inside, the list ``receiver``
+    blinds in round 1 (module docstring, "Bounded inputs")."""
     return encode("sizes", COORDINATOR, receiver,
                   _varint(len(sizes), "parties") + b"".join(_varint(int(x), "size") for x in sizes) + inner)
 
@@ -275,8 +278,9 @@ class PsiParty:
         return list_frame(self.party, self._next(1), self.me, 1, pts)
 
     def check_sizes(self, sizes: list[int]) -> None:
-        """Refuse, with one line, announced sizes that misstate its own set or name a peer set beyond
-        its limit (:func:`peer_limit`); before any element of any peer is read."""
+        """Refuse announced sizes that misstate its own set or name a peer set beyond its limit.
+
+        One line (:func:`peer_limit`), before any element of any peer is read."""
         own = len(self._own)
         if sizes[self.me] != own:
             raise ProtocolError(f"{self.party}: the coordinator announced {sizes[self.me]} IDs for this party, "
@@ -291,10 +295,12 @@ class PsiParty:
                                 f"(N IDs or RATIOx)")
 
     def hop(self, blob: bytes) -> bytes:
-        """Step 2, round ``self.round``: blind the list of origin ``me - round`` from the ring
-        predecessor, keep its order, pass it on. One list per round, rounds in order. In round 1 the
-        list comes inside the coordinator's ``sizes`` frame: the announced sizes are checked against
-        the party's limit first; every list must hold exactly its origin's announced size."""
+        """Step 2, round ``self.round``: blind the ring predecessor's list and pass it on.
+
+        The list is of origin ``me - round``; its order is kept. One list per round, rounds in order.
+        In round 1 the list comes inside the coordinator's ``sizes`` frame: the announced sizes are
+        checked against the party's limit first; every list must hold exactly its origin's announced
+        size."""
         r = self.round
         if not 1 <= r < self.n:
             raise ProtocolError(f"{self.party}: a PSI list to blind in round {r} of {self.n - 1}; a party blinds "

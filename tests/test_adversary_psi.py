@@ -1,5 +1,6 @@
-"""A party that inflates its ``--align psi`` input (docs/threat-model.md, "Alignment", "Bounded
-inputs"): a guest that submits the whole ID space (20,000 IDs; the others hold 600) would learn the
+"""A party that inflates its ``--align psi`` input is refused by every party it exceeds.
+
+docs/threat-model.md, "Alignment", "Bounded inputs": a guest that submits the whole ID space (20,000 IDs; the others hold 600) would learn the
 others' intersection, IDs it never held included. Every party's set size is announced with its start
 and checked by every other party against its own limit (``--psi-max-peer-ids``; in a deployment its
 node config) before any element of that party's list is blinded: the refusal is one line naming the
@@ -52,8 +53,9 @@ def test_default_limits():
 
 
 def test_an_inflated_set_is_refused_before_any_of_it_is_blinded(monkeypatch):
-    """In process: both victims refuse guest-2's 20,000 announced IDs; no party blinds a value of
-    guest-2's list, no positions are sent, nobody learns an intersection."""
+    """In process: both victims refuse guest-2's 20,000 announced IDs before blinding any of them.
+
+    No party blinds a value of guest-2's list, no positions are sent, nobody learns an intersection."""
     ids = _sets()
     blinded: list[tuple[str, int]] = []
     real = psi.blind
@@ -81,8 +83,9 @@ def test_an_inflated_set_is_refused_before_any_of_it_is_blinded(monkeypatch):
 
 
 def test_a_party_that_sends_more_than_it_announced_is_refused():
-    """The lists a party blinds must hold exactly what their origin announced; and a coordinator that
-    misstates the party's own size, or skips the announcement, is refused."""
+    """The lists a party blinds must hold exactly what their origin announced.
+
+    A coordinator that misstates the party's own size, or skips the announcement, is refused too."""
     order = ["host", "guest-1"]
     host, guest = PsiParty("host", np.arange(0, 50), order), PsiParty("guest-1", np.arange(25, 80), order)
     mine = host.start()
@@ -101,8 +104,10 @@ def test_a_party_that_sends_more_than_it_announced_is_refused():
 
 
 def test_an_honest_unbalanced_alignment_passes_when_configured():
-    """One small party (600) and one large (15,000, holding the small one's IDs): refused by the
-    default, aligned with --psi-max-peer-ids 25x (or 15000)."""
+    """An honest unbalanced pair is refused by the default and aligns when configured.
+
+    One small party (600) and one large (15,000, holding the small one's IDs): --psi-max-peer-ids
+    25x (or 15000)."""
     small = np.arange(5_000, 5_600)
     ids = {"host": small, "guest-1": np.arange(0, 15_000)}
     with pytest.raises(DataError, match="guest-1 announced 15,000 IDs, more than host's limit of 10,600"):
@@ -160,8 +165,9 @@ def test_the_cli_aligns_an_honest_unbalanced_case_when_configured(tmp_path, caps
 
 # -- a deployment: each node's own limit from its node config (the in-process node handler) -----------
 class _Nodes:
-    """The ``exchange`` of a Flower transport, answered in process by each node's ``handle_align``
-    with its own node config and ``context.state`` (what a SuperNode runs per message)."""
+    """The ``exchange`` of a Flower transport, answered in process by each node's ``handle_align``.
+
+    Each node with its own node config and ``context.state`` (what a SuperNode runs per message)."""
 
     def __init__(self, cfg, paths, node_configs):
         from flwr.app import Context, RecordDict

@@ -321,9 +321,10 @@ NODE_PEER_LIMIT = "psi-max-peer-ids"
 
 
 def node_peer_limit(ids, node_config: dict, run_value: object = "") -> dict[str, Any]:
-    """``max_peer_ids`` and ``flag`` of a deployment node's :class:`~fl_split.psi.PsiParty`: its own
-    node-config ``psi-max-peer-ids`` (else the default), lowered — never raised — by the run
-    config's (DESIGN.md, "Privacy principles" 10)."""
+    """A deployment node's bound on a peer's PSI set: ``max_peer_ids`` and ``flag`` of its party.
+
+    Its own node-config ``psi-max-peer-ids`` (else the default), lowered — never raised — by the
+    run config's (DESIGN.md, "Privacy principles" 10)."""
     from fl_split.psi import _sorted_unique, peer_limit
 
     mine = str(node_config.get(NODE_PEER_LIMIT, "") or "").strip()
