@@ -490,6 +490,10 @@ class LocalDeployment:
                 items.append("dataplane-insecure=true")
         if self.cfg.checkpoint_dir:
             items.append(f"checkpoint-dir={_literal(checkpoint_dir_of(self.cfg, party))}")
+        if self.own_tables is not None and self.cfg.align == "psi" and self.cfg.psi_max_peer_ids.strip():
+            # the user's own bound on a peer's PSI set (every party is this user's): its node's own limit,
+            # which the run config alone could only lower (fl_split/flower/alignment.py, node_peer_limit)
+            items.append(f"psi-max-peer-ids={_literal(self.cfg.psi_max_peer_ids.strip())}")
         if self.private_seed is not None:  # the path only: the seed itself is never on a command line
             items.append(f"private-seed-file={_literal(self.seed_file(party))}")
         items += self.model_items(party)

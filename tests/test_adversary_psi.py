@@ -215,3 +215,18 @@ def test_deployment_nodes_refuse_the_inflation_with_their_own_limits(tmp_path):
     tight = cfg.replace(psi_max_peer_ids="10x")
     with pytest.raises(DataError, match=r"limit of 6,000 peer IDs \(10x its 600 IDs\).*run config's psi-max-peer-ids"):
         align_nodes(_Nodes(tight, paths, mine), tight)
+
+
+def test_deploy_local_gives_each_node_the_users_own_limit(tmp_path):
+    """``deploy local --psi-max-peer-ids``: every party is the user's, so each node's own node config
+    carries the limit (the run config alone could only lower a node's)."""
+    from fl_split.deploy import LocalDeployment
+
+    paths = _tables(tmp_path, {"host": np.arange(600), "guest-1": np.arange(12_000)})
+    spec = ";".join(f"{p}={v}" for p, v in paths.items())
+    for value, want in (("20x", "psi-max-peer-ids='20x'"), ("", None)):
+        cfg = RunConfig(data=spec, id_column="ID", label_column="Y", guests=1, align="psi", psi_max_peer_ids=value)
+        dep = LocalDeployment(cfg, tmp_path / "dep", tls=False)
+        dep.dataplane_port = 1  # not started: only its node configs are read
+        text = dep.node_config("host")
+        assert (want in text) if want else ("psi-max-peer-ids" not in text), text
