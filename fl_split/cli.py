@@ -236,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--max-queries-per-id", dest="pred_max_queries", type=int, default=3, metavar="N",
                     help="each guest's own per-ID cap: refuse a release of a record already released N times for "
                          "inference, over all calls [default: 3]")
+    pr.add_argument("--psi-max-peer-ids", dest="pred_psi_max", default="", metavar="N|RATIOx",
+                    help="--align psi, --engine local: the largest ID set of another party each party aligns with "
+                         "(N IDs or RATIOx its own set) [default: the larger of 4x its own set and its own set + "
+                         "10,000]; a deployment node: its node config psi-max-peer-ids")
     pr.add_argument("--engine", dest="pred_engine", default="local", choices=("local", "flower", "deploy-local"),
                     help="local: one process; flower: a Flower simulation, one SuperNode per party; deploy-local: "
                          "a SuperLink and one SuperNode per party on this machine (each node-config: its model-dir, "
@@ -531,6 +535,14 @@ def cmd_predict(ns: argparse.Namespace) -> int:
             tables[party.strip()] = path.strip()
     args = (ns.model, tables, ns.id_column, ns.pred_out, ns.align, ns.label_column, ns.pred_budget)
     limit = {"max_queries_per_id": ns.pred_max_queries}
+    if ns.pred_psi_max:
+        from fl_split.psi import PEER_LIMIT_ALLOWED, check_peer_limit
+
+        if not check_peer_limit(ns.pred_psi_max):
+            raise ConfigError("psi-max-peer-ids", ns.pred_psi_max, PEER_LIMIT_ALLOWED)
+        if ns.pred_engine != "local":
+            raise ConfigError("psi-max-peer-ids", ns.pred_psi_max, "--engine local",
+                              reason="a Flower node's bound is its own node config psi-max-peer-ids")
     if ns.pred_engine == "flower":
         from fl_split.flower.predict_sim import predict_flower
 
@@ -542,7 +554,7 @@ def cmd_predict(ns: argparse.Namespace) -> int:
             raise ConfigError("workdir", "", "a directory", reason="--engine deploy-local needs a work directory")
         s = deploy_predict(*args, workdir=ns.pred_workdir, tls=ns.pred_tls, **limit)
     else:
-        s = predict(*args, **limit)
+        s = predict(*args, **limit, psi_max_peer_ids=ns.pred_psi_max)
     print(f"scored {s['records']} records ({s['task']}); predictions (host only): {s['out']}")
     print("host: releases nothing when it predicts (no gradients); the predictions and metrics stay with it")
     for g, r in s["privacy"].items():

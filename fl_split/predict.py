@@ -334,7 +334,7 @@ class HostScorer(_Scorer):
 
 def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, align: str = "public",
             label_column: str = "label", budget: float | None = None, model=None,
-            max_queries_per_id: int = DEFAULT_MAX_QUERIES_PER_ID) -> dict[str, Any]:
+            max_queries_per_id: int = DEFAULT_MAX_QUERIES_PER_ID, psi_max_peer_ids: str = "") -> dict[str, Any]:
     """Score the new rows of ``tables`` (party → path) with the saved model in ``model_dir``; write
     ``out`` (owner-only CSV, host only) and return the summary (metrics, each party's epsilon).
     ``budget`` and ``max_queries_per_id``: each guest's own inference limits (:class:`InferenceLimits`;
@@ -342,7 +342,9 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
     exceed one refuses, and nothing reaches the host (a guest charged before that refusal stays
     charged: conservative).
     ``model``: the model factory of a run trained from Python with a function that cannot be imported
-    by name (a lambda, a notebook's function; :class:`fl_split.api.SavedModel` passes it)."""
+    by name (a lambda, a notebook's function; :class:`fl_split.api.SavedModel` passes it).
+    ``psi_max_peer_ids``: with ``align="psi"``, every party's bound on a peer's announced set
+    (:func:`fl_split.psi.peer_limit`; ``--psi-max-peer-ids``)."""
     limits = InferenceLimits(budget, max_queries_per_id)
     from fl_split.serving import check_parts, load_part
 
@@ -361,7 +363,8 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
     elif align == "psi":
         from fl_split.psi import align_by_psi
 
-        shared = align_by_psi({"host": host.ids, **{g: s.ids for g, s in guests.items()}}, lambda *a: None)
+        shared = align_by_psi({"host": host.ids, **{g: s.ids for g, s in guests.items()}}, lambda *a: None,
+                              max_peer_ids=psi_max_peer_ids)  # each party's bound on a peer's set
     else:
         raise ConfigError("align", align, "public or psi")
     released, privacy = {}, {}

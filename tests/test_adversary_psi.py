@@ -230,3 +230,35 @@ def test_deploy_local_gives_each_node_the_users_own_limit(tmp_path):
         dep.dataplane_port = 1  # not started: only its node configs are read
         text = dep.node_config("host")
         assert (want in text) if want else ("psi-max-peer-ids" not in text), text
+
+
+def test_predict_refuses_an_inflated_set_and_takes_the_flag(tmp_path, capsys):
+    """``fl-split predict --align psi`` (one process): a guest table inflated with 10,000 IDs the
+    host never had is refused before anything is released; ``--psi-max-peer-ids`` aligns it."""
+    from tests.test_save_predict import _tables as _party_tables
+    from tests.test_save_predict import _train as _train_saved
+
+    paths = _party_tables(tmp_path, guests=1)
+    _train_saved(tmp_path, paths)
+    host = pd.read_csv(paths["host"]).head(50)
+    guest = pd.read_csv(paths["guest-1"])
+    fake = guest.sample(10_100, replace=True, random_state=0).assign(ID=np.arange(10**9, 10**9 + 10_100))
+    new = {"host": tmp_path / "new-host.csv", "guest-1": tmp_path / "new-guest-1.csv"}
+    host.to_csv(new["host"], index=False)
+    pd.concat([guest, fake]).to_csv(new["guest-1"], index=False)
+    n = len(guest) + 10_100
+    argv = ["predict", "--model", str(tmp_path / "model"), "--data", f"host={new['host']}",
+            "--data", f"guest-1={new['guest-1']}", "--id-column", "ID", "--label-column", "Y", "--align", "psi",
+            "--out", str(tmp_path / "p.csv")]
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "model").rglob("*"))
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"host: PSI refused: guest-1 announced {n:,} IDs, more than host's limit of 10,050 peer IDs" in err
+    assert "host sets --psi-max-peer-ids" in err
+    assert not (tmp_path / "p.csv").exists()
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "model").rglob("*")) == before  # nothing charged
+    code, _, err = run_cli([*argv, "--engine", "flower", "--psi-max-peer-ids", "300x"], capsys)
+    assert code == 2 and "--psi-max-peer-ids: got '300x'" in err and "node config psi-max-peer-ids" in err, err
+    code, out, err = run_cli([*argv, "--psi-max-peer-ids", "300x"], capsys)
+    assert code == 0, err
+    assert "scored 50 records" in out
