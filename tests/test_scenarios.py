@@ -159,10 +159,20 @@ def _said(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
 
 
+def _seed_file(tables: dict[str, str]) -> str:
+    """The private seed in an owner-only file beside the tables (a deployment refuses one on argv)."""
+    path = Path(tables["host"]).parent / "private-seed"
+    if not path.exists():
+        path.write_text(SEED + "\n")
+        path.chmod(0o600)
+    return str(path)
+
+
 def _train_args(s: Scenario, tables: dict[str, str], align: str, epochs: int = 3) -> list[str]:
     args = [a for p, t in tables.items() for a in ("--data", f"{p}={t}")]
     args += ["--id-column", _id_flag(s.ids), "--label-column", "target", "--align", align,
-             "--epochs", str(epochs), "--batch-size", "32", "--private-seed", SEED, "--no-progress"]
+             "--epochs", str(epochs), "--batch-size", "32", "--private-seed-file", _seed_file(tables),
+             "--no-progress"]
     args += DEFENCE_FLAGS[s.defence]
     if s.defence != "none":
         args += ["--protect", s.protect]
