@@ -184,8 +184,9 @@ class RunConfig:
     task: str = _opt("auto", "what the host's top model learns: binary (2 classes; accuracy, AUC, F1, precision, "
                              "recall, KS), multiclass (accuracy), regression (a numeric label, MSE loss; R2, MAE, RMSE); "
                              "auto = the dataset's own task, 2 classes binary, more multiclass, and for --data a numeric "
-                             "label with non-integer values and more than 10 distinct values regression "
-                             "(fl_split/tasks.py)", choices=("auto", "binary", "multiclass", "regression"))
+                             "label with non-integer values and more than 10 distinct values regression, whole "
+                             "numbers with more than 20 values regression when under 5 rows per value, refused "
+                             "(choose --task) when more (fl_split/tasks.py; docs/results.md)", choices=("auto", "binary", "multiclass", "regression"))
     class_weight: str = _opt("none", "binary/multiclass: weigh each class's loss by n / (K n_k) from the host's training "
                                      "labels (balanced, for imbalanced classes); none = unweighted",
                              choices=("none", "balanced"))
