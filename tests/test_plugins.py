@@ -12,7 +12,11 @@
 * a plug-in attack receives exactly its party's view (the confinement check of
   ``tests/test_attacks.py``), and the worked example beats its baseline;
 * a coordinator cannot make a deployment node import a plug-in its operator did not list: the
-  refusal comes before the import (a module with an import side effect stays unimported).
+  refusal comes before the import (a module with an import side effect stays unimported);
+* ``fl-split audit`` does not trust the plug-in it audits (docs/accounting.md, "A plug-in is audited
+  independently"): the red team's plug-in (claims a Gaussian event, adds half the noise, names
+  near-equal canaries and a ratio of zero) is flagged by the audit's own canaries and statistic, so
+  is one without audit hooks and one posing as a built-in; honest plug-ins are not (fixed seeds).
 """
 
 from __future__ import annotations
@@ -91,15 +95,114 @@ class NotAMechanism:
     pass
 '''
 
+#: the red team's plug-in and honest counterparts: an L2 clip to the spec's bound plus Gaussian noise,
+#: claiming the event of noise multiplier 2 (epsilon 1.99 at delta 1e-5)
+RED_TEAM_PLUGIN = '''
+import dp_accounting
+import torch
+from fl_split.privacy.base import Mechanism, PrivacyCost, Release
+from fl_split.privacy.plugin import PluginMechanism
+
+
+class L2Gaussian(PluginMechanism):
+    """Clip each record to L2 norm spec.bound, add N(0, (NOISE * 2 * bound)^2); claim multiplier CLAIM."""
+
+    random = True
+    cut_activation = "none"
+    CLAIM = 2.0
+    NOISE = 2.0
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.bound = float(spec.bound)
+        self.sd = self.NOISE * 2.0 * self.bound
+
+    def release(self, t, gen):
+        flat = t.reshape(t.shape[0], -1)
+        sig = flat * (self.bound / flat.norm(dim=1, keepdim=True).clamp_min(self.bound))
+        noise = torch.randn(sig.shape, generator=gen, dtype=sig.dtype, device=sig.device) * self.sd
+        return Release(value=(sig + noise).reshape(t.shape), encoding=self.encoding)
+
+    def public_range(self):
+        return None
+
+    def privacy_cost(self):
+        return PrivacyCost(self.name, dp_accounting.GaussianDpEvent(self.CLAIM), epsilon=None,
+                           sensitivity_l2=2.0 * self.bound)
+
+
+class HonestGaussian(L2Gaussian):
+    """What it claims, with the true worst-case pair and the exact ratio."""
+
+    name = "honest-gaussian"
+
+    def canary_pair(self):
+        e1 = torch.zeros(1, self.width)
+        e1[0, 0] = self.bound
+        return -e1, e1
+
+    def log_likelihood_ratio(self, y, x0, x1):
+        return ((y - x0.double()) ** 2 - (y - x1.double()) ** 2).sum(dim=1) / (2 * self.sd ** 2)
+
+
+class HalfNoise(L2Gaussian):
+    """The red team's: half the claimed noise, near-equal canaries, a ratio that sees nothing."""
+
+    name = "half-noise"
+    NOISE = 1.0
+
+    def canary_pair(self):
+        x0 = torch.zeros(1, self.width)
+        x1 = x0.clone()
+        x1[0, 0] = 1e-3 * self.bound
+        return x0, x1
+
+    def log_likelihood_ratio(self, y, x0, x1):
+        return torch.zeros(y.shape[0], dtype=torch.float64)
+
+
+class HalfNoiseNoHooks(L2Gaussian):
+    """Half the claimed noise and no audit hooks at all."""
+
+    name = "half-noise-no-hooks"
+    NOISE = 1.0
+
+
+class PosingAsBuiltin(Mechanism):
+    """Half the claimed noise, in a class that says it is fl_split's own Gaussian mechanism, with a
+    tiny bound (the built-in canary would be near-equal)."""
+
+    __module__ = "fl_split.privacy.mechanisms"
+    name = "gaussian"
+    random = True
+
+    def __init__(self, spec):
+        self.width, self.direction, self.c = spec.width, spec.direction, float(spec.bound)
+        self.bound, self.sigma = 1e-6, 4.0 * self.c
+
+    def release(self, t, gen):
+        flat = t.reshape(t.shape[0], -1)
+        sig = flat * (self.c / flat.norm(dim=1, keepdim=True).clamp_min(self.c))
+        noise = torch.randn(sig.shape, generator=gen, dtype=sig.dtype) * (2.0 * self.c)
+        return Release(value=(sig + noise).reshape(t.shape), encoding=self.encoding)
+
+    def public_range(self):
+        return None
+
+    def privacy_cost(self):
+        return PrivacyCost(self.name, dp_accounting.GaussianDpEvent(2.0), epsilon=None)
+'''
+
 
 @pytest.fixture
 def plugdir(tmp_path, monkeypatch):
     """A directory outside the package holding the test plug-ins and the worked examples, on sys.path."""
     (tmp_path / "my_plugins.py").write_text(textwrap.dedent(LAPLACE_PLUGIN))
+    (tmp_path / "red_team_plugins.py").write_text(textwrap.dedent(RED_TEAM_PLUGIN))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(EXAMPLES))
     yield tmp_path
-    for name in ("my_plugins", "recording_attack", "evil_plugin"):
+    for name in ("my_plugins", "red_team_plugins", "recording_attack", "evil_plugin"):
         sys.modules.pop(name, None)
 
 
@@ -141,20 +244,27 @@ def test_plugin_budget_refuses_like_the_builtin(plugdir):
 
 
 def test_plugin_laplace_is_audited_like_the_builtin(plugdir):
-    from fl_split.privacy.audit import audit_mechanism, mechanisms_for, run_audit
+    from fl_split.privacy.audit import STAT_CLIPPED, audit_mechanism, mechanisms_for, public_canary_pair, run_audit
 
     rows = {}
-    for name in ("laplace", "my_plugins:MyLaplace"):
+    for name, alpha in (("laplace", 0.025), ("my_plugins:MyLaplace", 0.05)):
         cfg = RunConfig(defense=name, epsilon=2.0, clip_c=1.0)
         # the same generator keys for both (the label keys the draws): the same releases
         mechs = mechanisms_for(cfg, 2, 3)
-        rows[name] = audit_mechanism(mechs, 4000, PartySecret.for_party("audit", SEED), delta=1e-5, alpha=0.05,
-                                     label="same").to_json("pld")
+        rows[name] = audit_mechanism(mechs, 4000, PartySecret.for_party("audit", SEED), delta=1e-5, alpha=alpha,
+                                     label="same", public_pair=public_canary_pair("forward", 2, 1.0)).to_json("pld")
     b, p = rows["laplace"], rows["my_plugins:MyLaplace"]
     assert p["claimed_epsilon_by_accountant"] == b["claimed_epsilon_by_accountant"]
     assert p["claimed_epsilon_by_accountant"]["basic"] == pytest.approx(6.0)
-    assert p["empirical_epsilon_lower"] == b["empirical_epsilon_lower"] > 0 and not p["violation"]
-    # fl-split audit's own runner, through the plug-in's canary_pair and log_likelihood_ratio
+    # a plug-in gets two tests at alpha/2 each: the audit's own, and its own pair and ratio, which is
+    # the built-in's test (the same releases) at alpha/2
+    ind, own = p["tests"]
+    assert ind["test"] == "independent" and own["test"] == "plug-in's own" and ind["alpha"] == own["alpha"] == 0.025
+    assert own["empirical_epsilon_lower"] == b["empirical_epsilon_lower"] > 0 and not p["violation"]
+    # the independent test's best statistic is the Laplace likelihood ratio's shape (clipped projection)
+    assert ind["statistic"] == STAT_CLIPPED and 0.5 * own["empirical_epsilon_lower"] < ind["empirical_epsilon_lower"]
+    assert p["empirical_epsilon_lower"] == max(ind["empirical_epsilon_lower"], own["empirical_epsilon_lower"])
+    # fl-split audit's own runner: the independent test, and the plug-in's canary_pair and log_likelihood_ratio
     doc = run_audit(RunConfig(defense="my_plugins:MyLaplace", epsilon=2.0, clip_c=1.0, protect="both"), width=2,
                     releases=[1], trials=4000, alpha=0.05, secret=PartySecret.for_party("audit", SEED))
     assert [r["mechanism"] for r in doc["results"]] == ["my_plugins:MyLaplace/forward/1",
@@ -177,6 +287,71 @@ def test_cli_audit_of_a_plugin(plugdir, tmp_path, capsys):
     row = json.loads(out.read_text())["results"][0]
     assert row["mechanism"] == "my_plugins:MyLaplace/forward/1"
     assert row["claimed_epsilon_by_accountant"]["basic"] == pytest.approx(2.0) and not row["violation"]
+    assert [t["violation"] for t in row["tests"]] == [False, False]
+
+
+# -- the audit does not trust the plug-in it audits ---------------------------------------------------
+AUDIT_SEED = "c4e1a9073fb25d86e0a47b93d1f6285c"
+
+
+def _audit_cli(capsys, tmp_path, defense, *extra):
+    out = tmp_path / "audit.json"
+    code, stdout, err = run_cli(["audit", "--defense", defense, "--releases", "1", "--trials", "100000",
+                                 "--private-seed", AUDIT_SEED, "--out", str(out), *extra], capsys)
+    return code, " ".join(stdout.split()), err, json.loads(out.read_text())["results"][0]
+
+
+def test_public_canaries_come_from_the_public_configuration():
+    import torch
+
+    from fl_split.privacy.audit import public_canary_pair
+
+    x0, x1 = public_canary_pair("forward", 3, 0.5, "tanh")  # tanh's range, whatever the clip bound
+    assert torch.equal(x0, -torch.ones(1, 3)) and torch.equal(x1, torch.ones(1, 3))
+    x0, x1 = public_canary_pair("forward", 3, 0.5, "relu")
+    assert torch.equal(x0, torch.zeros(1, 3)) and torch.equal(x1, torch.full((1, 3), 0.5))
+    for direction, act in (("forward", "none"), ("forward", "native"), ("backward", "tanh")):
+        x0, x1 = public_canary_pair(direction, 3, 2.0, act)
+        assert torch.equal(x0, torch.full((1, 3), -2.0)) and torch.equal(x1, torch.full((1, 3), 2.0))
+
+
+def test_cli_audit_flags_a_plugin_that_hides_half_its_noise(plugdir, tmp_path, capsys):
+    # before: its own canaries and ratio gave a lower bound of 0.000 and "ok" (exit 0)
+    code, out, err, row = _audit_cli(capsys, tmp_path, "red_team_plugins:HalfNoise")
+    ind, own = row["tests"]
+    assert own["test"] == "plug-in's own" and own["empirical_epsilon_lower"] == 0.0 and not own["violation"]
+    assert ind["test"] == "independent" and ind["violation"]
+    claim = row["claimed_epsilon_by_accountant"]["pld"]
+    assert claim == pytest.approx(1.993, abs=1e-3) and ind["empirical_epsilon_lower"] > claim + 0.1
+    assert code == 1 and row["violation"] and row["empirical_epsilon_lower"] == ind["empirical_epsilon_lower"]
+    lines = [ln for ln in err.splitlines() if "PRIVACY AUDIT VIOLATION" in ln]
+    assert len(lines) == 1 and "red_team_plugins:HalfNoise/forward/1" in lines[0]
+    assert "by the independent test" in lines[0] and "plug-in's own" not in lines[0]
+    assert "VIOLATION" in out and "independent test" in out
+
+
+def test_cli_audit_flags_half_noise_without_hooks_or_posing_as_a_builtin(plugdir, tmp_path, capsys):
+    # no canary_pair is no longer a refusal: the audit needs nothing from the plug-in
+    code, _, err, row = _audit_cli(capsys, tmp_path, "red_team_plugins:HalfNoiseNoHooks")
+    assert code == 1 and [t["test"] for t in row["tests"]] == ["independent"] and row["tests"][0]["alpha"] == 0.05
+    assert row["empirical_epsilon_lower"] > row["claimed_epsilon"] and "by the independent test" in err
+    # a class whose __module__ and name say "fl_split's Gaussian": the configuration names a plug-in
+    code, _, err, row = _audit_cli(capsys, tmp_path, "red_team_plugins:PosingAsBuiltin")
+    assert code == 1 and row["tests"][0]["test"] == "independent" and row["tests"][0]["violation"], row
+
+
+def test_cli_audit_passes_honest_plugins(plugdir, tmp_path, capsys):
+    # the honest Gaussian (the red team's mechanism with the noise it claims): no false alarm, and
+    # the independent test has power (a bound near its own test's)
+    code, out, err, row = _audit_cli(capsys, tmp_path, "red_team_plugins:HonestGaussian")
+    assert code == 0 and not row["violation"] and "VIOLATION" not in err + out, row
+    ind, own = row["tests"]
+    assert ind["empirical_epsilon_lower"] > 0.6 and own["empirical_epsilon_lower"] > 0.6
+    assert max(ind["empirical_epsilon_lower"], own["empirical_epsilon_lower"]) < row["claimed_epsilon"]
+    # the Laplace plug-in at 64 elements, both directions
+    code, out, err, row = _audit_cli(capsys, tmp_path, "my_plugins:MyLaplace", "--epsilon", "4", "--clip-c", "1",
+                                     "--width", "64", "--protect", "both")
+    assert code == 0 and "VIOLATION" not in err + out
 
 
 # -- no DP event: no privacy claimed ------------------------------------------------------------------

@@ -32,6 +32,14 @@ randomized response and R3eLU (activation and discrete-Laplace parts, either all
 uses the projection of the step on ``e₁`` (the Gaussian shift's sufficient statistic). The
 threshold is chosen on a calibration half of the trials and the rates are counted on the other half,
 so the selection does not bias the bound.
+
+**A plug-in is not trusted** (privacy principle 11; ``docs/accounting.md``, "A plug-in is audited
+independently"). For a plug-in defence the audit picks its own canaries from the public
+configuration (:func:`public_canary_pair`: opposite corners of the input box the cut activation and
+the clip bound declare) and its own statistic (:func:`select_statistic`: the best on the calibration
+half of a few fixed statistics that read nothing from the plug-in). A plug-in's own ``canary_pair`` /
+``log_likelihood_ratio`` run as a second test, each test at ``α/2``; the row is flagged if either
+test's bound exceeds the claim.
 """
 
 from __future__ import annotations
@@ -297,6 +305,117 @@ def log_likelihood_ratio(mech: Mechanism, y: torch.Tensor, x0: torch.Tensor, x1:
     raise ValueError(f"audit: no likelihood ratio for mechanism {m.name!r}")
 
 
+# -- the independent test of a plug-in (privacy principle 11) ---------------------------------------
+#: names of the audit's own statistics for a plug-in (:func:`independent_statistics`)
+STAT_PROJECTION = "projection on the canary difference"
+STAT_CLIPPED = "clipped projection on the canary difference"
+STAT_FITTED = "linear, fitted on the calibration half"
+#: what the independent test's canaries are, for the JSON
+PUBLIC_CANARY = "the audit's own: opposite corners of the public input box (cut activation, clip bound)"
+
+
+def public_canary_pair(direction: str, width: int, bound: float, cut_activation: str = "none"
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The audit's own canary pair for a plug-in, from public facts only.
+
+    Opposite corners of the input box the claim covers, each ``(1, width)``. ``tanh`` (a forward
+    release whose bottom ends in ``tanh``): every element at ``−1`` vs ``+1``; ``relu``: ``0`` vs
+    ``bound``; otherwise (a bare or native last layer, every backward release: any real input)
+    ``−bound`` vs ``+bound``, ``bound`` being the direction's clip bound. A clip to
+    any norm ball centred at 0 with radius ``≤ bound`` maps the corners to antipodal points of the
+    ball, the largest distance it allows, so the pair is worst-case for every such bounding.
+    """
+    one = torch.ones(1, int(width), dtype=torch.float32)
+    if direction == "forward" and cut_activation == "tanh":
+        return -one, one.clone()
+    if direction == "forward" and cut_activation == "relu":
+        return torch.zeros(1, int(width)), float(bound) * one
+    return -float(bound) * one, float(bound) * one
+
+
+def public_canary_pair_of(cfg, direction: str, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`public_canary_pair` of a run configuration.
+
+    Its facts: the direction's clip bound (:func:`~fl_split.privacy.factory.clip_bound`) and,
+    forward, the cut activation the guests' bottoms are built to end with
+    (:func:`~fl_split.privacy.factory.guest_cut_activation`), which fl_split enforces."""
+    from fl_split.privacy import factory
+
+    act = factory.guest_cut_activation(cfg) if direction == "forward" else "none"
+    return public_canary_pair(direction, width, factory.clip_bound(cfg, direction), act)
+
+
+def independent_statistics(y0: torch.Tensor, y1: torch.Tensor, x0: torch.Tensor, x1: torch.Tensor
+                           ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The audit's own statistics of releases of the public pair; nothing read from the mechanism.
+
+    ``y0``, ``y1``: ``(N, d')``, one release of each of ``N`` copies of ``x0`` and ``x1``. Returns
+    ``{name: (s0, s1)}``, each ``(N,)``:
+
+    * :data:`STAT_PROJECTION` ``⟨y, x1 − x0⟩``: the likelihood ratio of any additive isotropic
+      Gaussian noise (whatever its scale);
+    * :data:`STAT_CLIPPED` ``Σ clamp((y − m)·sign(x1 − x0), ±|x1 − x0|/2)``, ``m`` the midpoint:
+      the likelihood ratio of any additive i.i.d. Laplace noise;
+    * :data:`STAT_FITTED` ``⟨y, w⟩`` with ``w = (ȳ₁ − ȳ₀)/v`` per element, means and pooled
+      variance from the **calibration half** (the first ``N//2`` rows) only, cross-fitted inside it
+      (each calibration quarter scored with the other's weights): a release that is rescaled,
+      permuted or noised unequally per element.
+
+    The first two need ``d' = d`` (the release in the input's space) and are left out otherwise.
+    """
+    y0, y1 = y0.reshape(y0.shape[0], -1).double(), y1.reshape(y1.shape[0], -1).double()
+    diff = (x1 - x0).reshape(-1).double()
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    if y0.shape[1] == diff.numel():
+        mid, half, sgn = ((x0 + x1) / 2).reshape(-1).double(), diff.abs() / 2, torch.sign(diff)
+        out[STAT_PROJECTION] = ((y0 * diff).sum(dim=1), (y1 * diff).sum(dim=1))
+        clip = lambda y: torch.maximum(torch.minimum((y - mid) * sgn, half), -half).sum(dim=1)  # noqa: E731
+        out[STAT_CLIPPED] = (clip(y0), clip(y1))
+
+    def fit(c0: torch.Tensor, c1: torch.Tensor) -> torch.Tensor:
+        var = (c0.var(dim=0, unbiased=False) + c1.var(dim=0, unbiased=False)) / 2
+        w = (c1.mean(dim=0) - c0.mean(dim=0)) / var.clamp_min(1e-30)
+        return torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)
+
+    def fitted(y: torch.Tensor, wa: torch.Tensor, wb: torch.Tensor, w: torch.Tensor, q: int, h: int) -> torch.Tensor:
+        return torch.cat([y[:q] @ wb, y[q:h] @ wa, y[h:] @ w])
+
+    # cross-fitted on the calibration half: its rows get the weights fitted on the calibration rows of
+    # the other quarter (so the choice between statistics sees an honest score), the evaluation half
+    # the weights fitted on the whole calibration half
+    h0, h1 = y0.shape[0] // 2, y1.shape[0] // 2
+    q0, q1 = h0 // 2, h1 // 2
+    if q0 >= 1 and q1 >= 1:
+        w = fit(y0[:h0], y1[:h1])
+        wa, wb = fit(y0[:q0], y1[:q1]), fit(y0[q0:h0], y1[q1:h1])
+        out[STAT_FITTED] = (fitted(y0, wa, wb, w, q0, h0), fitted(y1, wa, wb, w, q1, h1))
+    return out
+
+
+def select_statistic(cands: dict[str, tuple[np.ndarray, np.ndarray]], delta: float, alpha: float) -> dict[str, Any]:
+    """Choose a statistic on the calibration half, count its errors on the other half.
+
+    The choice: the largest Clopper–Pearson bound on the calibration half, each statistic at its own
+    best threshold there. Returns :func:`audit_statistics` of the chosen statistic plus
+    ``statistic`` (its name) and ``calibration_lower``. The choice sees only the calibration half,
+    so the bound stays valid."""
+    best: tuple[float, str] | None = None
+    for name, (s0, s1) in cands.items():
+        h0, h1 = len(s0) // 2, len(s1) // 2
+        if h0 < 1 or h1 < 1:
+            raise ValueError("select_statistic: need at least 2 trials per record")
+        tau = choose_threshold(s0[:h0], s1[:h1], delta, alpha)
+        cal = epsilon_lower_bound(int((s0[:h0] >= tau).sum()), h0, int((s1[:h1] < tau).sum()), h1,
+                                  delta, alpha)["lower"]
+        if best is None or cal > best[0]:
+            best = (cal, name)
+    if best is None:
+        raise ValueError("select_statistic: no statistic to choose from")
+    out = audit_statistics(*cands[best[1]], delta, alpha)
+    out["statistic"], out["calibration_lower"] = best[1], best[0]
+    return out
+
+
 # -- a deliberately mis-accounted mechanism (the audit's own test) -------------------------------
 class MisAccounted(Mechanism):
     """The mechanism ``inner`` whose ledger cost is accounted as if its noise were ``factor`` times
@@ -363,6 +482,9 @@ class AuditResult:
     stats: dict[str, Any]
     describe: dict[str, Any] = field(default_factory=dict)
     statistic: str = "log-likelihood ratio"
+    #: a plug-in's tests, each ``{"test", "canaries", "statistic", "alpha", "stats"}``: the
+    #: independent one first, then the plug-in's own; ``stats`` above is the one of largest bound
+    tests: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def lower(self) -> float:
@@ -387,7 +509,18 @@ class AuditResult:
                 "fnr_ci": self.stats["fnr_ci"], "threshold": self.stats["threshold"],
                 "statistic": self.statistic, "ratio_to_claim": (lo / claim) if claim else None,
                 "violation": bool(self.violated), "violated_accountants": self.violated,
+                "tests": [self._test_json(t) for t in self.tests],
                 "mechanism_parameters": self.describe}
+
+    def _test_json(self, t: dict[str, Any]) -> dict[str, Any]:
+        """One of a plug-in's tests as JSON, with its own verdict against the claim."""
+        st = t["stats"]
+        lo = float(st["lower"])
+        flagged = [n for n, v in self.claimed.items() if v is not None and lo > v]
+        return {"test": t["test"], "canaries": t["canaries"], "statistic": t["statistic"], "alpha": t["alpha"],
+                "empirical_epsilon_lower": _finite(lo), "empirical_epsilon_ci": [_finite(lo), _finite(st["upper"])],
+                "fpr": st["fpr"], "fnr": st["fnr"], "threshold": st["threshold"],
+                "violation": bool(flagged), "violated_accountants": flagged}
 
 
 def _finite(x: float) -> float | None:
@@ -396,7 +529,9 @@ def _finite(x: float) -> float | None:
 
 def audit_mechanism(mechs: list[Mechanism], trials: int, secret, *, delta: float, alpha: float,
                     label: str = "", direction: str = "forward",
-                    progress: Callable[[int], None] | None = None) -> AuditResult:
+                    progress: Callable[[int], None] | None = None,
+                    public_pair: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    plugin: bool | None = None) -> AuditResult:
     """Release the canary pair of ``mechs[0]`` through each mechanism of ``mechs`` in turn (one
     release per mechanism: ``k = len(mechs)`` releases, e.g. a geometric schedule's iterations),
     ``trials`` times per record, and bound the epsilon of the ``k`` releases from below.
@@ -404,10 +539,49 @@ def audit_mechanism(mechs: list[Mechanism], trials: int, secret, *, delta: float
     The ``trials`` releases of one record through one mechanism are one batch of ``trials`` copies
     of the record (each sample gets independent draws: one record per sample), drawn from
     ``secret``'s generator keyed by ``("audit", label, release, record)``.
+
+    A plug-in (``plugin``; by default: any of ``mechs`` is one) is audited with ``public_pair``
+    (required; :func:`public_canary_pair`) and the audit's own statistics
+    (:func:`select_statistic`), and, if it defines ``canary_pair``, with its own pair and ratio as a
+    second test; each test at ``alpha/2`` when there are two. ``stats`` is the test of largest bound,
+    ``tests`` lists both.
     """
     if trials < 4:
         raise ValueError(f"audit trials {trials!r}; allowed: an integer >= 4")
-    x0, x1 = canary_pair(mechs[0])
+    claimed = claimed_epsilons([m.cost() for m in mechs], delta, direction)
+    if plugin is None:
+        plugin = any(is_plugin_mechanism(_inner(m)) for m in mechs)
+    if not plugin:
+        x0, x1 = canary_pair(mechs[0])
+        stats = audit_statistics(*_llr_totals(mechs, x0, x1, trials, secret, label, progress), delta, alpha)
+        return AuditResult(label, len(mechs), trials // 2, claimed, stats, describe=mechs[0].describe())
+    # a plug-in: the independent test always, the plug-in's own pair and ratio in addition
+    if public_pair is None:
+        raise ValueError("audit_mechanism: a plug-in is audited with the audit's own canaries: pass public_pair "
+                         "(public_canary_pair / public_canary_pair_of)")
+    own = next((getattr(_inner(m), "canary_pair") for m in mechs
+                if is_plugin_mechanism(_inner(m)) and callable(getattr(_inner(m), "canary_pair", None))), None)
+    a = alpha / 2 if own is not None else alpha  # either test may flag: the verdict's false alarms stay <= alpha
+    p0, p1 = (t.reshape(1, -1).float() for t in public_pair)
+    ind = select_statistic(_independent_totals(mechs, p0, p1, trials, secret, label, progress), delta, a)
+    tests = [{"test": "independent", "canaries": PUBLIC_CANARY, "statistic": ind["statistic"], "alpha": a,
+              "stats": ind}]
+    if own is not None:
+        x0, x1 = (t.reshape(1, -1).float() for t in own())
+        has_ratio = any(callable(getattr(_inner(m), "log_likelihood_ratio", None)) for m in mechs)
+        st = audit_statistics(*_llr_totals(mechs, x0, x1, trials, secret, label, progress), delta, a)
+        tests.append({"test": "plug-in's own", "canaries": "the plug-in's canary_pair()",
+                      "statistic": "the plug-in's log_likelihood_ratio()" if has_ratio else STAT_PROJECTION,
+                      "alpha": a, "stats": st})
+    top = max(tests, key=lambda t: float(t["stats"]["lower"]))  # the first (independent) on a tie
+    return AuditResult(label, len(mechs), trials // 2, claimed, top["stats"], describe=mechs[0].describe(),
+                       statistic=f"{top['test']}: {top['statistic']}", tests=tests)
+
+
+def _llr_totals(mechs, x0, x1, trials, secret, label, progress) -> tuple[np.ndarray, np.ndarray]:
+    """The likelihood-ratio statistics of ``trials`` releases of each of ``x0``, ``x1``.
+
+    One release through each mechanism in turn, :func:`log_likelihood_ratio` summed over them."""
     total = {0: torch.zeros(trials, dtype=torch.float64), 1: torch.zeros(trials, dtype=torch.float64)}
     for j, mech in enumerate(mechs):
         for b, x in ((0, x0), (1, x1)):
@@ -416,9 +590,28 @@ def audit_mechanism(mechs: list[Mechanism], trials: int, secret, *, delta: float
             total[b] += log_likelihood_ratio(mech, rel.value, x0, x1)
             if progress is not None:
                 progress(1)
-    stats = audit_statistics(total[0].numpy(), total[1].numpy(), delta, alpha)
-    claimed = claimed_epsilons([m.cost() for m in mechs], delta, direction)
-    return AuditResult(label, len(mechs), trials // 2, claimed, stats, describe=mechs[0].describe())
+    return total[0].numpy(), total[1].numpy()
+
+
+def _independent_totals(mechs, x0, x1, trials, secret, label, progress) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The independent statistics of ``trials`` releases of each of the public pair.
+
+    One release through each mechanism in turn (draws of their own, keyed ``("audit", label,
+    "public", release, record)``), :func:`independent_statistics` summed over them."""
+    total: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+    for j, mech in enumerate(mechs):
+        ys = {}
+        for b, x in ((0, x0), (1, x1)):
+            gen = secret.torch_generator("audit", label, "public", j, b)
+            ys[b] = mech.release(x.expand(trials, -1).contiguous(), gen).value.reshape(trials, -1)
+            if progress is not None:
+                progress(1)
+        stats = independent_statistics(ys[0], ys[1], x0, x1)
+        # only statistics every release offered (a release outside the input's space drops the projections)
+        total = stats if total is None else {n: (total[n][0] + v[0], total[n][1] + v[1])
+                                             for n, v in stats.items() if n in total}
+    assert total is not None
+    return {n: (v[0].numpy(), v[1].numpy()) for n, v in total.items()}
 
 
 #: DP-SGD canaries audited in one step (each on its own coordinate: independent trials)
@@ -553,28 +746,38 @@ def run_audit(cfg, *, width: int, releases: list[int], trials: int, alpha: float
                 u = default_importance(width) if cfg.allocation != "uniform" else None
                 mechs = mechanisms_for(cfg, width, k, direction, importance=u, mis_account=mis_account)
                 label = f"{cfg.defense}/{direction}/{k}"
+                # a plug-in is named by the configuration, not by what its class says of itself
+                plugin = factory.plugin_class(cfg) is not None
                 res = audit_mechanism(mechs, trials, secret, delta=cfg.delta, alpha=alpha, label=label,
-                                      direction=direction, progress=progress)
+                                      direction=direction, progress=progress, plugin=plugin,
+                                      public_pair=public_canary_pair_of(cfg, direction, width) if plugin else None)
             row = res.to_json(cfg.accountant)
             row.update({"defense": cfg.defense, "direction": direction, "schedule": cfg.schedule,
                         "allocation": cfg.allocation if cfg.defense == "r3elu" else None, "width": width})
             rows.append(row)
     return {"audit": "empirical epsilon lower bound (docs/accounting.md, 'Empirical audit')",
             "delta": cfg.delta, "confidence": 1 - alpha, "width": width, "trials_per_record": trials,
-            "canary": "a chosen cut-layer input pair (the guest's bottom bypassed); DP-SGD: a gradient canary",
+            "canary": "a chosen cut-layer input pair (the guest's bottom bypassed); DP-SGD: a gradient canary"
+                      + ("; a plug-in: the audit's own pair from the public configuration, its own in addition"
+                         if factory.plugin_class(cfg) is not None else ""),
             "mis_accounted_factor": mis_account, "results": rows,
             "violations": [r for r in rows if r["violation"]]}
 
 
 def progress_steps(cfg, releases: list[int], trials: int) -> int:
     """How many progress units :func:`run_audit` reports (for a progress bar's total)."""
+    from fl_split.privacy import factory
+
+    cls = factory.plugin_class(cfg) if cfg.defense != "dpsgd" else None
+    tests = 2 if cls is not None and callable(getattr(cls, "canary_pair", None)) else 1
     n = 0
     for direction in directions_of(cfg):
         for k in releases:
-            n += 2 * trials if direction == "update" else 2 * k
+            n += 2 * trials if direction == "update" else 2 * k * tests
     return n
 
 
 __all__ = ["AuditResult", "MisAccounted", "audit_dpsgd", "audit_mechanism", "audit_statistics", "canary_pair",
            "choose_threshold", "claimed_epsilons", "clopper_pearson", "default_importance", "directions_of",
-           "epsilon_lower_bound", "log_likelihood_ratio", "mechanisms_for", "progress_steps", "run_audit"]
+           "epsilon_lower_bound", "independent_statistics", "log_likelihood_ratio", "mechanisms_for",
+           "progress_steps", "public_canary_pair", "public_canary_pair_of", "run_audit", "select_statistic"]

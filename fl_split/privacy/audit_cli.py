@@ -5,7 +5,8 @@ The privacy flags are ``train``'s (``--defense``, ``--epsilon``, ``--schedule``,
 from :class:`~fl_split.config.RunConfig`); the audit adds its own (trials, releases, width,
 confidence). A lower bound above an accountant's epsilon is a wrong claim: the table says
 ``VIOLATION``, a loud message goes to stderr, the JSON is still written (it is the evidence) and the
-exit status is 1.
+exit status is 1. A plug-in's row also lists its two tests (the audit's independent one, and the
+plug-in's own pair and ratio when it has them), and the message names the test that flagged it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def add_parser(sub, add_train_flags, add_private_seed) -> argparse.ArgumentParse
         description="Release a canary record and its neighbour many times through the configured mechanism "
                     "(the factory's objects, a party secret's generators), run the likelihood-ratio test and "
                     "report the empirical epsilon lower bound (Clopper-Pearson) beside every accountant's "
-                    "epsilon for the same releases. A bound above a claim exits 1 (docs/accounting.md).")
+                    "epsilon for the same releases. A plug-in defence is tested with the audit's own canaries and "
+                    "statistics (from the public configuration), its own canary_pair/log_likelihood_ratio only in "
+                    "addition. A bound above a claim exits 1 (docs/accounting.md).")
     add_train_flags(p, only=AUDIT_KEYS)
     add_private_seed(p)
     g = p.add_argument_group("audit")
@@ -104,9 +107,6 @@ def cmd_audit(ns: argparse.Namespace) -> int:
         if not claims_privacy(cls):
             raise ConfigError("defense", cfg.defense, "a defence that claims differential privacy (nothing to audit)",
                               reason="no privacy claimed: the plug-in class defines no privacy_cost")
-        if not callable(getattr(cls, "canary_pair", None)):
-            raise ConfigError("defense", cfg.defense, "a plug-in class with canary_pair() for the audit's canaries "
-                              "(docs/plugins.md)", reason=f"{cls.__name__} has no canary_pair")
     if not audit.directions_of(cfg):
         raise ConfigError("protect", cfg.protect, "a direction the defence covers")
     _check_out_path(ns.out)
@@ -127,10 +127,14 @@ def cmd_audit(ns: argparse.Namespace) -> int:
         for r in doc["violations"]:
             claims = r["claimed_epsilon_by_accountant"]
             said = ", ".join(f"{n} {claims[n]:.4f}" for n in r["violated_accountants"])
+            by = ""
+            if r.get("tests"):  # a plug-in: say which test flagged it (the independent one needs no trust)
+                by = " by " + " and ".join(f"the {t['test']} test ({t['statistic']}, bound "
+                                           f"{t['empirical_epsilon_lower']:.4f})" for t in r["tests"] if t["violation"])
             print(f"fl-split: PRIVACY AUDIT VIOLATION: {r['mechanism']}: empirical epsilon lower bound "
                   f"{r['empirical_epsilon_lower']:.4f} exceeds the epsilon claimed by "
-                  f"the ledger ({said}) at {doc['confidence']:.0%} confidence: the accounting of this mechanism is wrong",
-                  file=sys.stderr)
+                  f"the ledger ({said}) at {doc['confidence']:.0%} confidence{by}: the accounting of this mechanism "
+                  "is wrong", file=sys.stderr)
         return EXIT_FAILED
     return 0
 
@@ -158,3 +162,8 @@ def print_audit(doc: dict[str, Any], console) -> None:
                       _f(r["ratio_to_claim"]),
                       "[bold red]VIOLATION[/]" if r["violation"] else "[green]ok[/]")
     console.print(table)
+    for r in doc["results"]:
+        for t in r.get("tests") or []:  # a plug-in's two tests (docs/accounting.md, "A plug-in is audited independently")
+            console.print(f"  {r['mechanism']}: {t['test']} test ({t['statistic']}, "
+                          f"{1 - t['alpha']:.1%} confidence): eps lower {_f(t['empirical_epsilon_lower'])}"
+                          f"{' [bold red]VIOLATION[/]' if t['violation'] else ''}", highlight=False)

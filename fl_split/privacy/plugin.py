@@ -24,10 +24,12 @@ geometric schedule — and from then on it is handled exactly like a built-in:
   with one line naming ``--defense``;
 * :meth:`PluginMechanism.describe` and :meth:`~PluginMechanism.public_diagnostics` — public,
   parameter-derived values only (they go into the results and report);
-* for ``fl-split audit`` (only for a class that claims privacy): :meth:`PluginMechanism.canary_pair`
-  (two neighbouring inputs at the extremes of its range) and, optionally,
-  :meth:`PluginMechanism.log_likelihood_ratio` (the exact test statistic; without it the audit
-  uses the release's projection on the canaries' difference: a valid, weaker test).
+* optionally, for ``fl-split audit`` (only for a class that claims privacy):
+  ``canary_pair()`` (two neighbouring inputs at the extremes of its range) and
+  ``log_likelihood_ratio(y, x0, x1)`` (the exact test statistic; without it the audit uses the
+  release's projection on the canaries' difference). They are a *second* test only: the audit
+  always runs its own, from the public configuration, and flags the claim if either test does
+  (``docs/accounting.md``, "A plug-in is audited independently").
 
 Class attributes: ``name`` (reports; defaults to the class name), ``random`` (draws from ``gen``),
 ``encoding`` ("float32"), ``cut_activation`` — how a guest's bottom must end when the plug-in
