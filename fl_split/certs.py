@@ -15,8 +15,9 @@ SuperNode authentication (flwr 1.41): one ECDSA P-384 key pair per SuperNode, th
 OpenSSH format (``flower-supernode --auth-supernode-private-key``), the public key in OpenSSH format
 (``flwr supernode register KEY.pub``); ``auth-<party>.key`` / ``auth-<party>.pub``.
 
-The SuperLink's certificate names the given ``hosts`` (DNS names and IP addresses) as subject
-alternative names; the data-plane certificates name parties (``host``, ``guest-<g>``), which the
+The SuperLink's certificate names the given ``hosts`` (DNS names and IP addresses) and the loopback
+names (:func:`superlink_hosts`: the SuperExec that Flower launches beside the SuperLink dials
+127.0.0.1) as subject alternative names; the data-plane certificates name parties (``host``, ``guest-<g>``), which the
 parties check whatever address they dial (``fl_split.dataplane.tls``). In a real deployment each organisation makes its own keys and only public halves travel:
 see ``docs/deploy.md``. Private keys are written with mode 0600.
 """
@@ -29,10 +30,19 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-__all__ = ["DEFAULT_HOSTS", "make_ca", "make_leaf", "make_node_auth_key", "write_deployment_certificates",
+__all__ = ["DEFAULT_HOSTS", "LOOPBACK_HOSTS", "make_ca", "superlink_hosts", "make_leaf", "make_node_auth_key", "write_deployment_certificates",
            "pem_cert", "pem_key"]
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+#: names every SuperLink certificate holds besides its public address: Flower's own SuperExec, which
+#: the SuperLink launches on its machine, dials the bind address with 0.0.0.0 mapped to 127.0.0.1
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def superlink_hosts(*public: str) -> tuple[str, ...]:
+    """The SANs of a SuperLink certificate: its public IP addresses or DNS names, then
+    :data:`LOOPBACK_HOSTS` (the SuperLink's own SuperExec dials 127.0.0.1), each once."""
+    return tuple(dict.fromkeys([h for h in public if h] + list(LOOPBACK_HOSTS)))
 
 
 def _key(curve: str = "p256"):
@@ -147,7 +157,7 @@ def write_deployment_certificates(out: str | os.PathLike, hosts: Iterable[str] =
     from fl_split.dataplane.tls import HOST_NAME
 
     # the data plane's server certificate names the party (guests require ``host``), the SuperLink's its hosts
-    for name, cn, names in (("superlink", hosts[0], hosts), ("dataplane-host", HOST_NAME, (HOST_NAME,) + hosts)):
+    for name, cn, names in (("superlink", hosts[0], superlink_hosts(*hosts)), ("dataplane-host", HOST_NAME, (HOST_NAME,) + hosts)):
         key, cert = make_leaf(ca_key, ca, cn, server=True, hosts=names, days=days)
         files[f"{name}_cert"] = _write(out / f"{name}.crt", pem_cert(cert), False)
         files[f"{name}_key"] = _write(out / f"{name}.key", pem_key(key), True)

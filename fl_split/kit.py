@@ -362,14 +362,15 @@ def _fresh(kit: Path, *names: str) -> Path:
 
 
 def _init(kit: Path, conf: dict[str, Any]) -> list[str]:
-    from fl_split.certs import make_ca, make_leaf, make_node_auth_key, pem_cert, pem_key
+    from fl_split.certs import make_ca, make_leaf, make_node_auth_key, pem_cert, pem_key, superlink_hosts
 
     name = conf["party"]
     if name == COORDINATOR:
         keys = _fresh(kit, "ca.key", "superlink.key")
         host, _ = _hostport("superlink", conf["superlink"])
         ca_key, ca = make_ca("fl-split SuperLink CA (coordinator)")
-        key, cert = make_leaf(ca_key, ca, host, server=True, hosts=(host,))
+        # the public name and loopback: the SuperExec Flower launches beside the SuperLink dials 127.0.0.1
+        key, cert = make_leaf(ca_key, ca, host, server=True, hosts=superlink_hosts(host))
         write_private(keys / "ca.key", pem_key(ca_key))
         write_private(keys / "superlink.key", pem_key(key))
         for path in (keys / "ca.crt", kit / "outbox" / "ca.crt"):
@@ -553,12 +554,109 @@ def _app(kit: Path, conf: dict[str, Any]) -> Path:
     return staged_app(kit / "app", _path(kit, app))  # the same FAB as the directory's, without walking its .venv
 
 
+#: the coordinator's SuperLink, as its ``start`` leaves it: its process ID and its output (terminal too)
+SUPERLINK_PID, SUPERLINK_LOG = "state/superlink.pid", "state/superlink.log"
+#: a run still ``pending`` this long (seconds) is said so in the operator's terminal, once
+PENDING_NOTICE = 30.0
+
+
+def _tee(log: Path) -> None:
+    """From here on, this process's stdout and stderr — and those of what it ``execve``s and launches,
+    such as Flower's SuperExec — go to the terminal **and** to ``log`` (a forked copier; it ignores
+    Ctrl-C so that the last lines still arrive, and ends when every writer has closed the pipe)."""
+    import signal
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fh = open(log, "wb")  # noqa: SIM115 - the copier's
+    read, write = os.pipe()
+    if os.fork() == 0:  # the copier
+        try:
+            os.close(write)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # (SIGPIPE stays ignored: a lost terminal is an OSError)
+            terminal = True
+            while chunk := os.read(read, 65536):
+                if terminal:
+                    try:
+                        os.write(1, chunk)
+                    except OSError:
+                        terminal = False  # the terminal went away: keep the log
+                fh.write(chunk)
+                fh.flush()
+        finally:
+            os._exit(0)
+    fh.close()
+    os.close(read)
+    os.dup2(write, 1)
+    os.dup2(write, 2)
+    os.close(write)
+
+
+def _cmdline(pid: str | int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _log_reason(kit: Path) -> str:
+    """The SuperLink log's (:data:`SUPERLINK_LOG`) last error, in one line ('' if none): a TLS
+    verification failure first, else the last line of its last traceback, else its last ERROR line."""
+    from fl_split.deploy import _one_line
+
+    try:
+        lines = (kit / SUPERLINK_LOG).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    tls = [ln for ln in lines if "CERTIFICATE_VERIFY_FAILED" in ln or "certificate verify failed" in ln.lower()]
+    if tls:
+        return _one_line(tls[-1])[-400:]
+    last, in_tb = "", False
+    for ln in lines:
+        if ln.startswith("Traceback (most recent call last)"):
+            in_tb = True
+        elif in_tb and ln and not ln[0].isspace():
+            last, in_tb = ln, False
+    if not last:
+        errors = [ln for ln in lines if "ERROR" in ln]
+        last = errors[-1] if errors else ""
+    return _one_line(last)[-400:]
+
+
+def superexec_down(kit: Path) -> str | None:
+    """Why no run can start, in one line, when the coordinator's SuperLink runs on this machine (its
+    ``start`` wrote :data:`SUPERLINK_PID`) without the SuperExec that Flower launches beside it to
+    start ServerApps (``flower-superexec --parent-pid PID``); ``None`` when that SuperExec runs or
+    this machine cannot tell (no SuperLink of this kit here). docs/deploy.md, "When a run fails"."""
+    try:
+        link = int((kit / SUPERLINK_PID).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    cmd = _cmdline(link)
+    if not any(Path(c).name == "flower-superlink" or c.endswith("flower-superlink") for c in cmd[:2]):
+        return None  # not running here (or another process took its ID)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            args = _cmdline(entry.name)
+            if args and any(a.endswith("flower-superexec") for a in args[:2]) and str(link) in args:
+                return None
+    reason = _log_reason(kit) or "no error in its log"
+    hint = (" — the SuperLink's certificate must name 127.0.0.1 too (kits initialised by this fl-split do: "
+            "init a fresh kit)" if "127.0.0.1" in reason or "localhost" in reason else "")
+    return (f"the SuperLink (pid {link}) has no SuperExec, so it cannot start any run's ServerApp: its SuperExec "
+            f"died: {reason}{hint}; see {SUPERLINK_LOG}, then restart it with sh run.sh start")
+
+
 def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
     """``flwr run`` the job, stream its log, then the outcome as the SuperLink reports it (``flwr
-    run`` exits 0 even when the ServerApp fails)."""
+    run`` exits 0 even when the ServerApp fails). A SuperLink of this kit on this machine without
+    its SuperExec stops it in one line (:func:`superexec_down`) instead of a run left ``pending``."""
     from fl_split.deploy import _one_line, run_status
     from fl_split.flower.flwrcli import FlwrCli
 
+    down = superexec_down(kit)
+    if down:
+        raise KitError(down)
     app = _app(kit, conf)
     run_config, results = _job(kit)
     _flwr_config(kit, conf)
@@ -571,14 +669,27 @@ def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
                 run_id = line.split()[-1]
         if run_id is None:
             raise KitError(f"flwr run exited with code {proc.returncode} without starting a run")
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline, checked, told = start + timeout, start, False
         while True:
             status, details = run_status(cli.run("ls", CONNECTION, "--run-id", run_id, "--format", "json"))
             if status.startswith("finished") or time.monotonic() > deadline:
                 break
+            now = time.monotonic()
+            if status.startswith("pending") and now - checked > 2.0:
+                checked = now
+                down = superexec_down(kit)
+                if down:
+                    raise KitError(f"run {run_id} stays pending: {down}")
+                if not told and now - start > PENDING_NOTICE:
+                    told = True
+                    print(f"run {run_id} still pending after {now - start:.0f} s: the SuperLink has not started "
+                          f"its ServerApp (its log: {SUPERLINK_LOG})", flush=True)
             time.sleep(0.25)
     if status != "finished:completed":
-        raise KitError(f"run {run_id} {status.replace('finished:', '')}: {_one_line(details) or 'no details'}")
+        logged = "" if details.strip() else _log_reason(kit)
+        why = _one_line(details) or (f"no details; the SuperLink's last logged error: {logged}" if logged else "no details")
+        raise KitError(f"run {run_id} {status.replace('finished:', '')}: {why}")
     return [f"run {run_id} completed; results in {results}"]
 
 
@@ -611,6 +722,10 @@ def node_step(step: str, kit_dir: str | os.PathLike) -> list[str]:
 
         os.environ.update(_env(kit))  # what execve would have given the SuperNode (a superset of ours)
         sys.exit(party_runtime(args))
+    if conf["party"] == COORDINATOR:  # its ID and output stay readable to `run` (superexec_down)
+        state = private_dir(kit / "state")
+        (state / "superlink.pid").write_text(f"{os.getpid()}\n", encoding="ascii")  # execve keeps the ID
+        _tee(kit / SUPERLINK_LOG)
     os.execve(args[0], args, _env(kit))  # the organisation's long-running service
     raise AssertionError("unreachable")
 

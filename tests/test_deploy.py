@@ -78,9 +78,12 @@ def test_certs_command_writes_ca_certificates_and_node_keys(tmp_path):
         cert = x509.load_pem_x509_certificate((tmp_path / f"{name}.crt").read_bytes())
         assert cert.issuer == ca.subject
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        # the data plane's certificate names the party ``host`` (what guests require), then the hosts
-        assert san.get_values_for_type(x509.DNSName) == ["host"] * (name == "dataplane-host") + ["link.example.org"]
-        assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.5"]
+        # the data plane's certificate names the party ``host`` (what guests require), then the hosts;
+        # the SuperLink's the hosts and loopback (the SuperExec Flower launches beside it dials 127.0.0.1)
+        loop = name == "superlink"
+        assert san.get_values_for_type(x509.DNSName) == ["host"] * (name == "dataplane-host") + [
+            "link.example.org"] + ["localhost"] * loop
+        assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.5"] + ["127.0.0.1", "::1"] * loop
         assert (tmp_path / f"{name}.key").stat().st_mode & 0o077 == 0
     for party in ("host", "guest-1"):
         key = load_ssh_private_key((tmp_path / f"auth-{party}.key").read_bytes(), None)

@@ -300,3 +300,101 @@ def test_from_kits_refuses_insecure_in_one_line(tmp_path):
     errors = [line for line in out.stderr.splitlines() if line.startswith("fl-split: error:")]
     assert out.returncode == 2 and len(errors) == 1 and "--from-kits" in errors[0], out.stderr
     assert not (tmp_path / "dep").exists()  # refused before anything was written
+
+
+def test_the_superlink_certificate_names_its_address_and_loopback(tmp_path):
+    """``init`` names the ``--superlink`` host (an IP or a DNS name) **and** 127.0.0.1/localhost/::1
+    in ``superlink.crt``: the SuperExec that Flower launches beside a SuperLink bound to 0.0.0.0
+    dials 127.0.0.1 and checks the certificate against that."""
+    from cryptography import x509
+
+    for public in ("10.77.0.1", "link.example.org"):
+        kits = write_kits(RunConfig(dataset="digits", guests=1, limit=150, engine="flower"), tmp_path / public,
+                          ["host", "guest-1"], f"{public}:9093", "10.77.0.2:9300")
+        assert _step(kits[COORDINATOR], "init").returncode == 0
+        cert = x509.load_pem_x509_certificate((kits[COORDINATOR] / "keys" / "superlink.crt").read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names = set(san.get_values_for_type(x509.DNSName)) | {str(a) for a in san.get_values_for_type(x509.IPAddress)}
+        assert {public, "127.0.0.1", "localhost", "::1"} <= names, names
+
+
+def test_a_superlink_without_its_superexec_stops_run_in_one_line(tmp_path):
+    """The coordinator's SuperLink runs here (``state/superlink.pid``) but its SuperExec died: ``run``
+    says so with the reason from the SuperLink's log (``state/superlink.log``) before submitting,
+    instead of a run left pending; a SuperLink not on this machine is not judged."""
+    from fl_split.kit import KitError, _run, superexec_down
+
+    kit = tmp_path / "coordinator"
+    (kit / "state").mkdir(parents=True)
+    assert superexec_down(kit) is None  # no SuperLink of this kit here
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "flower-superlink"])
+    try:
+        # what a SuperLink's process looks like: its script as argv[1] (python .../flower-superlink)
+        script = tmp_path / "flower-superlink"
+        script.write_text("import time\ntime.sleep(60)\n")
+        link = subprocess.Popen([sys.executable, str(script)])
+        try:
+            import time
+
+            from fl_split.kit import _cmdline
+
+            while str(script) not in _cmdline(link.pid):  # until its exec is done
+                time.sleep(0.01)
+            (kit / "state" / "superlink.pid").write_text(f"{link.pid}\n")
+            (kit / "state" / "superlink.log").write_text(
+                "INFO : Starting Flower SuperLink\nTraceback (most recent call last):\n  File \"x\", line 1\n"
+                "ssl.SSLCertVerificationError: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: IP address "
+                "mismatch, certificate is not valid for '127.0.0.1'. (_ssl.c:1006)\n")
+            down = superexec_down(kit)
+            assert down and "no SuperExec" in down and "not valid for '127.0.0.1'" in down and "\n" not in down
+            assert "must name 127.0.0.1" in down
+            with pytest.raises(KitError, match="no SuperExec"):
+                _run(kit, {"party": COORDINATOR, "superlink": "127.0.0.1:9093"})
+            (kit / "state" / "superlink.pid").write_text(f"{fake.pid}\n")  # not a SuperLink: not judged
+            assert superexec_down(kit) is None
+        finally:
+            link.kill()
+            link.wait()
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+def test_a_restarted_node_waits_in_words_and_an_unknown_key_is_named(capsys):
+    """A refused activation (Flower's code 2004: a previous start still held online, or a key never
+    registered) is retried and said once; past the window it is reported as an unregistered key; an
+    unreachable SuperLink is said as such. docs/deploy.md, "A party restarts"."""
+    import httpx
+
+    from fl_split.flower.warm import patient_activation
+
+    refusal = httpx.Response(412, text=json.dumps({"code": 2004, "detail": "Failed to activate SuperNode."}),
+                             request=httpx.Request("POST", "https://link/v1/fleet/activate-node"))
+
+    def client(refusals: int | None, window: float):
+        class Client:  # Flower's Fleet HTTP client, as far as activation goes
+            def ActivateNode(self, request):
+                nonlocal refusals
+                if refusals is None:
+                    raise httpx.ConnectError("[Errno 111] Connection refused")
+                if refusals:
+                    refusals -= 1
+                    raise httpx.HTTPStatusError("412", request=refusal.request, response=refusal)
+                return "activated"
+
+        patient_activation(Client, "link.example.org:9093", window=window, pause=0.01)
+        return Client()
+
+    assert client(2, 5).ActivateNode(None) == "activated"  # a restarted node: in once the old one expires
+    err = capsys.readouterr().err
+    assert err.count("still holds this node online") == 1, err
+    with pytest.raises(RuntimeError, match="refused this SuperNode for 1 s: it has no registered public key .*"
+                                           "`sh run.sh register`"):
+        client(10 ** 6, 0.6).ActivateNode(None)  # never accepted: the key is not registered
+    capsys.readouterr()
+    unreachable = client(None, 5)
+    for _ in range(2):  # Flower retries transport errors: said once
+        with pytest.raises(httpx.ConnectError):
+            unreachable.ActivateNode(None)
+    err = capsys.readouterr().err
+    assert err.count("cannot reach the SuperLink at link.example.org:9093") == 1 and "registered" not in err, err

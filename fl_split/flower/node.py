@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sys
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -403,9 +404,14 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
             from fl_split.devices import report_with_device
 
             _save_model(context, role, party, config_json, handoff, req)
-            return _reply(message, report=R.dumps(report_with_device(party)))
+            reply = _reply(message, report=R.dumps(report_with_device(party)))
+            _operator(role, f"run {context.run_id} completed: {_own_epsilon(party)}; this party's part is done")
+            return reply
         raise ProtocolError(f"{role.party}: unknown message type {mtype!r}")
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the coordinator
+        if "role" in locals():
+            _operator(role, f"run {context.run_id} failed here" + (f" in round {round_}" if round_ >= 0 else "")
+                      + f": {type(exc).__name__}: {' '.join(str(exc).split())}")
         # the live object may be half-updated: forget it; context.state still holds the last good state
         _PARTIES.pop(key, None)
         return Message(R.error_record(exc, who, None if round_ < 0 else round_), reply_to=message)
@@ -469,6 +475,23 @@ def _dataplane_setup(cfg: RunConfig, role: NodeRole, node_config: dict, state) -
     return extra
 
 
+def _operator(role: NodeRole, line: str) -> None:
+    """One line for this party's own operator, in its node's log (its SuperNode's stderr), in a
+    deployment only: its epochs, its own ε and the run's end or failure (docs/deploy.md, "What each
+    operator sees"). Public facts only: counts, ε, the error's words."""
+    if role.mode == "deployment":
+        print(f"{role.party}: {line}", file=sys.stderr, flush=True)
+
+
+def _own_epsilon(party, epoch: int | None = None) -> str:
+    """``ε X`` as this party's own ledger counts it (after ``epoch``, default: now)."""
+    ledger = getattr(party, "ledger", None)
+    if ledger is None:
+        return "ε: no ledger (no privacy-accounted release)"
+    eps = party.epsilons_per_epoch().get(str(epoch)) if epoch is not None else ledger.epsilon()
+    return f"ε {eps:.4g} (its own ledger, δ {ledger.delta:g})" if eps is not None else "ε: n/a for its releases"
+
+
 def _epoch(message: Message, context: Context, role: NodeRole, party, config_json: str, req, handoff=None) -> Message:
     """``train.epoch``: play (host) or serve (guest) the request's epochs over the direct data plane.
 
@@ -511,6 +534,15 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
     finally:
         _close_wal(party, wal)
         _save(context, party, config_json)
+    if role.mode == "deployment":  # each epoch this message covered, with this party's own ε after it
+        first, last = int(req["first-epoch"]), int(req["last-epoch"])
+        done = "played" if role.role == "host" else "served"
+        per = party.epsilons_per_epoch() if getattr(party, "ledger", None) is not None else {}
+        epochs = [e for e in range(first, last + 1) if str(e) in per]
+        for e in epochs:
+            _operator(role, f"epoch {e}/{cfg.epochs} {done}; {_own_epsilon(party, e)}")
+        if not epochs:
+            _operator(role, f"epochs {first}-{last}/{cfg.epochs} {done}; {_own_epsilon(party)}")
     return _reply(message, **reply)
 
 

@@ -95,16 +95,83 @@ class _PollClock:
         return getattr(time, name)
 
 
+#: seconds between the SuperNode's heartbeats (Flower's default 30, its minimum 10): the SuperLink
+#: holds a node online until two intervals pass without one, so a restarted node is refused that long
+NODE_HEARTBEAT = 10
+#: how long a refused activation is retried (seconds): past two heartbeat intervals, a refusal is no
+#: longer a previous start still held online but a key the SuperLink does not know
+ACTIVATION_WINDOW = 2 * NODE_HEARTBEAT + 8
+#: Flower's error code of a refused ``ActivateNode`` (flwr 1.41 ``FLEET_NODE_ACTIVATION_FAILED``)
+ACTIVATION_REFUSED = 2004
+
+
+def _say(line: str) -> None:
+    print(f"party-runtime: {line}", file=sys.stderr, flush=True)
+
+
+def patient_activation(client_cls, superlink: str, window: float = ACTIVATION_WINDOW, pause: float = 2.0) -> None:
+    """Make ``client_cls.ActivateNode`` (Flower's Fleet HTTP client) tell a restarted node, an unknown
+    key and an unreachable SuperLink apart, in words (docs/deploy.md, "A party restarts"): a refusal
+    (Flower's code 2004, the same for both of the first two) is retried every ``pause`` s for up to
+    ``window`` s — a previous start of this node, held online until two heartbeats are missed, expires
+    in that time and the node rejoins — and then reported as a key the SuperLink has not registered;
+    a transport error is said once as the SuperLink unreachable (Flower keeps retrying it)."""
+    import httpx
+    from flwr.supercore.error.base import FlowerError
+
+    original = client_cls.ActivateNode
+    unreachable_said = [False]
+
+    def activate(self, request):
+        deadline, told = time.monotonic() + window, False
+        while True:
+            try:
+                return original(self, request)
+            except httpx.TransportError as exc:
+                if not unreachable_said[0]:
+                    unreachable_said[0] = True
+                    _say(f"cannot reach the SuperLink at {superlink} ({type(exc).__name__}: {exc}): is it started, "
+                         "and does this machine reach that address and port? retrying")
+                raise
+            except httpx.HTTPStatusError as exc:
+                error = FlowerError.from_json(exc.response.text)
+                if error is None or error.code != ACTIVATION_REFUSED:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"the SuperLink at {superlink} refused this SuperNode for {window:.0f} s: it has no "
+                        "registered public key for it (the coordinator registers outbox/auth-<party>.pub with "
+                        "`sh run.sh register`)") from None
+                if not told:
+                    told = True
+                    _say(f"the SuperLink refused to activate this SuperNode: it still holds this node online from "
+                         f"its previous start (it does so until {2 * NODE_HEARTBEAT} s pass without a heartbeat), or "
+                         f"its key is not registered; retrying every {pause:g} s for up to {window:.0f} s")
+                time.sleep(pause)
+
+    client_cls.ActivateNode = activate
+
+
 def supernode(argv: list[str], poll: float = SUPERNODE_POLL) -> None:
     """``flower-supernode ARGV`` in this process, polling the SuperLink every ``poll`` s when idle
     (and its state for a reply every ``poll`` s) instead of Flower's fixed 3 s (0.5 s): one message
     costs up to 3.5 s of waiting otherwise, a warm party's whole epoch on a small table. The price:
-    an idle node asks the SuperLink ``1/poll`` times a second instead of once in 3 s."""
+    an idle node asks the SuperLink ``1/poll`` times a second instead of once in 3 s. Its heartbeat
+    is :data:`NODE_HEARTBEAT` s and a refused activation is retried (:func:`patient_activation`), so a
+    node restarted after a crash rejoins within seconds."""
+    import flwr.supernode.fleet_http_connection as fleet
     import flwr.supernode.start_client_internal as loop
     from flwr.supernode.cli.flower_supernode import flower_supernode
+    from flwr.supernode.fleet_http_client import FleetHttpClient
 
     loop.time = _PollClock(poll)  # type: ignore[assignment]
     short_object_waits(loop)  # a message's objects the ServerApp is still pushing to the SuperLink
+    import flwr.supercore.heartbeat as beat
+
+    # the interval the node announces and the one its sender keeps (flwr 1.41 reads both module globals)
+    fleet.HEARTBEAT_DEFAULT_INTERVAL = beat.HEARTBEAT_DEFAULT_INTERVAL = NODE_HEARTBEAT  # type: ignore[attr-defined]
+    superlink = next((b for a, b in zip(argv, argv[1:]) if a == "--superlink"), "its --superlink address")
+    patient_activation(FleetHttpClient, superlink)
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 
