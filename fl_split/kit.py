@@ -857,7 +857,12 @@ def cmd_kit(ns, config_from_args) -> int:
         return 0
     if not getattr(ns, "out", None):
         raise ConfigError("out", "", "the directory to write the kits into")
-    parties = party_names(ns.parties, getattr(ns, "guests", None))
+    guests = getattr(ns, "guests", None)  # the train flags arrive as text
+    try:
+        guests = None if guests in (None, "") else int(guests)
+    except (TypeError, ValueError):
+        raise ConfigError("guests", guests, "a whole number (or leave it out: --parties says it)") from None
+    parties = party_names(ns.parties, guests)
     ns.guests = len(parties) - 1
     cfg = config_from_args(ns)
     if cfg.monolithic:

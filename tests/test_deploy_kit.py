@@ -78,6 +78,16 @@ def test_kit_command_writes_a_folder_per_organisation_without_any_key(tmp_path):
     assert 'data-path = ""' in (kits / "guest-1" / "kit.toml").read_text()  # the organisation fills it in
 
 
+def test_kit_command_accepts_guests_that_agree_with_parties(tmp_path):
+    out = subprocess.run([*FLSPLIT, "deploy", "kit", "--out", str(tmp_path / "k"), "--parties", "host,guest-1,guest-2",
+                          "--guests", "2", "--dataset", "digits", "--limit", "150"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run([*FLSPLIT, "deploy", "kit", "--out", str(tmp_path / "k1"), "--parties", "host,guest-1",
+                          "--guests", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "host and 2 guests" in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("parties, allowed", [("host,guest-2", "host,guest-1"), ("guest-1", "host,guest-1"),
                                               ("host,guest-1,guest-1", "each once")])
 def test_kit_command_refuses_bad_parties_in_one_line(tmp_path, parties, allowed):
