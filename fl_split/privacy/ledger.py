@@ -22,6 +22,13 @@ distinct *kinds of release* accountants see (by
   its releases, however many ``charge`` calls they arrived in) and by 001's Cor. 4/5 (``paper``);
 * one compact log row per entry (round, phase, epoch, index, direction, cost, batch size, rate).
 
+**Cost per charge: O(batch).** Record IDs map to slots (a dictionary); slot -> ID and slot -> count
+vector are NumPy arrays grown by doubling, each distinct count vector is interned once. A charge
+groups its records by (current vector, counts added) in NumPy and works in Python once per group;
+the histogram, the bounds and the worst basic composition are updated per distinct new vector
+(docs/accounting.md, "The ledger"). Only :meth:`Ledger.export_state` and :meth:`Ledger.from_state`
+(vectorised) are O(records).
+
 **Write-ahead.** With a log attached (:meth:`Ledger.attach_wal`, ``--checkpoint-dir``), every charged
 entry is appended to the party's fsynced log by :meth:`Ledger.settle` — after the value is computed,
 before it leaves the party — with the digest of the value. A ledger restored from an older checkpoint
@@ -203,7 +210,9 @@ class _Plan:
     new_costs: dict[str, PrivacyCost]
     new_cost_release: list[int]
     release_index: dict[str, int] | None  # accounting key -> release kind, when kinds were added
-    rec: dict[int, tuple]  # new count vectors of the touched records
+    slots: np.ndarray  # slots of the touched records (new IDs: the ledger's next slots, in order)
+    vids: np.ndarray  # their new count vectors (indices into Ledger._vecs)
+    new_ids: np.ndarray  # IDs first released by this plan, in slot order
     steps: dict[tuple[int, int], tuple[tuple, float]]  # new members / rate of the touched steps
     missing_rate: int
     log: list[tuple]
@@ -255,7 +264,15 @@ class Ledger:
         self._cost_release: list[int] = []  # cost index -> release kind
         self._release_index: dict[str, int] = {}  # accounting key -> release kind
         self._col_index: dict[tuple[int, bool], int] = {}
-        self._rec: dict[int, tuple] = {}  # record ID -> sparse count vector ((column, n), …)
+        # per-record view, vectorised (the cost of a charge does not grow with the records): record ID
+        # -> slot; slot -> ID and slot -> count vector id, NumPy arrays grown geometrically; count
+        # vectors ((column, n), …) interned once each
+        self._slot: dict[int, int] = {}
+        self._n_rec = 0
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._vid = np.zeros(0, dtype=np.int64)
+        self._vecs: list[tuple] = []
+        self._vec_index: dict[tuple, int] = {}
         self._steps: dict[tuple[int, int], tuple[tuple, float]] = {}  # (epoch, index) -> (members, q)
         self._missing_rate = 0  # training entries charged without a sample rate
         self._state = _State([], [], {}, next(_IDS), {})
@@ -462,9 +479,18 @@ class Ledger:
     def export_state(self) -> dict[str, Any]:
         """Everything, as NumPy arrays and JSON-able values (for :func:`fl_split.state.flatten`)."""
         keys = list(self._costs)
-        rids = sorted(self._rec)
-        sizes = [len(self._rec[r]) for r in rids]
-        flat = [cn for r in rids for cn in self._rec[r]]
+        n = self._n_rec
+        order = np.argsort(self._ids[:n], kind="stable")
+        rids = self._ids[:n][order]
+        rvid = self._vid[:n][order]
+        vlen = np.asarray([len(v) for v in self._vecs], dtype=np.int64)
+        vcol = np.asarray([c for v in self._vecs for c, _ in v], dtype=np.int64)
+        vcnt = np.asarray([m for v in self._vecs for _, m in v], dtype=np.int64)
+        vstart = np.concatenate([[0], np.cumsum(vlen)[:-1]]).astype(np.int64) if len(vlen) else vlen
+        sizes = vlen[rvid] if n else np.zeros(0, dtype=np.int64)
+        # each record's vector, gathered: its start repeated, plus 0..size-1
+        pos = (np.repeat(vstart[rvid] - np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64), sizes)
+               + np.arange(int(sizes.sum()), dtype=np.int64)) if n else np.zeros(0, dtype=np.int64)
         skeys = sorted(self._steps)
         members = [self._steps[k][0] for k in skeys]
         return {
@@ -477,9 +503,9 @@ class Ledger:
             "pld_interval": self.pld_interval,
             "costs": [cost_to_json(self._costs[k]) for k in keys],
             "columns": [[int(r), bool(t)] for r, t in self._state.cols],
-            "records": {"ids": np.repeat(np.asarray(rids, dtype=np.int64), sizes),
-                        "columns": np.asarray([c for c, _ in flat], dtype=np.int64),
-                        "counts": np.asarray([n for _, n in flat], dtype=np.int64)},
+            "records": {"ids": np.repeat(rids, sizes),
+                        "columns": vcol[pos] if n else np.zeros(0, dtype=np.int64),
+                        "counts": vcnt[pos] if n else np.zeros(0, dtype=np.int64)},
             "steps": {"epoch": np.asarray([k[0] for k in skeys], dtype=np.int64),
                       "index": np.asarray([k[1] for k in skeys], dtype=np.int64),
                       "rate": np.asarray([self._steps[k][1] for k in skeys], dtype=np.float64),
@@ -513,14 +539,15 @@ class Ledger:
             raise ValueError("ledger state: a count column names an unknown release")
         led._col_index = {c: j for j, c in enumerate(cols)}
         recs = state["records"]
-        ids, cs, ns = (np.asarray(recs[k], dtype=np.int64).reshape(-1).tolist() for k in ("ids", "columns", "counts"))
-        rec: dict[int, list] = {}
-        for r, c, n in zip(ids, cs, ns):
-            rec.setdefault(r, []).append((c, n))
-        led._rec = {r: tuple(sorted(v)) for r, v in rec.items()}
-        hist: dict[tuple, int] = {}
-        for vec in led._rec.values():
-            hist[vec] = hist.get(vec, 0) + 1
+        ids, cs, ns = (np.asarray(recs[k], dtype=np.int64).reshape(-1) for k in ("ids", "columns", "counts"))
+        rids, rvid, vecs = _records_of(ids, cs, ns)
+        led._grow(len(rids))
+        led._n_rec = len(rids)
+        led._ids[:len(rids)] = rids
+        led._slot = dict(zip(rids.tolist(), range(len(rids))))
+        led._vid[:len(rids)] = np.asarray([led._intern(v) for v in vecs], dtype=np.int64)[rvid] if vecs else rvid
+        counts = np.bincount(rvid, minlength=len(vecs)).tolist()
+        hist: dict[tuple, int] = {v: n for v, n in zip(vecs, counts)}
         st = state["steps"]
         ep, ix, rate, sp, sr, sc = (np.asarray(st[k]).reshape(-1).tolist()
                                     for k in ("epoch", "index", "rate", "step", "release", "count"))
@@ -657,32 +684,61 @@ class Ledger:
             if phase not in phases:
                 phases.append(phase)
             log.append((int(e.round), phases.index(phase), epoch, index, direction, ckey, len(ids), q))
-        # per-record count vectors of the touched records
-        width = len(cols) + len(new_cols)
+        # per-record count vectors of the touched records: records grouped by (old vector, this
+        # charge's counts), one Python step per group (a batch has few), NumPy per record
         all_ids = np.concatenate(ids_of) if ids_of else np.zeros(0, dtype=np.int64)
-        rec: dict[int, tuple] = {}
         hist = base.hist
         changed = False
+        slots = vids = new_ids = np.zeros(0, dtype=np.int64)
+        new_vecs: list[tuple] = []  # distinct count vectors records have after this plan
         if all_ids.size:
             col_arr = np.repeat(np.asarray(col_of, dtype=np.int64), [len(i) for i in ids_of])
-            # (record, column) pairs counted in one pass: records by their dense index, so any int64
-            # key packs without overflow (text IDs hash to negative keys, integer IDs reach 2**63 - 1)
             rids, dense = np.unique(all_ids, return_inverse=True)
-            uniq, counts = np.unique(dense.reshape(-1) * width + col_arr, return_counts=True)
-            rid_of = rids.tolist()
-            acc: dict[int, dict[int, int]] = {}
-            for key, n in zip(uniq.tolist(), counts.tolist()):
-                i, c = divmod(key, width)
-                rid = rid_of[i]
-                d = acc.get(rid)
-                if d is None:
-                    d = acc[rid] = dict(self._rec.get(rid, ()))
-                d[c] = d.get(c, 0) + n
+            dense = dense.reshape(-1)
+            ucols, cinv = np.unique(col_arr, return_inverse=True)
+            k = len(ucols)
+            delta = np.bincount(dense * k + cinv.reshape(-1), minlength=len(rids) * k).reshape(len(rids), k)
+            slots = np.asarray(list(map(self._slot.get, rids.tolist(), itertools.repeat(-1, len(rids)))),
+                               dtype=np.int64)
+            fresh = slots < 0
+            if fresh.any():
+                new_ids = rids[fresh]
+                slots[fresh] = self._n_rec + np.arange(len(new_ids), dtype=np.int64)
+            old_vid = np.full(len(rids), -1, dtype=np.int64)
+            old_vid[~fresh] = self._vid[slots[~fresh]]
+            groups, ginv, gcount = _groups(old_vid, delta)
+            ucol_list = ucols.tolist()
             hist = dict(base.hist)
-            for rid, d in acc.items():
+            moves = []
+            group_vid = []
+            for row, n in zip(groups.tolist(), gcount.tolist()):
+                ov = row[0]
+                d = dict(self._vecs[ov]) if ov >= 0 else {}
+                for c, m in zip(ucol_list, row[1:]):
+                    if m:
+                        d[c] = d.get(c, 0) + m
                 vec = tuple(sorted(d.items()))
-                rec[rid] = vec
-                changed |= _move(hist, self._rec.get(rid), vec)
+                group_vid.append(self._intern(vec))
+                moves.append((self._vecs[ov] if ov >= 0 else None, vec, n))
+            for old, _vec, n in moves:  # out of the old vectors first (their counts cover these records)
+                if old is not None:
+                    m = hist[old] - n
+                    if m:
+                        hist[old] = m
+                    else:
+                        del hist[old]
+                        changed = True
+            seen = set()
+            for _old, vec, n in moves:
+                if vec in hist:
+                    hist[vec] += n
+                else:
+                    hist[vec] = n
+                    changed = True
+                if vec not in seen:
+                    seen.add(vec)
+                    new_vecs.append(vec)
+            vids = np.asarray(group_vid, dtype=np.int64)[ginv.reshape(-1)]
         step_hist = base.step_hist
         new_steps: dict[tuple[int, int], tuple[tuple, float]] = {}
         if steps:
@@ -694,15 +750,35 @@ class Ledger:
         all_releases = new_releases if new_releases is not None else releases
         all_cols = cols + new_cols if new_cols else cols
         bounds, basic_max = base.bounds, base.basic_max
-        if rec:
+        if new_vecs:
+            # the bounds and the worst basic composition depend on the set of count vectors only
             family = self._family_lookup(all_releases, len(base.releases))
-            aggs = [[_aggregate(v, all_cols, skip) for v in rec.values()] for skip in (False, True)]
+            aggs = [[_aggregate(v, all_cols, skip) for v in new_vecs] for skip in (False, True)]
             bounds = tuple(base.bounds[skip].updated(aggs[skip], family) for skip in (False, True))
             basic_max = tuple(max([base.basic_max[skip]] + [self._basic_of(a, all_releases) for a in aggs[skip] if a])
                               for skip in (False, True))
         state = _State(all_releases, all_cols, hist, next(_IDS) if changed else base.hist_id, step_hist, bounds,
                        basic_max)
-        return _Plan(state, new_costs, new_cost_release, new_release_index, rec, new_steps, missing, log, phases)
+        return _Plan(state, new_costs, new_cost_release, new_release_index, slots, vids, new_ids, new_steps, missing,
+                     log, phases)
+
+    def _intern(self, vec: tuple) -> int:
+        """The id of count vector ``vec`` (interned once; a refused plan's vectors stay: ids name tuples)."""
+        v = self._vec_index.get(vec)
+        if v is None:
+            v = self._vec_index[vec] = len(self._vecs)
+            self._vecs.append(vec)
+        return v
+
+    def _grow(self, n: int) -> None:
+        """Make room for ``n`` record slots (capacity doubled: amortised O(1) per new record)."""
+        if n > len(self._vid):
+            cap = max(n, 2 * len(self._vid), 1024)
+            for name in ("_ids", "_vid"):
+                arr = np.zeros(cap, dtype=np.int64)
+                old = getattr(self, name)
+                arr[:len(old)] = old
+                setattr(self, name, arr)
 
     def _commit(self, plan: _Plan) -> None:
         s = plan.state
@@ -714,7 +790,14 @@ class Ledger:
             self._release_index = plan.release_index
         for j in range(len(self._state.cols), len(s.cols)):
             self._col_index[s.cols[j]] = j
-        self._rec.update(plan.rec)
+        if len(plan.new_ids):
+            start = self._n_rec
+            self._grow(start + len(plan.new_ids))
+            self._ids[start:start + len(plan.new_ids)] = plan.new_ids
+            self._slot.update(zip(plan.new_ids.tolist(), range(start, start + len(plan.new_ids))))
+            self._n_rec = start + len(plan.new_ids)
+        if len(plan.slots):
+            self._vid[plan.slots] = plan.vids
         self._steps.update(plan.steps)
         self._missing_rate = plan.missing_rate
         self._phases = plan.phases
@@ -908,6 +991,62 @@ class Ledger:
         for c, n in zip(self._log["cost"], self._log["n"]):
             out[keys[c]] = out.get(keys[c], 0) + int(n)
         return out
+
+
+def _groups(old_vid: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct rows of ``[old_vid, delta]`` (rows: records), the row of each record and their counts.
+
+    Rows are packed into one int64 (mixed radix) when they fit, so a 1-D sort does the grouping."""
+    radix = [int(old_vid.max()) + 2] + [int(m) + 1 for m in delta.max(axis=0).tolist()]
+    if math.prod(radix) < 2 ** 62:
+        code = old_vid + 1
+        for c, r in enumerate(radix[1:]):
+            code = code * r + delta[:, c]
+        ucode, ginv, gcount = np.unique(code, return_inverse=True, return_counts=True)
+        rows = np.empty((len(ucode), len(radix)), dtype=np.int64)
+        rest = ucode.copy()
+        for c in range(len(radix) - 1, 0, -1):
+            rows[:, c] = rest % radix[c]
+            rest //= radix[c]
+        rows[:, 0] = rest - 1
+        return rows, ginv.reshape(-1), gcount
+    rows, ginv, gcount = np.unique(np.column_stack([old_vid, delta]), axis=0, return_inverse=True,
+                                   return_counts=True)
+    return rows, ginv.reshape(-1), gcount
+
+
+def _records_of(ids: np.ndarray, cols: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+    """Exported per-record arrays -> (record IDs ascending, each one's vector index, the distinct
+    vectors ``((column, n), …)`` in order of first appearance), vectorised (no Python step per record)."""
+    if not len(ids):
+        return ids, ids, []
+    order = np.lexsort((counts, cols, ids))
+    ids, cols, counts = ids[order], cols[order], counts[order]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    sizes = np.diff(np.r_[starts, len(ids)])
+    width = int(sizes.max())
+    pos = np.arange(len(ids)) - np.repeat(starts, sizes)
+    row = np.repeat(np.arange(len(starts)), sizes)
+    mat = np.zeros((len(starts), 2 * width), dtype=np.int64)  # (column + 1, n) pairs, 0-padded
+    mat[row, 2 * pos] = cols + 1
+    mat[row, 2 * pos + 1] = counts
+    if int(mat.min()) >= 0 and math.prod(int(m) + 1 for m in mat.max(axis=0).tolist()) < 2 ** 62:
+        code = np.zeros(len(starts), dtype=np.int64)
+        for c, m in enumerate(mat.max(axis=0).tolist()):
+            code = code * (int(m) + 1) + mat[:, c]
+        _u, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    else:
+        _u, first, inv = np.unique(mat, axis=0, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    # distinct vectors numbered by first appearance (records by ID)
+    by_first = np.argsort(first, kind="stable")
+    renum = np.empty_like(by_first)
+    renum[by_first] = np.arange(len(by_first))
+    vecs = []
+    for r in first[by_first].tolist():
+        k = int(sizes[r])
+        vecs.append(tuple((int(mat[r, 2 * i]) - 1, int(mat[r, 2 * i + 1])) for i in range(k)))
+    return ids[starts], renum[inv], vecs
 
 
 def _grid(n: int) -> int:

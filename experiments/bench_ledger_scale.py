@@ -1,0 +1,167 @@
+"""Per-batch cost of the privacy ledger as the number of records grows (docs/accounting.md, "The ledger").
+
+Ledger only, no training: synthetic int64 record IDs (a random permutation of ``0..N-1`` spread
+over the int64 range, as hashed IDs are), one Gaussian forward release per training batch of
+``--batch`` records with its sample rate, the ``pld`` accountant. For each ``N`` (default 10,000,
+100,000, 1,000,000 and 10,000,000) and each module (this checkout's ``fl_split.privacy.ledger``
+and, with ``--old PATH``, a copy of an older ``ledger.py`` loaded from that path) it times:
+
+* ``first_ms``: the median charge of the first ``--batches`` batches (records released for the first time);
+* ``epoch1``: the rest of the first epoch, charged in batches of 65,536 (set-up, not timed per batch);
+* ``again_ms``: the median charge of ``--batches`` batches of the second epoch (records known);
+* ``report_s``, ``export_s``, ``restore_s``: one ``report()``, ``export_state()``, ``Ledger.from_state()``
+  (a checkpoint / a Flower message's state: O(records), not per batch).
+
+With ``--train-rows N`` (e.g. 300000) it also generates two Parquet tables of N rows under a
+temporary folder (integer IDs; the host 10 columns and the label, one guest 10 columns, rows
+shuffled) and times one ``fl-split train`` epoch (batch 1024, local engine) with ``--defense none``
+and ``--defense gaussian``, ``--train-repeats`` times interleaved: the results' ``time_s`` and the
+ratio of the medians.
+
+Run: ``python experiments/bench_ledger_scale.py [--old /tmp/ledger_old.py] [--sizes 10000 100000 1000000]
+[--train-rows 300000]``; prints a table and writes ``experiments/results/bench_ledger_scale.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import dp_accounting as dpa
+import numpy as np
+
+from fl_split.privacy import ledger as current
+from fl_split.privacy.base import PrivacyCost
+
+COST = PrivacyCost("gaussian", dpa.GaussianDpEvent(noise_multiplier=0.7 / 2.0), epsilon=None, sensitivity_l2=2.0,
+                   params=(("sigma", 0.7),))
+
+
+def load_module(path: str):
+    """A copy of ``ledger.py`` at ``path``, imported as its own module."""
+    spec = importlib.util.spec_from_file_location("ledger_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["ledger_under_test"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def measure(mod, n: int, batch: int, batches: int) -> dict:
+    ids = (np.random.default_rng(0).permutation(n).astype(np.int64) * 7919 - (1 << 40))
+    rate = batch / n
+    led = mod.Ledger("guest-1", accountant="pld")
+
+    def charge(epoch: int, index: int, members: np.ndarray) -> float:
+        t = time.perf_counter()
+        led.charge([mod.LedgerEntry(index, ("train", epoch, index), "forward", COST, members, rate)])
+        return time.perf_counter() - t
+
+    nb = min(batches, n // batch)
+    first = [charge(1, i, ids[i * batch:(i + 1) * batch]) for i in range(nb)]
+    t = time.perf_counter()
+    big = 65536
+    for j, start in enumerate(range(nb * batch, n, big)):
+        charge(1, nb + j, ids[start:start + big])
+    epoch1 = time.perf_counter() - t
+    perm = np.random.default_rng(1).permutation(ids)
+    again = [charge(2, i, perm[i * batch:(i + 1) * batch]) for i in range(nb)]
+    t = time.perf_counter()
+    rep = led.report()
+    report_s = time.perf_counter() - t
+    t = time.perf_counter()
+    state = led.export_state()
+    export_s = time.perf_counter() - t
+    t = time.perf_counter()
+    restored = mod.Ledger.from_state(state)
+    restore_s = time.perf_counter() - t
+    assert restored.report() == rep
+    out = {"records": n, "first_ms": 1e3 * statistics.median(first), "epoch1_rest_s": epoch1,
+           "again_ms": 1e3 * statistics.median(again), "report_s": report_s, "export_s": export_s,
+           "restore_s": restore_s, "epsilon": rep["epsilon"], "releases_per_record": rep["releases_per_record"]}
+    del led, restored, state
+    gc.collect()
+    return out
+
+
+def train_epochs(rows: int, repeats: int) -> dict:
+    """One ``fl-split train`` epoch on own Parquet tables of ``rows`` rows, none vs gaussian."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    ids = rng.permutation(rows).astype(np.int64)
+    x = rng.normal(size=(rows, 20)).round(4)
+    y = (x[:, 0] + x[:, 10] + 0.5 * rng.normal(size=rows) > 0).astype(int)
+    times: dict[str, list[float]] = {"none": [], "gaussian": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        host, guest = Path(tmp) / "host.parquet", Path(tmp) / "guest.parquet"
+        pd.DataFrame({"id": ids, **{f"h{i}": x[:, i] for i in range(10)}, "y": y}).to_parquet(host)
+        pd.DataFrame({"id": ids, **{f"g{i}": x[:, 10 + i] for i in range(10)}}).sample(
+            frac=1, random_state=1).to_parquet(guest)
+        for _ in range(repeats):
+            for defense in times:
+                out = Path(tmp) / f"{defense}.json"
+                subprocess.run([sys.executable, "-m", "fl_split.cli", "train", "--data", f"host={host}",
+                                "--data", f"guest-1={guest}", "--id-column", "id", "--label-column", "y",
+                                "--epochs", "1", "--batch-size", "1024", "--defense", defense, "--no-progress",
+                                "--no-run-dir", "--private-seed", "1", "--insecure-private-seed", "--out", str(out)],
+                               check=True, capture_output=True)
+                times[defense].append(json.loads(out.read_text())["time_s"])
+                print(f"train {rows:,} rows --defense {defense}: {times[defense][-1]:.2f} s "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    med = {d: statistics.median(t) for d, t in times.items()}
+    return {"rows": rows, "time_s": times, "median_s": med, "ratio": med["gaussian"] / med["none"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old", help="path of an older ledger.py to compare with")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000, 10_000_000])
+    ap.add_argument("--old-max", type=int, default=1_000_000, help="largest size the old module is run at")
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--batches", type=int, default=100)
+    ap.add_argument("--train-rows", type=int, default=0, help="also time one fl-split train epoch at this many rows")
+    ap.add_argument("--train-repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_ledger_scale.json"))
+    args = ap.parse_args(argv)
+    modules = [("after", current)] + ([("before", load_module(args.old))] if args.old else [])
+    rows = []
+    for n in args.sizes:
+        for label, mod in modules:
+            if label == "before" and n > args.old_max:
+                continue
+            load = os.getloadavg()[0]
+            r = {"module": label, **measure(mod, n, args.batch, args.batches), "load_before": load}
+            rows.append(r)
+            print(f"{label:6} N={n:>10,}  first {r['first_ms']:7.2f} ms  again {r['again_ms']:7.2f} ms  "
+                  f"epoch-1 rest {r['epoch1_rest_s']:6.2f} s  report {r['report_s']:6.3f} s  "
+                  f"export {r['export_s']:6.2f} s  restore {r['restore_s']:6.2f} s  eps {r['epsilon']!r}  "
+                  f"(load {load:.1f})", flush=True)
+    for n in args.sizes:  # the same epsilon before and after
+        eps = {r["module"]: r["epsilon"] for r in rows if r["records"] == n}
+        if len(eps) == 2 and eps["before"] != eps["after"]:
+            raise SystemExit(f"N={n}: epsilon differs: {eps}")
+    train = None
+    if args.train_rows:
+        train = train_epochs(args.train_rows, args.train_repeats)
+        print(f"train epoch, median: none {train['median_s']['none']:.2f} s, gaussian "
+              f"{train['median_s']['gaussian']:.2f} s, ratio {train['ratio']:.2f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                                          "batch": args.batch, "batches": args.batches, "rows": rows,
+                                          "train": train}, indent=1))
+    print(f"written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
