@@ -109,12 +109,18 @@ def _check(led: Ledger, ref: Reference) -> None:
     assert rep["epsilon"] == rep["epsilons"][led.accountant]
 
 
-def _schedule(rng: np.random.Generator, amplification: bool, n_records: int) -> list[list[LedgerEntry]]:
+def _schedule(rng: np.random.Generator, amplification: bool, n_records: int,
+              id_kind: str = "hashed") -> list[list[LedgerEntry]]:
+    """Charges of three epochs. ``id_kind``: ``hashed`` (large integers and negative keys, as hashed
+    text IDs: the ID dictionary), ``small`` (0..3N: the direct table), ``switch`` (small, then the
+    last epoch's test batch brings a negative and a large ID: the table becomes a dictionary)."""
     costs = _costs()
     pick = rng.choice(len(costs), size=3, replace=False)
-    # IDs as the pipeline makes them: large integers and negative (hashed) keys
-    ids = np.unique(np.concatenate([rng.integers(-2 ** 63, 0, n_records // 2),
-                                    rng.integers(2 ** 62, 2 ** 63 - 1, n_records - n_records // 2)]))
+    if id_kind == "hashed":
+        ids = np.unique(np.concatenate([rng.integers(-2 ** 63, 0, n_records // 2),
+                                        rng.integers(2 ** 62, 2 ** 63 - 1, n_records - n_records // 2)]))
+    else:
+        ids = np.sort(rng.choice(3 * n_records, size=n_records, replace=False)).astype(np.int64)
     batch = 7
     rate = batch / len(ids)
     charges = []
@@ -131,25 +137,31 @@ def _schedule(rng: np.random.Generator, amplification: bool, n_records: int) -> 
                                            members[: rng.integers(1, len(members) + 1)], rate))
             charges.append(entries)
         test_ids = rng.choice(ids, size=10, replace=True)  # a record twice in one batch
+        if id_kind == "switch" and epoch == 3:
+            test_ids = np.concatenate([test_ids, [-5, 2 ** 40]])
         charges.append([LedgerEntry(epoch, ("test", epoch, 0), "forward", costs[pick[2]], test_ids, None)])
     return charges
 
 
-@pytest.mark.parametrize("seed,accountant,amplification,budget", [
-    (0, "pld", False, None),
-    (1, "pld", True, None),
-    (2, "basic", False, 2.0),
-    (3, "pld", True, 2.0),
-    (4, "rdp", False, 2.5),
-    (5, "pld", False, 3.0),
+@pytest.mark.parametrize("seed,accountant,amplification,budget,id_kind", [
+    (0, "pld", False, None, "hashed"),
+    (1, "pld", True, None, "hashed"),
+    (2, "basic", False, 2.0, "hashed"),
+    (3, "pld", True, 2.0, "hashed"),
+    (4, "rdp", False, 2.5, "hashed"),
+    (5, "pld", False, 3.0, "hashed"),
+    (6, "pld", True, None, "small"),
+    (7, "pld", False, 3.0, "small"),
+    (8, "pld", False, None, "switch"),
+    (9, "basic", True, 2.0, "switch"),
 ])
-def test_random_schedules_match_a_straightforward_recomputation(seed, accountant, amplification, budget):
+def test_random_schedules_match_a_straightforward_recomputation(seed, accountant, amplification, budget, id_kind):
     rng = np.random.default_rng(seed)
     delta = 1e-5
     led = Ledger("guest-1", accountant=accountant, delta=delta, budget=budget, amplification=amplification,
                  pld_interval=INTERVAL)
     ref = Reference(amplification, delta)
-    charges = _schedule(rng, amplification, n_records=40)
+    charges = _schedule(rng, amplification, n_records=40, id_kind=id_kind)
     refused = 0
     for i, entries in enumerate(charges):
         would = ref.epsilon(accountant, entries)
@@ -173,6 +185,7 @@ def test_random_schedules_match_a_straightforward_recomputation(seed, accountant
             assert restored.export_state()["records"]["ids"].tolist() == led.export_state()["records"]["ids"].tolist()
             led = restored
     _check(led, ref)
+    assert (led._slot is None) == (id_kind == "small")  # the ID table used
     if budget is not None:
         assert refused > 0  # the budgets are chosen to refuse some charges
     else:

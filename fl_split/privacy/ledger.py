@@ -22,7 +22,8 @@ distinct *kinds of release* accountants see (by
   its releases, however many ``charge`` calls they arrived in) and by 001's Cor. 4/5 (``paper``);
 * one compact log row per entry (round, phase, epoch, index, direction, cost, batch size, rate).
 
-**Cost per charge: O(batch).** Record IDs map to slots (a dictionary); slot -> ID and slot -> count
+**Cost per charge: O(batch).** Record IDs map to slots (a NumPy table indexed by the ID while IDs
+are small and non-negative, else a dictionary, :data:`DIRECT_MIN`); slot -> ID and slot -> count
 vector are NumPy arrays grown by doubling, each distinct count vector is interned once. A charge
 groups its records by (current vector, counts added) in NumPy and works in Python once per group;
 the histogram, the bounds and the worst basic composition are updated per distinct new vector
@@ -105,6 +106,10 @@ MAX_CANDIDATES = 32
 #: than it saves); their element-wise maximum is composed
 PARETO_INPUT_MAX = 256
 STATE_FORMAT = 2
+#: record IDs in [0, max(DIRECT_MIN, 4 x records)) find their slot in a NumPy table (int32, as
+#: long as the largest ID: at most 64 MiB below DIRECT_MIN); any other ID switches the ledger to a
+#: dictionary (hashed text IDs are negative, large integer IDs far apart)
+DIRECT_MIN = 1 << 24
 
 #: note: a bounded per-record view's PLD was capped by the exact worst record's basic composition
 NOTE_EXACT_BASIC_CAP = "exact-basic-cap"
@@ -267,7 +272,8 @@ class Ledger:
         # per-record view, vectorised (the cost of a charge does not grow with the records): record ID
         # -> slot; slot -> ID and slot -> count vector id, NumPy arrays grown geometrically; count
         # vectors ((column, n), …) interned once each
-        self._slot: dict[int, int] = {}
+        self._slot: dict[int, int] | None = None  # ID -> slot, once an ID left the direct table's range
+        self._direct = np.zeros(0, dtype=np.int32)  # ID -> slot + 1 (0: none) while IDs are small and >= 0
         self._n_rec = 0
         self._ids = np.zeros(0, dtype=np.int64)
         self._vid = np.zeros(0, dtype=np.int64)
@@ -544,7 +550,7 @@ class Ledger:
         led._grow(len(rids))
         led._n_rec = len(rids)
         led._ids[:len(rids)] = rids
-        led._slot = dict(zip(rids.tolist(), range(len(rids))))
+        led._insert(rids, 0)
         led._vid[:len(rids)] = np.asarray([led._intern(v) for v in vecs], dtype=np.int64)[rvid] if vecs else rvid
         counts = np.bincount(rvid, minlength=len(vecs)).tolist()
         hist: dict[tuple, int] = {v: n for v, n in zip(vecs, counts)}
@@ -698,8 +704,7 @@ class Ledger:
             ucols, cinv = np.unique(col_arr, return_inverse=True)
             k = len(ucols)
             delta = np.bincount(dense * k + cinv.reshape(-1), minlength=len(rids) * k).reshape(len(rids), k)
-            slots = np.asarray(list(map(self._slot.get, rids.tolist(), itertools.repeat(-1, len(rids)))),
-                               dtype=np.int64)
+            slots = self._lookup(rids)
             fresh = slots < 0
             if fresh.any():
                 new_ids = rids[fresh]
@@ -770,6 +775,42 @@ class Ledger:
             self._vecs.append(vec)
         return v
 
+    def _direct_ok(self, hi: int, n: int) -> bool:
+        """Whether IDs up to ``hi`` fit the direct table for ``n`` records (at most 4 slots per record)."""
+        return hi < max(DIRECT_MIN, 4 * n) and n < 2 ** 31 - 1
+
+    def _lookup(self, rids: np.ndarray) -> np.ndarray:
+        """Slots of the sorted, distinct IDs ``rids`` (-1: not released yet)."""
+        if self._slot is None:
+            n = len(self._direct)
+            if len(rids) and rids[0] >= 0 and rids[-1] < n:
+                return self._direct[rids].astype(np.int64) - 1
+            out = np.full(len(rids), -1, dtype=np.int64)
+            inside = (rids >= 0) & (rids < n)
+            out[inside] = self._direct[rids[inside]] - 1
+            return out
+        return np.asarray(list(map(self._slot.get, rids.tolist(), itertools.repeat(-1, len(rids)))), dtype=np.int64)
+
+    def _insert(self, new_ids: np.ndarray, start: int) -> None:
+        """Give the sorted, distinct new IDs ``new_ids`` the slots ``start, start + 1, …``."""
+        if not len(new_ids):
+            return
+        slots = np.arange(start, start + len(new_ids), dtype=np.int64)
+        if self._slot is None:
+            lo, hi = int(new_ids[0]), int(new_ids[-1])
+            if lo >= 0 and self._direct_ok(hi, start + len(new_ids)):
+                if hi >= len(self._direct):
+                    size = max(hi + 1, min(2 * len(self._direct), max(DIRECT_MIN, 4 * (start + len(new_ids)))), 1024)
+                    table = np.zeros(size, dtype=np.int32)
+                    table[:len(self._direct)] = self._direct
+                    self._direct = table
+                self._direct[new_ids] = slots + 1
+                return
+            # an ID outside the direct table's range: a dictionary from now on
+            self._slot = dict(zip(self._ids[:start].tolist(), range(start)))
+            self._direct = np.zeros(0, dtype=np.int32)
+        self._slot.update(zip(new_ids.tolist(), slots.tolist()))
+
     def _grow(self, n: int) -> None:
         """Make room for ``n`` record slots (capacity doubled: amortised O(1) per new record)."""
         if n > len(self._vid):
@@ -794,7 +835,7 @@ class Ledger:
             start = self._n_rec
             self._grow(start + len(plan.new_ids))
             self._ids[start:start + len(plan.new_ids)] = plan.new_ids
-            self._slot.update(zip(plan.new_ids.tolist(), range(start, start + len(plan.new_ids))))
+            self._insert(plan.new_ids, start)
             self._n_rec = start + len(plan.new_ids)
         if len(plan.slots):
             self._vid[plan.slots] = plan.vids
