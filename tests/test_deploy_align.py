@@ -195,6 +195,7 @@ def test_bad_tables_give_trains_one_line_errors_in_a_deployment(tmp_path, capsys
         bad.parent.mkdir()
         frame.to_csv(bad, index=False)
         tables = {**paths, "guest-1": str(bad)}
+        capsys.readouterr()  # the previous table's in-process nodes told their operators (stderr) why they failed
         code = main(["train", *data_flags(tables), "--guests", "2", "--align", "psi", "--no-progress"])
         line = capsys.readouterr().err.strip()
         assert code == 2 and len(line.splitlines()) == 1
