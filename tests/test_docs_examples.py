@@ -283,8 +283,8 @@ REGISTRY: dict[tuple[str, str], Illustrative | Variant | KnownBug] = {
         "by tests/test_tasks.py::test_credit_binary_run_reports_auc_and_writes_task_columns, regression by "
         "tests/test_tasks.py::test_own_table_with_a_numeric_target_is_regression", block=True),
     ("docs/results.md", '"value_reason": "no epoch was evaluated'): Illustrative(
-        "an excerpt of a results file; "
-        "tests/test_results_kept.py::test_a_budget_below_one_epoch_is_refused_before_anything_is_written asserts it"),
+        "an excerpt of a results file; fl_split/engine.py writes it and "
+        "tests/test_results_kept.py::test_non_finite_numbers_become_null_with_a_reason asserts the null/reason form"),
     # -- docs/robustness.md
     ("docs/robustness.md", "--checkpoint-dir runs/ck --resume"): Illustrative(
         "needs the run above killed mid-run (the comment between them; after a completed run --resume is "
