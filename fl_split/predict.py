@@ -242,9 +242,8 @@ class GuestScorer(_Scorer):
         from fl_split.privacy.ledger import LedgerEntry
 
         scratch = make_ledger(self.cfg.replace(budget="auto"), self.name)
-        scratch.charge([LedgerEntry(0, ("predict", 0, k), "forward", cost, np.zeros(1, np.int64), None)
-                        for k in range(int(queries))])
-        return float(scratch.epsilon()) * (1 + 1e-9)
+        return float(scratch.would_be([LedgerEntry(0, ("predict", 0, k), "forward", cost, np.zeros(1, np.int64), None)
+                                       for k in range(int(queries))])) * (1 + 1e-9)
 
 
 class HostScorer(_Scorer):
@@ -370,11 +369,11 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
     released, privacy = {}, {}
     for g, s in guests.items():  # each guest releases its new rows' cut-layer outputs
         released[g], privacy[g] = s.release(shared)
-    return write_predictions(host, shared, released, privacy, id_column, out)
+    return write_predictions(host, shared, released, privacy, out)
 
 
 def write_predictions(host: HostScorer, shared: np.ndarray, released: dict[str, torch.Tensor],
-                      privacy: dict[str, Any], id_column: str, out: str) -> dict[str, Any]:
+                      privacy: dict[str, Any], out: str) -> dict[str, Any]:
     """The host's last step, wherever the parties run (one process, a Flower simulation or
     deployment, :mod:`fl_split.flower.predicting`): merge the guests' ``released`` cut-layer outputs
     of the ``shared`` rows, run the top, write ``out`` (owner-only) and return the summary (with the

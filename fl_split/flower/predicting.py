@@ -224,7 +224,7 @@ def handle_predict(role, req, context) -> dict[str, Any]:
                 raise ProtocolError(f"host: {g}'s release has {arr.shape[0]} rows, the shared list {len(shared)}")
             released[g] = torch.from_numpy(np.ascontiguousarray(arr))
         _, _, out = _paths(role, node_config, spec)
-        summary = write_predictions(scorer, shared, released, R.loads(str(req["privacy"])), spec["id_column"], out)
+        summary = write_predictions(scorer, shared, released, R.loads(str(req["privacy"])), out)
         summary["out"] = "the host's predict-out" if role.mode == "deployment" else out  # its path stays with it
         return {"summary": R.dumps(summary)}
     raise ProtocolError(f"{role.party}: unknown prediction step {op!r}")

@@ -330,25 +330,22 @@ class _Party:
 
     def check_budget_covers_an_epoch(self) -> None:
         """Refuse a ``--budget`` that this party's first epoch alone would exceed, before anything is
-        released or written (docs/accounting.md, "Budgets").
+        released or written (docs/accounting.md, "Budget").
 
-        The epoch's entries (every forward/backward/update release of epoch 1; costs do not depend on
-        the data) are charged to an empty ledger with this party's settings; an importance allocation
+        Called at set-up, while the ledger is still empty: the ε it would reach after the epoch's
+        entries (every forward/backward/update release of epoch 1; costs do not depend on the data;
+        :meth:`~fl_split.privacy.ledger.Ledger.would_be`, nothing recorded). An importance allocation
         is not included, so the figure is a lower bound and a run it lets through may still stop at
         the budget later (then it stops cleanly, as before)."""
-        if self.ledger is None or self.ledger.budget is None:
+        led = self.ledger
+        if led is None or led.budget is None:
             return
         entries = self._epoch_entries(1)
         if not entries:
             return
         from fl_split.errors import ConfigError
-        from fl_split.privacy.ledger import Ledger
 
-        led = self.ledger
-        probe = Ledger(self.name, accountant=led.accountant, delta=led.delta, budget=None,
-                       amplification=led.amplification, pld_interval=led.pld_interval)
-        probe.charge(entries)
-        eps = probe.epsilon()
+        eps = led.would_be(entries)
         if eps is not None and eps > led.budget:
             raise ConfigError("budget", led.budget, f"at least {eps:.4g} (one epoch), or less privacy loss per "
                               "release (a smaller --epsilon, a larger --sigma)",
