@@ -159,6 +159,49 @@ def train(seed: int, **kw: Any) -> dict:
     return LocalEngine(config(seed, **kw), private_seed=PrivateSeed.legacy(seed)).run()
 
 
+def _host_alone_data(prepare):
+    """``prepare`` (:func:`fl_split.builder.prepare_data`) with every guest's features replaced by
+    zeros: each guest then sends the same cut-layer output for every record, so the trained model is
+    a function of the host's own features alone (same modules, head, optimizer, seeds)."""
+    import dataclasses
+
+    import torch
+
+    def wrapped(cfg):
+        data = prepare(cfg)
+        parties = {p: (dataclasses.replace(d, x_train=torch.zeros_like(d.x_train), x_test=torch.zeros_like(d.x_test))
+                       if p != "host" and d.x_train is not None else d) for p, d in data.parties.items()}
+        return dataclasses.replace(data, parties=parties)
+    return wrapped
+
+
+def train_host_alone(seed: int, **kw: Any) -> dict:
+    """The host-alone baseline (experiments/README.md, "Verdict rules"): the same configuration as
+    :func:`train`, trained as one model (``monolithic``: the same modules, weights, batch order and
+    optimizer as the split run, tests/test_equivalence.py) with the guests' inputs zeroed — the
+    host's own features and labels only, the same model head, epochs, batches and seed. What a split model falls back to when the guests' releases
+    carry nothing: a host-protection claim is judged on the gain over it, not over the constant
+    prediction. Needs a host with features (``host_features``, the default)."""
+    from fl_split import builder
+
+    if kw.get("host_features") is False:
+        raise ValueError("train_host_alone: the host holds no features (host_features=False); a host-alone "
+                         "model needs the host's own columns")
+    if kw.get("defense", "none") != "none":
+        raise ValueError(f"train_host_alone: defense={kw['defense']!r}; the host-alone baseline is undefended "
+                         "(nothing leaves the host)")
+    from fl_split.engine import MonolithicEngine
+    from fl_split.seeding import PrivateSeed
+
+    original = builder.prepare_data
+    builder.prepare_data = _host_alone_data(original)
+    try:  # the monolithic engine: the same modules and batches as the split run, without the host's checks
+        # of the guests' releases (a guest releasing one constant fails its train-vs-test check)
+        return MonolithicEngine(config(seed, **kw, monolithic=True), private_seed=PrivateSeed.legacy(seed)).run()
+    finally:
+        builder.prepare_data = original
+
+
 def trivial_metric(dataset: str, seed: int, test_fraction: float = 0.2, limit: int = 0) -> float:
     """The test metric of the best *constant* prediction — the most frequent training label
     (accuracy) or the 10 most frequent (hit@10) — on the run's own split: the level a model that
@@ -558,20 +601,29 @@ def plt():
 
 
 def claim(cid: str, source: str, claim_text: str, paper: str, ours: str, verdict: str, note: str = "", *,
-          rule: str, p: float | None = None, n: int | None = None, deterministic: bool = False) -> dict:
-    """One row of the claim table. ``rule``: how the verdict is decided — the statistic, the
-    threshold and the seeds (printed in the table beside the verdict). ``p``: the p-value of the test
-    the verdict rests on, where it rests on a significance (``claims.py`` corrects the table's
-    p-values with Holm's method; ``None`` where no test decides it); ``n``: the seeds it rests on
-    (default: the run's; fewer than 2 makes a decided verdict inconclusive unless ``deterministic``)."""
+          rule: str, p: float | None = None, n: int | None = None, deterministic: bool = False,
+          tested: bool = True) -> dict:
+    """One row of the claim table (experiments/README.md, "Verdict rules").
+
+    ``rule``: how the verdict is decided — the statistic, the threshold and the seeds (printed in the
+    table beside the verdict). ``p``: the p-value of the test the verdict rests on — for a decided
+    verdict the test that decided it, for an *inconclusive* one the test that came closest to
+    deciding it (the smallest p among the tests that would have) — so that ``claims.py``'s Holm
+    correction counts every test run, significant or not; ``n``: the seeds it rests on (default: the
+    run's; fewer than 2 makes a decided verdict inconclusive unless ``deterministic``).
+    ``tested=False`` marks a verdict decided without a test (a ranking of means, a count):
+    ``claims.py`` refuses a decided or inconclusive verdict on ≥ 2 seeds that carries no p unless
+    it is marked so."""
     c = {"id": cid, "source": source, "claim": claim_text, "paper": paper, "ours": ours, "verdict": verdict,
          "note": note, "rule": rule}
-    if p is not None and p == p and verdict in (HOLDS, PARTLY, FAILS):
+    if p is not None and p == p and verdict in (HOLDS, PARTLY, FAILS, INCONCLUSIVE):
         c["p"] = float(f"{p:.3g}")  # 3 significant digits: a rebuild from runs.csv (6 digits) gives the same
     if n is not None:
         c["n"] = int(n)
     if deterministic:
         c["deterministic"] = True
+    if not tested:
+        c["tested"] = False
     return c
 
 

@@ -40,6 +40,13 @@ directions) on digits, to show where utility comes back, with the public SNR bou
     .venv/bin/python experiments/exp2_utility_epsilon.py --settle --seeds 0 1 2 3 4 5 6 7 8 9
         # ≈ 5 min: seeds added to what the per-claim verdicts read (issue 26), the rest kept
 
+**Host alone.** Every dataset also trains the host-alone baseline (``host-alone``:
+:func:`common.train_host_alone`, the host's own features and labels, same modules, epochs and seeds):
+what the split model falls back to when the guest's releases carry nothing. The host-protection
+claims (2-<dataset>-host) are judged on the share of the undefended model's gain *over the host
+alone* that the defended model keeps, not its gain over the constant prediction
+(experiments/README.md, "Verdict rules"). ``--settle`` trains it too where runs.csv lacks it.
+
 Writes ``experiments/results/exp2_utility_epsilon/``: ``runs.csv``, ``table.csv``, ``table.md``,
 ``utility_vs_epsilon.png``, ``utility_vs_snr.png``, ``claims.json``, ``run.json``.
 """
@@ -108,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     ap.add_argument("--settle", action="store_true",
                     help="add seeds to the committed runs where the per-claim verdicts need them (issue 26): train "
-                         "only what the claims 2-<dataset>-<direction> read (no defence, R3eLU at ε = 4 protecting "
-                         "each direction) for each --seeds seed runs.csv lacks, add those runs to runs.csv and "
-                         "rebuild; every other cell keeps its committed seeds")
+                         "only what the claims 2-<dataset>-<direction> read (no defence, the host alone, R3eLU at "
+                         "ε = 4 protecting each --directions direction) for each --seeds seed runs.csv lacks, add "
+                         "those runs to runs.csv and rebuild; every other cell keeps its committed seeds")
+    ap.add_argument("--directions", nargs="+", default=list(DIRECTIONS), choices=list(DIRECTIONS),
+                    help="with --settle: the directions whose R3eLU cells get the seeds (default: both)")
     args = ap.parse_args(argv)
     if args.settle and (args.quick or args.from_runs or args.verify):
         raise SystemExit(f"{NAME}: --settle adds seeds to the committed runs; it does not combine with --quick, "
@@ -128,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(ds: str, label: str, direction: str, eps: float | None, kw: dict, seeds=None) -> None:
         vals = []
+        trainer = C.train_host_alone if label == "host-alone" else C.train
         for seed in (args.seeds if seeds is None else seeds):
-            r = C.train(seed, **DATASETS[ds], **{**TRAIN, **extra}, **kw)
+            r = trainer(seed, **DATASETS[ds], **{**TRAIN, **extra}, **kw)
             party = protected(direction) if direction in DIRECTIONS else "guest-1"
             rep = C.guest_report(r, party)
             runs.append({"dataset": ds, "defence": label, "direction": direction, "epsilon": eps, "seed": seed,
@@ -140,15 +150,18 @@ def main(argv: list[str] | None = None) -> int:
             vals.append(r["final"]["value"])
         C.progress(NAME, t0, ds, label, direction, eps, C.fmt_ms(vals))
 
+    settle_datasets = list(args.datasets)
     if args.from_runs or args.settle:
         runs = C.read_runs(out.dir / "runs.csv")
-        args.datasets = [d for d in args.datasets if any(r["dataset"] == d for r in runs)]
+        # --settle trains --datasets only; the rebuild covers every dataset on record
+        args.datasets = [d for d in (DATASETS if args.settle else args.datasets) if any(r["dataset"] == d for r in runs)]
     added = []
     if args.settle:
-        # the seeds are fixed up front (--seeds), not added until a verdict turns: no optional stopping
-        for ds in args.datasets:
-            for label, direction, eps, kw in [("none", "none", None, {})] + [
-                    ("r3elu", d, 4.0, defence_kwargs("r3elu", 4.0, d)) for d in DIRECTIONS]:
+        # the seeds are fixed up front (--seeds; experiments/claims.py SEED_PLAN), not added until a verdict
+        # turns: no optional stopping
+        for ds in settle_datasets:
+            for label, direction, eps, kw in [("none", "none", None, {}), ("host-alone", "none", None, {})] + [
+                    ("r3elu", d, 4.0, defence_kwargs("r3elu", 4.0, d)) for d in args.directions]:
                 have = {r["seed"] for r in runs if (r["dataset"], r["defence"], r["direction"]) == (ds, label, direction)
                         and (eps is None or r["epsilon"] == eps)}
                 todo = [s for s in args.seeds if s not in have]
@@ -160,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seeds = sorted({int(r["seed"]) for r in runs})
     for ds in ([] if args.from_runs or args.settle else args.datasets):
         run(ds, "none", "none", None, {})
+        run(ds, "host-alone", "none", None, {})
         for direction in DIRECTIONS:
             for defence in DEFENCES:
                 for eps in epsilons:
@@ -185,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     plot(out, summary, args)
     print(text)
     if args.settle:
-        out.record_addition({"why": "seeds added where the per-claim verdicts 2-<dataset>-<direction> need them "
-                                    "(issue 26); every other cell keeps its committed seeds", "runs": added})
+        out.record_addition({"why": "seeds (and the host-alone baseline) added where the per-claim verdicts "
+                                    "2-<dataset>-<direction> need them, the seed lists fixed before the runs "
+                                    "(experiments/claims.py SEED_PLAN); every other cell keeps its committed seeds",
+                             "runs": added})
         return 0
     out.finish({"train": TRAIN, "datasets": {d: DATASETS[d] for d in args.datasets},
                 "dpsgd_sigma": {e: C.dpsgd_sigma_for(e) for e in epsilons}})
@@ -248,9 +264,12 @@ def markdown(summary, args, epsilons, claims) -> str:
     for ds in args.datasets:
         base = _get(summary, ds, "none", "none", None)
         analog = ANALOG[ds]
+        alone = _get(summary, ds, "host-alone", "none", None)
         parts.append(f"### {ds} (001: {analog}) — no defence {C.fmt(base['mean'], base['sd'], pct=True)} "
                      f"(001: {PAPER_BASE[analog]:.2f}); the best constant prediction scores "
-                     f"{100 * base['trivial']:.1f}\n")
+                     f"{100 * base['trivial']:.1f}"
+                     + (f"; the host alone (its own features, same model head, epochs and seeds; over "
+                        f"{alone['n']} seeds) {C.fmt(alone['mean'], alone['sd'], pct=True)}" if alone else "") + "\n")
         for direction in DIRECTIONS:
             rows = []
             for i, eps in enumerate(epsilons):
@@ -307,49 +326,72 @@ def make_claims(summary, args, runs) -> list[dict]:
             p = PAPER[(analog, direction)][-1][2]
             floor_p = PAPER_FLOOR[analog]
             rel_p = (p - floor_p) / (PAPER_BASE[analog] - floor_p)
-            # per seed, the share of the undefended model's gain over the best constant prediction kept
             def_s = _per_seed(runs, ds, "r3elu", direction, r["epsilon"])
-            seeds = sorted(set(def_s) & set(none_s))
-            gains = [none_s[s] - trivial[(ds, s)] for s in seeds]
-            rel_s = [(def_s[s] - trivial[(ds, s)]) / g for s, g in zip(seeds, gains) if g > 0]
-            rel_o, rel_sd = C.mean_sd(rel_s)
-            floor = r["trivial"]
+            # the baseline the gain is measured over: the constant prediction for the guest's protection; for the
+            # host's, the host alone — what the split model falls back to when the guest learns nothing from the
+            # host's noised gradients (a gain over the constant prediction would credit R3eLU with the host's own
+            # features)
+            if direction == "host":
+                base_s = _per_seed(runs, ds, "host-alone", "none", None)
+                base_name = "the host alone"
+            else:
+                base_s = {s: trivial[(ds, s)] for s in none_s}
+                base_name = "the best constant prediction"
+            seeds = sorted(set(def_s) & set(none_s) & set(base_s))
             target = rel_p - 0.05
-            # decisions on the standard error of the per-seed share (issue 26): more seeds settle them
-            t_target, t_half = C.t_test(rel_s, target), C.t_test(rel_s, 0.5 * rel_p)
-            p2 = None
-            if not C.t_test(gains)["above"] or len(rel_s) < len(seeds):
-                verdict = C.UNINFORMATIVE  # the undefended model does not clearly beat the constant prediction
+            host_note = ("; host-protection claim: judged on the gain over the host alone (a model on the host's own "
+                         "features, same modules, epochs and seeds), what the split model falls back to when the "
+                         "guest learns nothing from noisy gradients; 001 reports no host-alone model, so its share "
+                         "over its constant prediction is the target" if direction == "host" else "")
+            rule = (f"share of the undefended gain over {base_name} kept, per seed ({len(seeds)} seeds), one-sided "
+                    f"t-tests on its standard error (of defended − baseline − share × (undefended − baseline)): holds "
+                    f"if clearly ≥ 001's share − 5 pts ({100 * target:.0f} %), partly if clearly below it but clearly "
+                    f"above half of 001's share, does not hold if clearly below half, else inconclusive; uninformative "
+                    f"if the undefended model does not clearly beat {base_name}")
+            cid = f"2-{ds}-{direction}"
+            claim_text = f"R3eLU protecting the {direction} at ε = 4 keeps the model usable ({analog}; {ds} stands in)"
+            paper = (f"{p:.2f} % (keeps {100 * rel_p:.0f} % of the undefended {PAPER_BASE[analog]:.2f}'s gain over "
+                     f"{floor_p:g})")
+            source = f"001 Table {2 if direction == 'guest' else 3}"
+            if len(seeds) < len(def_s):  # a host-alone run missing for some seed: nothing to judge the share on
+                claims.append(C.claim(cid, source, claim_text, paper,
+                                      f"{ds}: {C.fmt(r['mean'], r['sd'], pct=True)} %; no {base_name} run for seeds "
+                                      f"{sorted(set(def_s) - set(base_s))}", C.NOT_MEASURED,
+                                      "train it: exp2_utility_epsilon.py --settle --seeds …" + host_note, rule=rule))
+                continue
+            gains = [none_s[s] - base_s[s] for s in seeds]
+            rel_s = [(def_s[s] - base_s[s]) / g if g else float("nan") for s, g in zip(seeds, gains)]
+            rel_o, rel_sd = C.mean_sd(rel_s)
+
+            def share_test(c: float) -> dict:
+                """one-sample t-test of defended − baseline − c × (undefended − baseline): above 0 ⇔ keeps > c"""
+                return C.t_test([def_s[s] - base_s[s] - c * (none_s[s] - base_s[s]) for s in seeds])
+
+            # decisions on the standard error (issue 26): more seeds settle them
+            t_target, t_half = share_test(target), share_test(0.5 * rel_p)
+            if not C.t_test(gains)["above"]:
+                verdict, p2 = C.UNINFORMATIVE, None  # no gain over the baseline for the defence to keep
             elif t_target["above"]:
                 verdict, p2 = C.HOLDS, t_target["p_above"]
             elif t_target["below"] and t_half["above"]:
                 verdict, p2 = C.PARTLY, max(t_target["p_below"], t_half["p_above"])
             elif t_half["below"]:
                 verdict, p2 = C.FAILS, t_half["p_below"]
-            else:
-                verdict = C.INCONCLUSIVE
-            host_alone = ("; host-protection claim: the host-alone baseline (a model on the host's own features, "
-                          "what the split model falls back to when the guest learns nothing from noisy gradients) "
-                          "is not in the committed runs — judging the share against it needs a host-only training"
-                          if direction == "host" else "")
-            claims.append(C.claim(f"2-{ds}-{direction}", f"001 Table {2 if direction == 'guest' else 3}",
-                                  f"R3eLU protecting the {direction} at ε = 4 keeps the model usable "
-                                  f"({analog}; {ds} stands in)",
-                                  f"{p:.2f} % (keeps {100 * rel_p:.0f} % of the undefended {PAPER_BASE[analog]:.2f}'s "
-                                  f"gain over {floor_p:g})",
+            else:  # the test closest to a verdict
+                verdict, p2 = C.INCONCLUSIVE, min(t_target["p_above"], max(t_target["p_below"], t_half["p_above"]),
+                                                  t_half["p_below"])
+            b_mean = C.mean_sd(base_s[x] for x in seeds)[0]
+            gain_t = C.t_test(gains)
+            claims.append(C.claim(cid, source, claim_text, paper,
                                   f"{ds}: {C.fmt(r['mean'], r['sd'], pct=True)} % (keeps {C.fmt(rel_o, rel_sd, pct=True)} % "
-                                  f"of the undefended {100 * base:.1f}'s gain over the best constant prediction, "
-                                  f"{100 * floor:.1f}; vs {100 * target:.0f} %: one-sided p = "
+                                  f"of the undefended {100 * base:.1f}'s gain over {base_name}, {100 * b_mean:.1f}"
+                                  + (f" (gain {100 * gain_t['mean']:+.1f} ± {100 * gain_t['se']:.1f} pts SE, one-sided "
+                                     f"p = {gain_t['p_above']:.2g})" if direction == "host" else "")
+                                  + f"; vs {100 * target:.0f} %: one-sided p = "
                                   f"{min(t_target['p_above'], t_target['p_below']):.2g}); SNR bound "
                                   f"{C.sig(r['snr_bound'], 2)}",
                                   verdict, f"ε = {r['epsilon']:g} per release; accounted ε {C.sig(r['accounted_epsilon'])}"
-                                  + host_alone,
-                                  rule=f"share of the undefended gain over the best constant prediction kept, per seed "
-                                       f"({len(rel_s)} seeds), one-sided t-tests on its standard error: holds if clearly "
-                                       f"≥ 001's share − 5 pts ({100 * target:.0f} %), partly if clearly below it but "
-                                       "clearly above half of 001's share, does not hold if clearly below half, else "
-                                       "inconclusive; uninformative if the undefended model does not clearly beat the "
-                                       "constant prediction", p=p2, n=len(rel_s)))
+                                  + host_note, rule=rule, p=p2, n=len(seeds)))
     # "our solution achieves the best model usability in most cases", judged at matched accounted
     # privacy (issue 26): the same nominal ε per release is not the same accounted ε (DP-SGD composes
     # its steps tightly, R3eLU pays for its noisy importance shares), so R3eLU's cell is set against
@@ -357,6 +399,7 @@ def make_claims(summary, args, runs) -> list[dict]:
     # the best of them with no more ε than R3eLU's, a win against the best with at least as much
     win_p: list[float] = []
     loss_p: list[float] = []
+    cell_p: list[float] = []  # per informative cell, the smaller of its two tests' p
     tot = at_trivial = unmatched = 0
     n_best = len(args.seeds)  # the seeds every compared configuration has
     nominal = {"wins": 0, "losses": 0, "cells": 0}  # the committed reading, same nominal ε (kept for the note)
@@ -405,6 +448,7 @@ def make_claims(summary, args, runs) -> list[dict]:
                 tot += 1
                 lost = versus(r3, *max(below, key=lambda dc: dc[1]["mean"])) if below else None
                 won = versus(r3, *max(above, key=lambda dc: dc[1]["mean"])) if above else None
+                cell_p.append(min(t["p"] for t in (lost, won) if t is not None))
                 if won is not None and won["clear"] and won["diff"] > 0:
                     win_p.append(won["p"])
                 elif lost is not None and lost["clear"] and lost["diff"] < 0:
@@ -416,6 +460,11 @@ def make_claims(summary, args, runs) -> list[dict]:
                    else C.PARTLY if wins >= tot / 4 else C.INCONCLUSIVE)
         # the verdict needs each counted cell's test: the largest of their p-values
         p_best = max(win_p if verdict in (C.HOLDS, C.PARTLY) else loss_p, default=None)
+        if verdict == C.INCONCLUSIVE and cell_p:
+            # the test closest to a verdict: the cell whose p would have made a quarter of the cells wins
+            # ("partly") or half of them losses ("does not hold")
+            ps = sorted(cell_p)
+            p_best = ps[min(len(ps), max(1, math.ceil(tot / 4))) - 1]
         claims.append(C.claim("2-best", "001 §5.1, Tables 2–3",
                               "R3eLU achieves the best model usability in most cases (vs Laplace and DP-SGD)",
                               "R3eLU best in 14 of the 20 MNIST/MovieLens cells",
@@ -447,7 +496,8 @@ def make_claims(summary, args, runs) -> list[dict]:
             verdict_b = C.PARTLY if use["ok"] else C.FAILS
             p_b = max(t_mnist["p_below"], use["p"]) if use["ok"] else t_mnist["p_below"]
         else:
-            verdict_b, p_b = (C.HOLDS, t_mnist["p_above"]) if t_mnist["above"] else (C.INCONCLUSIVE, None)
+            verdict_b, p_b = ((C.HOLDS, t_mnist["p_above"]) if t_mnist["above"]
+                              else (C.INCONCLUSIVE, min(t_mnist["p_above"], t_mnist["p_below"])))
         claims.append(C.claim("2-both", "001 Tables 2–3 (issue 9)",
                               "R3eLU as published, both directions at ε = 4, keeps MNIST-class accuracy "
                               "(digits stands in for MNIST)",
@@ -480,6 +530,9 @@ def plot(out: C.Out, summary, args) -> None:
                 ax.plot(EPSILONS, [row[DEFENCES.index(d)] for row in pk], ls="--", color=colors[d], alpha=0.6,
                         label=f"{d} (001, {ANALOG[ds]})")
             ax.axhline(100 * base["mean"], color="k", ls=":", lw=1, label="no defence (ours)")
+            alone = _get(summary, ds, "host-alone", "none", None)
+            if alone:
+                ax.axhline(100 * alone["mean"], color="grey", ls="-.", lw=1, label="host alone (ours)")
             ax.set_xscale("log")
             ax.set_xlabel("ε per record per epoch")
             ax.set_ylabel(f"{base['metric']} (%)")

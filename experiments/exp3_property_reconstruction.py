@@ -233,7 +233,7 @@ def make_claims(summary, args, defences, runs) -> list[dict]:
             elif under10["below"]:
                 verdict, p3a = C.FAILS, under10["p_below"]
             else:
-                verdict, p3a = C.INCONCLUSIVE, None
+                verdict, p3a = C.INCONCLUSIVE, min(leak["p_above"], under10["p_below"])
             claims.append(C.claim(f"3a-{ds}-{who}", "001 §5.2.1", f"without a defence the {who} infers a property of the "
                                   f"other party's data ({stands})",
                                   f"{PAPER_PROP_BASE[(an, direction)]} % attack accuracy",
@@ -280,8 +280,10 @@ def make_claims(summary, args, defences, runs) -> list[dict]:
                         verdict, p3b = C.PARTLY, max(d["p_below"] for _, d, _ in tests)
                     elif any(t["above"] for _, _, t in tests):
                         verdict, p3b = C.FAILS, min(t["p_above"] for _, _, t in tests) * len(tests)
-                    else:
+                    else:  # the test closest to a verdict
                         verdict = C.INCONCLUSIVE
+                        p3b = min(max(d["p_below"] for _, d, _ in tests),
+                                  min(1.0, min(t["p_above"] for _, _, t in tests) * len(tests)))
                     if p3b is not None:  # the verdict also rests on its premise, 3a's leak
                         p3b = max(p3b, leak["p_above"])
                 claims.append(C.claim(f"3b-{ds}-{who}", f"001 Table {4 if direction == 'guest' else 5}",
@@ -368,8 +370,10 @@ def make_claims(summary, args, defences, runs) -> list[dict]:
                 p3d = at_base["p_above"] if at_base["above"] else min(v["p_above"] for v in vs.values()) * 2
             elif any(v["below"] for v in vs.values()) and at_base["below"]:
                 verdict, p3d = C.FAILS, max(at_base["p_below"], min(v["p_below"] for v in vs.values()) * 2)
-            else:
+            else:  # the test closest to a verdict
                 verdict = C.INCONCLUSIVE
+                p3d = min(at_base["p_above"], min(1.0, 2 * min(v["p_above"] for v in vs.values())),
+                          max(at_base["p_below"], min(1.0, 2 * min(v["p_below"] for v in vs.values()))))
             claims.append(C.claim(f"3d-{ds}", "001 Table 6, §5.2.2", f"R3eLU defends the guest against reconstruction "
                                   f"better than Laplace and DP-SGD ({stands})",
                                   f"{an} MSE R3eLU {ours:.4g}–{ours_h:.4g} vs Laplace {lap:.4g}–{lap_h:.4g}, DP-SGD "

@@ -211,7 +211,7 @@ def make_claims(summary, runs) -> list[dict]:
         """holds if FSHA works, does not hold if broken, partly if alive but not working, else inconclusive"""
         w, b, a = state(label, "works"), state(label, "broken"), state(label, "alive")
         return ((C.HOLDS, w["p"]) if w["ok"] else (C.FAILS, b["p"]) if b["ok"] else (C.PARTLY, a["p"]) if a["ok"]
-                else (C.INCONCLUSIVE, None))
+                else (C.INCONCLUSIVE, min(w["p"], b["p"], a["p"])))  # inconclusive: the test closest to a verdict
 
     def guard_note(use: dict | None) -> str:
         if use is None:
@@ -225,7 +225,8 @@ def make_claims(summary, runs) -> list[dict]:
         w = state("no defence", "works")
         below = C.t_test(per("no defence", lambda r: r["mse"] - r["baseline_mse"]))
         v4a, p4a = ((C.HOLDS, w["p"]) if w["ok"] else (C.PARTLY, below["p_below"]) if below["below"]
-                    else (C.FAILS, below["p_above"]) if below["above"] else (C.INCONCLUSIVE, None))
+                    else (C.FAILS, below["p_above"]) if below["above"]
+                    else (C.INCONCLUSIVE, min(w["p"], below["p_below"], below["p_above"])))
         claims.append(C.claim("4a", "Pasquini et al. 2021; 001 Table 8", "FSHA reconstructs the guest's private inputs "
                               "when nothing defends them", "official MNIST: MSE 0.15 (500 it.) → 0.019 (9,500 it.) in "
                               "[−1, 1]; 001: 0.0206",
@@ -239,14 +240,27 @@ def make_claims(summary, runs) -> list[dict]:
                                                 "does not hold if clearly above, else inconclusive; " + RULE_TESTS,
                               p=p4a))
     ns, mk, sc = by.get("noise σ=0.7"), by.get("noise + mask p=0.2"), by.get("noise + scale λ=0.2")
+    # the premise of every claim about a defence against FSHA: FSHA works when nothing defends (4a); a claim
+    # whose premise fails cannot be judged (uninformative), one whose premise holds carries its p too
+    premise = state("no defence", "works") if nd else {"ok": False, "p": None}
+    PREMISE_RULE = ("; uninformative unless FSHA works undefended (4a's test); the p is the larger of the claim's "
+                    "and 4a's")
+
+    def gated(v: str, pv: float | None) -> tuple[str, float | None]:
+        if v in (C.UNINFORMATIVE, C.NOT_APPLICABLE):
+            return v, None
+        if not premise["ok"]:
+            return C.UNINFORMATIVE, None
+        return v, (None if pv is None else max(pv, premise["p"]))
+
     if ns:
-        v4b, p4b = triage(ns["config"])
+        v4b, p4b = gated(*triage(ns["config"]))
         claims.append(C.claim("4b", "003 §4.3, Fig. 5", "with noise σ = 0.7 alone, FSHA's reconstructions stay recognisable",
                               "digits recognisable (images only)",
                               f"SSIM {C.fmt(ns['ssim_mean'], ns['ssim_sd'])} (mean sample {C.fmt(ns['baseline_ssim_mean'])}), "
                               f"MSE {C.fmt(ns['mse_mean'], ns['mse_sd'], 4)} vs {C.fmt(ns['baseline_mse_mean'], digits=4)}",
                               v4b, rule=f"{RULE_WORKS}; {RULE_BROKEN}; {RULE_ALIVE}; holds if it works, does not hold if "
-                                        f"broken, partly if alive, else inconclusive; {RULE_TESTS}", p=p4b))
+                                        f"broken, partly if alive, else inconclusive; {RULE_TESTS}" + PREMISE_RULE, p=p4b))
     ns_broken = state(ns["config"], "broken") if ns else {"ok": False, "p": None}
     if mk:
         use = _usability("gaussian", 0.7, "p=0.2")
@@ -254,6 +268,7 @@ def make_claims(summary, runs) -> list[dict]:
         v = {C.HOLDS: C.FAILS, C.FAILS: C.HOLDS}.get(v, v)  # the claim is that it breaks FSHA
         if ns and ns_broken["ok"] or (use is not None and not use["ok"] and v == C.HOLDS):
             v, pv = C.UNINFORMATIVE, None
+        v, pv = gated(v, pv)
         claims.append(C.claim("4c", "003 §4.3, Fig. 5", "noise + masking (p = 0.2) breaks FSHA",
                               "reconstructions 'severely degraded' (images only)",
                               f"SSIM {C.fmt(mk['ssim_mean'], mk['ssim_sd'])} (mean sample {C.fmt(mk['baseline_ssim_mean'])}), "
@@ -265,13 +280,15 @@ def make_claims(summary, runs) -> list[dict]:
                                                            if ns and ns_broken["ok"] else ""),
                               rule=f"{RULE_BROKEN}; uninformative when noise alone already breaks it (nothing left for "
                                    "masking to break) or the defended model is not usable (" + C.USABLE_RULE + "); holds "
-                                   f"if broken, does not hold if it still works, partly if alive; {RULE_TESTS}", p=pv))
+                                   f"if broken, does not hold if it still works, partly if alive; {RULE_TESTS}"
+                                   + PREMISE_RULE, p=pv))
     if sc and ns:
         d = abs(sc["ssim_mean"] - ns["ssim_mean"])
         eq = C.within(C.paired(per(sc["config"], lambda r: r["ssim"]), per(ns["config"], lambda r: r["ssim"])), 0.05)
         v4d, p4d = (C.UNINFORMATIVE, None) if ns_broken["ok"] else \
             (C.HOLDS, eq["p_within"]) if eq["inside"] else (C.FAILS, eq["p_beyond"]) if eq["outside"] else \
-            (C.INCONCLUSIVE, None)
+            (C.INCONCLUSIVE, min(eq["p_within"], eq["p_beyond"]))
+        v4d, p4d = gated(v4d, p4d)
         claims.append(C.claim("4d", "003 §4.3, Fig. 5", "scaling (λ = 0.2) has almost no effect on FSHA",
                               "'almost no effect, regardless of the scaling factor' (images only)",
                               f"SSIM {C.fmt(sc['ssim_mean'], sc['ssim_sd'])} with scaling vs {C.fmt(ns['ssim_mean'], ns['ssim_sd'])} "
@@ -281,7 +298,7 @@ def make_claims(summary, runs) -> list[dict]:
                               rule="paired equivalence test (TOST) of SSIM(noise + scaling) − SSIM(noise) against ±0.05: "
                                    "holds if clearly within, does not hold if clearly beyond, else inconclusive; "
                                    "uninformative when noise alone clearly breaks FSHA (both at the baseline, equal for "
-                                   "no reason of scaling's)", p=p4d))
+                                   "no reason of scaling's)" + PREMISE_RULE, p=p4d))
     # 4c-σ / 4d-σ: judged across the whole σ sweep, at every σ where FSHA is still alive under noise alone
     swept = [sg for sg in SWEEP_SIGMAS if all(k in by for k in (f"noise σ={sg:g}", f"noise σ={sg:g} + mask p=0.2",
                                                                   f"noise σ={sg:g} + scale λ=0.2"))]
@@ -307,8 +324,10 @@ def make_claims(summary, runs) -> list[dict]:
             v4cs, p4cs = C.FAILS, min(1.0, min(wrk[sg]["p"] for sg in usable_live if wrk[sg]["ok"]) * len(usable_live))
         elif all(mask[sg]["below"] for sg in usable_live):
             v4cs, p4cs = C.PARTLY, max(mask[sg]["p_below"] for sg in usable_live)
-        else:
-            v4cs, p4cs = C.INCONCLUSIVE, None
+        else:  # the test closest to a verdict
+            v4cs, p4cs = C.INCONCLUSIVE, min(max(brk[sg]["p"] for sg in usable_live),
+                                             min(1.0, min(wrk[sg]["p"] for sg in usable_live) * len(usable_live)),
+                                             max(mask[sg]["p_below"] for sg in usable_live))
         claims.append(C.claim("4c-σ", "003 §4.3, Fig. 5", "noise + masking (p = 0.2) breaks FSHA where noise alone does not",
                               "reconstructions 'severely degraded' (images only, σ = 0.7 on MNIST)",
                               "; ".join(f"σ = {sg:g}: + mask SSIM {C.fmt(by[f'noise σ={sg:g} + mask p=0.2']['ssim_mean'], by[f'noise σ={sg:g} + mask p=0.2']['ssim_sd'])} "
@@ -332,7 +351,8 @@ def make_claims(summary, runs) -> list[dict]:
             v4ds = C.FAILS
             p4ds = min(1.0, min(scale[sg]["p_beyond"] for sg in live if scale[sg]["outside"]) * len(live))
         else:
-            v4ds, p4ds = C.INCONCLUSIVE, None
+            v4ds, p4ds = C.INCONCLUSIVE, min(max(scale[sg]["p_within"] for sg in live),
+                                             min(1.0, min(scale[sg]["p_beyond"] for sg in live) * len(live)))
         claims.append(C.claim("4d-σ", "003 §4.3, Fig. 5", "scaling (λ = 0.2) has almost no effect on FSHA, where noise "
                               "alone does not break it", "'almost no effect, regardless of the scaling factor'",
                               "; ".join(f"σ = {sg:g}: SSIM noise {C.fmt(by[f'noise σ={sg:g}']['ssim_mean'], by[f'noise σ={sg:g}']['ssim_sd'])}, "
@@ -361,7 +381,9 @@ def make_claims(summary, runs) -> list[dict]:
             v4e, p4e = (C.PARTLY if any(b["ok"] for b in brk.values()) else C.FAILS), \
                 min(1.0, min(a["p"] for a in alive.values() if a["ok"]) * len(ok))
         else:
-            v4e, p4e = C.INCONCLUSIVE, None
+            v4e, p4e = C.INCONCLUSIVE, min(max(b["p"] for b in brk.values()),
+                                           min(1.0, min(a["p"] for a in alive.values()) * len(ok)))
+        v4e, p4e = gated(v4e, p4e)
         claims.append(C.claim("4e", "001 §5.2.3, Fig. 3, Table 8", "R3eLU frustrates FSHA even at ε = 4",
                               "MNIST MSE 1.98 / 1.94 / 1.92 at ε = 0.1 / 1 / 4 vs 0.0206 undefended ([−1, 1])",
                               "; ".join(f"{s['config']}: MSE [−1,1] {C.fmt(s['mse_pm1_mean'], s['mse_pm1_sd'], 3)}, SSIM "
@@ -374,7 +396,7 @@ def make_claims(summary, runs) -> list[dict]:
                               rule=f"{RULE_BROKEN}; only on the ε where R3eLU's honest model is usable ({C.USABLE_RULE}; "
                                    "exp2's committed runs; uninformative if none): holds if broken at every such ε, "
                                    "partly if broken at some and alive at others, does not hold if alive at one and "
-                                   f"broken at none, else inconclusive; {RULE_TESTS}", p=p4e))
+                                   f"broken at none, else inconclusive; {RULE_TESTS}" + PREMISE_RULE, p=p4e))
     return claims
 
 

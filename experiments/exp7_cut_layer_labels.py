@@ -140,8 +140,8 @@ def cut_layer(out, args, t0, md) -> list[dict]:
         v7a, p7a = C.FAILS, max(eq[k]["p_beyond"] for k in outside)
     elif outside and inside:
         v7a, p7a = C.PARTLY, max(eq[inside[0]]["p_within"], eq[outside[0]]["p_beyond"])
-    else:
-        v7a, p7a = C.INCONCLUSIVE, None
+    else:  # the test closest to a verdict
+        v7a, p7a = C.INCONCLUSIVE, min(min(t["p_within"], t["p_beyond"]) for t in eq.values())
     plt = C.plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for padding in (True, False):
@@ -237,7 +237,8 @@ def labels(out, args, t0, md) -> list[dict]:
         t9, t7 = C.t_test(auc, 0.9), C.t_test(auc, 0.7)
         v7b, p7b = ((C.HOLDS, t9["p_above"]) if t9["above"] else
                     (C.PARTLY, max(t7["p_above"], t9["p_below"])) if t7["above"] and t9["below"] else
-                    (C.FAILS, t7["p_below"]) if t7["below"] else (C.INCONCLUSIVE, None))
+                    (C.FAILS, t7["p_below"]) if t7["below"] else
+                    (C.INCONCLUSIVE, min(t9["p_above"], t7["p_above"], t7["p_below"])))
         p7b = None if p7b is None else min(1.0, k * p7b)
         claims.append(C.claim(f"7b-{ds}", "Li et al. 2022 (issue 9 reference)", "without a defence, the gradients a guest "
                               "receives leak the host's labels (norm / direction scoring)",

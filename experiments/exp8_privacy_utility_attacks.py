@@ -240,7 +240,7 @@ def make_claims(summary, args, epsilons, defences, runs) -> list[dict]:
                  and r["epsilon"] is not None and r["epsilon"] == e}
             return C.usable(list(u.values()), [triv_s.get(k, trivial) for k in u], base_u)["ok"]
 
-        best, informative, notes, win_p, loss_p = {}, 0, [], [], []
+        best, informative, notes, win_p, loss_p, all_p = {}, 0, [], [], [], []
         for e in epsilons:
             rs = [_get(summary, ds, d, e) for d in defences]
             top = max(rs, key=lambda r: r["t_dcs"])
@@ -267,6 +267,7 @@ def make_claims(summary, args, epsilons, defences, runs) -> list[dict]:
                 notes.append(text + f", not at matched accounted ε ({_eps_pair(r3)} vs {_eps_pair(other)}): left out")
                 continue
             informative += 1
+            all_p.append(cmp["p"])
             if cmp["clear"]:
                 (win_p if cmp["diff"] > 0 else loss_p).append(cmp["p"])
             notes.append(text + (f" at accounted ε {_eps_pair(r3)} vs {_eps_pair(other)}" if cmp["clear"] else ""))
@@ -275,7 +276,8 @@ def make_claims(summary, args, epsilons, defences, runs) -> list[dict]:
         verdict = (C.UNINFORMATIVE if not informative else C.HOLDS if wins == informative else
                    C.FAILS if losses else C.PARTLY if wins else C.INCONCLUSIVE)
         p8 = (max(win_p) if verdict == C.HOLDS else min(1.0, min(loss_p) * informative) if verdict == C.FAILS
-              else min(1.0, min(win_p) * informative) if verdict == C.PARTLY else None)
+              else min(1.0, min(win_p) * informative) if verdict == C.PARTLY
+              else min(1.0, min(all_p) * informative) if verdict == C.INCONCLUSIVE and all_p else None)
         claims.append(C.claim(f"8-{ds}", "001 §6 conclusion", "R3eLU outperforms existing solutions when privacy "
                               "preservation and model usability are considered together",
                               "001: best trade-off (no joint score given)",

@@ -18,16 +18,26 @@ class ConfigError(FlSplitError, ValueError):
     run-config key), so the message reads the same on both interfaces.
     """
 
+    #: how the message names the key: a flag (``--key``); :class:`KitConfigError` names a kit.toml key
+    prefix = "--"
+
     def __init__(self, key: str, value: object, allowed: str, reason: str | None = None) -> None:
         self.key = key
         self.value = value
         self.allowed = allowed
         self.reason = reason
-        text = f"--{key}: got {value!r}"
+        text = f"{self.prefix}{key}: got {value!r}"
         if reason:
             text += f" ({reason})"
         text += f"; allowed: {allowed}"
         super().__init__(text)
+
+
+class KitConfigError(ConfigError):
+    """A value in a kit's ``kit.toml`` is not allowed; the message names the file's key, not a flag
+    (``kit.toml data-path: got ''; allowed: …``)."""
+
+    prefix = "kit.toml "
 
 
 class PrivateSeedError(FlSplitError, ValueError):

@@ -50,9 +50,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from fl_split.checkpoint import RUN_PLACEHOLDER
 from fl_split.config import RunConfig
 from fl_split.deploy import DeploymentError, LocalDeployment, checkpoint_dir_of, free_port
-from fl_split.errors import ConfigError, FlSplitError
+from fl_split.errors import ConfigError, FlSplitError, KitConfigError
 from fl_split.secure_files import PRIVATE_UMASK, private_dir, write_private
 
 __all__ = ["SENDS", "KitDeployment", "check_version", "deliver", "node_step", "package_app", "party_names",
@@ -61,13 +62,17 @@ __all__ = ["SENDS", "KitDeployment", "check_version", "deliver", "node_step", "p
 KIT_FILE = "kit.toml"
 COORDINATOR = "coordinator"
 CONNECTION = "fl-split-kit"
-STEPS = ("init", "sign", "register", "start", "run")
+STEPS = ("init", "sign", "register", "start", "run", "predict", "fingerprints")
 #: the package every organisation installs (pyproject.toml ``[project] name``)
 PACKAGE = "fl-split"
 #: ``app`` in the coordinator's kit.toml: the Flower app of the installed package (:func:`package_app`)
 INSTALLED_APP = PACKAGE
 #: run-config keys holding a path: a relative one is the coordinator kit's, resolved when it runs
 KIT_PATHS = ("out", "checkpoint-dir")
+#: the coordinator's run-config ``checkpoint-dir = "checkpoints/{run}"``: each ``sh run.sh run`` names
+#: its own folder there (a UTC time), ``run --resume`` the last one (kept in :data:`LAST_RUN`)
+RUN_LABEL = RUN_PLACEHOLDER
+LAST_RUN = "state/last-run.json"
 
 
 def package_version() -> str:
@@ -202,7 +207,9 @@ or set PYTHON=/path/to/python where it is installed" >&2
     exit 2
 fi
 umask 077
-exec "$py" -m fl_split.cli deploy node "${{1:?usage: sh run.sh {steps}}}" --kit "$here"
+step=${{1:?usage: sh run.sh {steps} [options]}}
+shift
+exec "$py" -m fl_split.cli deploy node "$step" --kit "$here" "$@"
 """
 
 
@@ -266,8 +273,12 @@ def write_kits(cfg: RunConfig, out: str | os.PathLike, parties: list[str], super
             job = replace(job, checkpoint_dir="", data_root="", save_model="model" if cfg.save_model else "",
                           init_from="model" if cfg.init_from else "")
             text = run_config_toml(job, Path("results.json"))
-            if cfg.checkpoint_dir:
-                text = text.replace('checkpoint-dir = ""', 'checkpoint-dir = "checkpoints"')
+            # every run checkpoints into its own folder (sh run.sh run: a new one; run --resume: the last)
+            text = text.replace('checkpoint-dir = ""', f'checkpoint-dir = "checkpoints/{RUN_LABEL}"')
+            if node_tables:  # say that the dataset's keys are not what this job trains on
+                text = text.replace('\ndataset = ', '\n# data = "node-tables": each party trains on its own table (its '
+                                    'kit.toml data-path);\n# dataset and its options (limit, columns, padding) are '
+                                    'not used\ndataset = ', 1)
             write_private(kit / "run-config.toml", text.encode("utf-8"))
         else:
             conf = {"party": name, "fl-split-version": package_version(), "role": "host" if name == "host" else "guest"}
@@ -275,11 +286,16 @@ def write_kits(cfg: RunConfig, out: str | os.PathLike, parties: list[str], super
                 conf["guest-index"] = int(name.split("-")[1])
             conf.update({"superlink": superlink, "dataplane": dataplane,
                          "clientappio-port": (clientappio_ports or {}).get(name, 9094),
-                         "data-path": "", "checkpoint-dir": "checkpoints" if cfg.checkpoint_dir else "",
-                         "model-dir": "model" if cfg.save_model or cfg.init_from else "", "init-from": "",
+                         "data-path": "", "checkpoint-dir": f"checkpoints/{RUN_PLACEHOLDER}",
+                         "model-dir": "model", "init-from": "", "predict-data-path": "new-rows.csv",
                          "private-seed-file": "", "clientapp": "warm"})
             if name == "host":
                 conf["guests"] = [p for p in parties if p != "host"]
+                conf["predict-out"] = "predictions.csv"
+            else:  # its own inference limits (docs/serving.md "Inference limits"); "" = the default
+                from fl_split.predict import DEFAULT_MAX_QUERIES_PER_ID
+
+                conf.update({"inference-budget": "", "max-queries-per-id": DEFAULT_MAX_QUERIES_PER_ID})
         (kit / KIT_FILE).write_text(_toml(conf), encoding="utf-8")
         (kit / "README.txt").write_text(_readme(name, parties, superlink, dataplane, node_tables), encoding="utf-8")
         kits[name] = kit
@@ -287,8 +303,8 @@ def write_kits(cfg: RunConfig, out: str | os.PathLike, parties: list[str], super
 
 
 def _steps_of(name: str) -> tuple[str, ...]:
-    return ("init", "start", "register", "run") if name == COORDINATOR else (
-        ("init", "sign", "start") if name == "host" else ("init", "start"))
+    return ("init", "start", "register", "run", "predict", "fingerprints") if name == COORDINATOR else (
+        ("init", "sign", "start", "fingerprints") if name == "host" else ("init", "start", "fingerprints"))
 
 
 def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_tables: bool) -> str:
@@ -320,6 +336,21 @@ def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_
                  f"                        {PACKAGE}: kit.toml app = \"{PACKAGE}\"), streams the log, and exits non-zero",
                  "                        unless the SuperLink reports the run completed; results in results.json here",
                  "                        (run-config.toml out; relative paths there are this folder's)",
+                 "",
+                 "After the first run (no file to edit; every party keeps its SuperNode running):",
+                 "  sh run.sh run                a new run: its own checkpoints/<UTC time>/ here and checkpoints/<run>/",
+                 "                               at every party (run-config.toml checkpoint-dir = \"checkpoints/{run}\")",
+                 "  sh run.sh run --resume       goes on from the last run's checkpoints (after a party failed and rejoined)",
+                 "  sh run.sh run --save-model   every party saves its own part of the model into its kit's model/",
+                 "  sh run.sh run --init-from    every party starts from its own saved part (its kit.toml init-from,",
+                 "                               else model/): fine-tuning, or a run with more epochs",
+                 "  sh run.sh predict            scores each party's new rows (its kit.toml predict-data-path) with the",
+                 "                               saved model; the host writes the predictions on its machine (its kit.toml",
+                 "                               predict-out); each guest charges its own inference ledger under its own",
+                 "                               limits; the summary (rows, metrics if the host has labels, each guest's ε)",
+                 "                               in predict-summary.json here",
+                 "  sh run.sh fingerprints       the SHA-256 fingerprints of what you sent and received (inbox/*.pub):",
+                 "                               compare them with each party's, by phone or another channel, before register",
                  "Keep secret: keys/ca.key, keys/superlink.key, state/superlink.db (messages of past runs)."]
     else:
         steps = ["Steps:",
@@ -339,9 +370,24 @@ def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_
         steps += ["  3. sh run.sh start     starts your SuperNode with your own table (keep it running); your party",
                   "                        lives in this one process for the whole run (kit.toml clientapp = \"warm\";",
                   "                        \"per-message\": Flower's fresh flwr-clientapp process per message)",
-                  "  4. (the coordinator runs the job)",
+                  "  4. (the coordinator runs the job; your terminal shows your epochs, your own ε and how the run ended)",
+                  "",
+                  "Fingerprints: init printed the SHA-256 fingerprint of each file in outbox/; read them to their",
+                  "  receivers by phone or another channel; sh run.sh fingerprints shows those of inbox/ to compare.",
+                  "After the first run: nothing to edit. Each run checkpoints into its own checkpoints/<run>/ (kit.toml",
+                  "  checkpoint-dir); when the coordinator resumes after a failure, restart your SuperNode (sh run.sh",
+                  "  start) and it goes on from there. A run with --save-model saves your part into model/" + name + "/;",
+                  "  a run with --init-from starts from it (kit.toml init-from, else model-dir).",
+                  "Predict: put your new rows at new-rows.csv (kit.toml predict-data-path: same columns as your",
+                  "  training table, read when the coordinator runs sh run.sh predict; no restart)"
+                  + (";\n  the predictions are written to predictions.csv (kit.toml predict-out) with your own ID column."
+                     if name == "host" else
+                     ";\n  you release each new row under your own limits: kit.toml max-queries-per-id (default 3) and"
+                     "\n  inference-budget (\"\" = the ε of max-queries-per-id releases of one row), counted in"
+                     "\n  model/" + name + "/inference-ledger.npz, never reset."),
                   "Keep secret: keys/, your table, your seed file, checkpoints/ (your secret and weights),",
-                  "  model/ (when the job saves the model: your own part of it, model/" + name + "/)."]
+                  "  model/ (your own part of the model, model/" + name + "/)"
+                  + (", predictions.csv." if name == "host" else ".")]
     return "\n".join(head + steps + ["", "You send:"] + (sends or ["  nothing"]) + ["", "You receive:"]
                      + (gets or ["  nothing"])) + "\n"
 
@@ -442,6 +488,42 @@ def _sign(kit: Path, conf: dict[str, Any]) -> list[str]:
     return made
 
 
+def fingerprint(path: Path) -> str:
+    """The SHA-256 fingerprint of a public file of a kit, as the standard tools print it, for the
+    out-of-band comparison of docs/deploy.md ("Fingerprints"): a certificate (``.crt``) as
+    ``openssl x509 -noout -fingerprint -sha256 -in FILE``, an OpenSSH public key (``.pub``) as
+    ``ssh-keygen -l -f FILE``, a certificate request (``.csr``) as the hexadecimal SHA-256 of its
+    public key's DER (``openssl req -in FILE -noout -pubkey | openssl pkey -pubin -outform DER | sha256sum``)."""
+    import base64
+    import hashlib
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    data = path.read_bytes()
+    if path.suffix == ".pub":
+        blob = base64.b64decode(data.split()[1])
+        return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    if path.suffix == ".csr":
+        der = x509.load_pem_x509_csr(data).public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return hashlib.sha256(der).hexdigest()
+    der = x509.load_pem_x509_certificate(data).public_bytes(serialization.Encoding.DER)
+    return ":".join(f"{b:02X}" for b in hashlib.sha256(der).digest())
+
+
+def _fingerprints(kit: Path, folder: str, only: str | None = None, skip: tuple[str, ...] = ()) -> list[str]:
+    """One line per public file in ``folder`` (``outbox``: what this kit sends; ``inbox``: what it got):
+    its fingerprint (:func:`fingerprint`), to read out to / compare with its maker by another channel."""
+    lines = []
+    for path in sorted((kit / folder).glob("*")):
+        if path.suffix in (".crt", ".pub", ".csr") and (only is None or path.suffix == only) and path.name not in skip:
+            lines.append(f"fingerprint {folder}/{path.name}: {fingerprint(path)}"
+                         + (" (compare it with its maker's, by phone or another channel)" if folder == "inbox"
+                            else " (read it to its receivers by another channel)"))
+    return lines
+
+
 def _flwr_config(kit: Path, conf: dict[str, Any]) -> None:
     """The coordinator's ``flwr`` connection (``flwr-home/config.toml``), written again by every step
     that uses it: it names ``keys/ca.crt`` by its absolute path, which changes when the kit moves."""
@@ -475,10 +557,10 @@ def _start_args(kit: Path, conf: dict[str, Any]) -> list[str]:
                 "--ssl-ca-certfile", str(keys / "ca.crt"), "--ssl-certfile", str(keys / "superlink.crt"),
                 "--ssl-keyfile", str(keys / "superlink.key"), "--enable-supernode-auth"]
     if not conf.get("data-path"):
-        raise ConfigError("data-path", "", f"the path of {name}'s own table (edit {kit / KIT_FILE})")
+        raise KitConfigError("data-path", "", f"the path of {name}'s own table (edit {kit / KIT_FILE})")
     data = _path(kit, conf["data-path"])
     if not data.is_file():
-        raise ConfigError("data-path", conf["data-path"], f"an existing file (edit {kit / KIT_FILE})")
+        raise KitConfigError("data-path", conf["data-path"], f"an existing file (edit {kit / KIT_FILE})")
     keys, inbox = kit / "keys", kit / "inbox"
     ca = _need(inbox / "ca.crt", "the coordinator's ca.crt in inbox/")
     items = [f"role='{conf['role']}'"] + ([f"guest-index={conf['guest-index']}"] if name != "host" else [])
@@ -496,8 +578,25 @@ def _start_args(kit: Path, conf: dict[str, Any]) -> list[str]:
         key = _need(keys / f"{name}.key", "run init first")
         items += [f"dataplane-ca={_literal(dp_ca)}", f"dataplane-certfile={_literal(cert)}",
                   f"dataplane-keyfile={_literal(key)}"]
-    if conf.get("checkpoint-dir"):
-        items.append(f"checkpoint-dir={_literal(private_dir(_path(kit, conf['checkpoint-dir'])))}")
+    if conf.get("checkpoint-dir"):  # "checkpoints/{run}": the node makes each run's folder in it
+        ckpt = str(conf["checkpoint-dir"])
+        base = ckpt[:-len(RUN_PLACEHOLDER)] if ckpt.endswith(RUN_PLACEHOLDER) else ckpt
+        if "{" in base or "}" in base:
+            raise KitConfigError("checkpoint-dir", ckpt, f"a folder, optionally ending in /{RUN_PLACEHOLDER} "
+                                 f"(each run its own folder in it)")
+        where = private_dir(_path(kit, base or "."))
+        items.append(f"checkpoint-dir={_literal(where / RUN_PLACEHOLDER if base != ckpt else where)}")
+    for key in ("predict-data-path", "predict-out"):  # read when a prediction job comes (sh run.sh predict)
+        if str(conf.get(key, "") or "").strip():
+            items.append(f"{key}={_literal(_path(kit, str(conf[key]).strip()))}")
+    for key in ("inference-budget", "max-queries-per-id"):  # a guest's own inference limits
+        value = str(conf.get(key, "") or "").strip()
+        if value:
+            try:
+                items.append(f"{key}={float(value)!r}" if key == "inference-budget" else f"{key}={int(value)}")
+            except ValueError:
+                raise KitConfigError(key, conf[key], "a number > 0" if key == "inference-budget"
+                                     else "a whole number >= 1", reason=f"edit {kit / KIT_FILE}") from None
     if conf.get("model-dir"):  # --save-model: this party's own part goes to model-dir/<party>/
         items.append(f"model-dir={_literal(private_dir(_path(kit, conf['model-dir'])))}")
     if conf.get("init-from"):  # --init-from: this party's own part is read from init-from/<party>/ (else model-dir)
@@ -531,16 +630,73 @@ class KitError(FlSplitError):
     """A step of a kit failed (a ``flwr`` command, the run); one line."""
 
 
-def _job(kit: Path) -> tuple[Path, Path]:
-    """The kit's ``run-config.toml`` with its relative paths (:data:`KIT_PATHS`) resolved against the
-    kit's folder on this machine, written to ``state/run-config.toml``; returns it and the results' path."""
+def _job(kit: Path, *, resume: bool = False, save_model: bool = False, init_from: bool = False) -> tuple[Path, Path]:
+    """The kit's ``run-config.toml`` for this run, written to ``state/run-config.toml``; returns it and
+    the results' path. Its relative paths (:data:`KIT_PATHS`) are resolved against the kit's folder on
+    this machine; ``checkpoint-dir = "checkpoints/{run}"`` names a new folder per run (a UTC time,
+    remembered in :data:`LAST_RUN`) or, with ``resume``, the last run's; ``save_model`` /
+    ``init_from``: every node saves its own part into / starts from its kit.toml ``model-dir``
+    (docs/deploy.md, "After the first run")."""
     job = tomllib.loads(_need(kit / "run-config.toml", "the job").read_text(encoding="utf-8"))
+    resume = resume or bool(job.get("resume", False))
+    ckpt = str(job.get("checkpoint-dir", "") or "")
+    if resume and not ckpt:
+        raise KitError("sh run.sh run --resume: run-config.toml checkpoint-dir is empty, so no run of this kit "
+                       "checkpointed and none can resume; start a new run with sh run.sh run")
+    if ckpt.endswith(RUN_PLACEHOLDER):
+        last = kit / LAST_RUN
+        if resume:
+            try:
+                label = str(json.loads(last.read_text(encoding="utf-8"))["label"])
+            except (OSError, ValueError, KeyError, TypeError):
+                raise KitError(f"sh run.sh run --resume: no earlier run of this kit to resume ({LAST_RUN} is "
+                               f"missing); start one with sh run.sh run") from None
+        else:
+            label = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            base = _path(kit, ckpt[:-len(RUN_PLACEHOLDER)] or ".")
+            n = 1
+            while (base / label).exists():  # two runs in one second
+                n += 1
+                label = f"{label.split('-')[0]}-{n}"
+            private_dir(base / label)  # taken: the next run in this second gets another
+            private_dir(kit / "state")
+            write_private(last, json.dumps({"label": label, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                     time.gmtime())}).encode())
+        job["checkpoint-dir"] = ckpt[:-len(RUN_PLACEHOLDER)] + label
+    elif RUN_PLACEHOLDER in ckpt:
+        raise KitConfigError("checkpoint-dir", ckpt, f"a folder, optionally ending in /{RUN_PLACEHOLDER}",
+                             reason="edit run-config.toml")
+    job["resume"] = resume
+    if save_model:
+        job["save-model"] = "model"  # a non-empty value: each node saves into its own kit.toml model-dir
+    if init_from:
+        job["init-from"] = "model"  # each node starts from its kit.toml init-from (else model-dir)
+    return _resolved(kit, job, "run-config.toml")
+
+
+def _resolved(kit: Path, job: dict[str, Any], name: str) -> tuple[Path, Path]:
     for key in KIT_PATHS:
         if str(job.get(key, "") or ""):
             job[key] = str(_path(kit, str(job[key])))
-    resolved = private_dir(kit / "state") / "run-config.toml"
+    resolved = private_dir(kit / "state") / name
     write_private(resolved, _toml(job).encode("utf-8"))
     return resolved, Path(str(job.get("out", "") or kit / "results.json"))
+
+
+def _predict_job(kit: Path) -> tuple[Path, Path]:
+    """The prediction job (:mod:`fl_split.flower.predicting`) of the model the kit's job trained: its
+    public configuration and the job's ID / label columns and alignment, nothing saved, checkpointed or
+    started from; no path and no limit (each node takes its own files and a guest its own inference
+    limits from its kit.toml). The summary goes to ``predict-summary.json`` in this kit."""
+    from fl_split.flower.predicting import job_spec
+    from fl_split.flower.strategy import JOB_KEY
+
+    job = tomllib.loads(_need(kit / "run-config.toml", "the job").read_text(encoding="utf-8"))
+    spec = job_spec(str(job.get("id-column") or "id"), str(job.get("label-column") or "label"),
+                    str(job.get("align") or "public"), None, int(job.get("guests", 1)))
+    job.update({"save-model": "", "checkpoint-dir": "", "resume": False, "init-from": "", "data": "",
+                "data-plane": "flower", "progress": False, "out": "predict-summary.json", JOB_KEY: json.dumps(spec)})
+    return _resolved(kit, job, "predict-config.toml")
 
 
 def _app(kit: Path, conf: dict[str, Any]) -> Path:
@@ -647,18 +803,42 @@ def superexec_down(kit: Path) -> str | None:
             f"died: {reason}{hint}; see {SUPERLINK_LOG}, then restart it with sh run.sh start")
 
 
-def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
-    """``flwr run`` the job, stream its log, then the outcome as the SuperLink reports it (``flwr
-    run`` exits 0 even when the ServerApp fails). A SuperLink of this kit on this machine without
-    its SuperExec stops it in one line (:func:`superexec_down`) instead of a run left ``pending``."""
-    from fl_split.deploy import _one_line, run_status
-    from fl_split.flower.flwrcli import FlwrCli
+def _run(kit: Path, conf: dict[str, Any], options: dict[str, bool] | None = None, timeout: float = 3600.0) -> list[str]:
+    """``sh run.sh run [--resume] [--save-model] [--init-from]``: the training job (:func:`_job`)."""
+    down = superexec_down(kit)  # before anything is written: a run could not start
+    if down:
+        raise KitError(down)
+    run_config, results = _job(kit, **(options or {}))
+    return _submit(kit, conf, run_config, results, timeout)
 
+
+def _predict(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
+    """``sh run.sh predict``: the prediction job (:func:`_predict_job`) on each party's new rows."""
     down = superexec_down(kit)
     if down:
         raise KitError(down)
+    run_config, summary = _predict_job(kit)
+    done = _submit(kit, conf, run_config, summary, timeout)
+    try:
+        s = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return done
+    lines = [f"{s.get('records', '?')} rows scored (shared IDs {s.get('alignment', {}).get('shared_ids', '?')}); "
+             f"the predictions are in the host's predict-out, on its machine"]
+    for g, r in sorted((s.get("privacy") or {}).items()):
+        lines.append(f"{g}: ε {r['epsilon']:.4g} over all its inference releases" if r.get("covered")
+                     else f"{g}: {r.get('note', 'not covered')}")
+    return done + lines
+
+
+def _submit(kit: Path, conf: dict[str, Any], run_config: Path, results: Path, timeout: float) -> list[str]:
+    """``flwr run`` the job ``run_config``, stream its log, then the outcome as the SuperLink reports it
+    (``flwr run`` exits 0 even when the ServerApp fails). A SuperLink of this kit on this machine
+    without its SuperExec stops it in one line (:func:`superexec_down`) instead of a run left ``pending``."""
+    from fl_split.deploy import _one_line, run_status
+    from fl_split.flower.flwrcli import FlwrCli
+
     app = _app(kit, conf)
-    run_config, results = _job(kit)
     _flwr_config(kit, conf)
     with FlwrCli(_env(kit), kit, own_session=False) as cli:  # `flwr run` and `flwr ls`: one flwr process
         proc = cli.start("run", str(app), CONNECTION, "--stream", "--run-config", str(run_config))
@@ -686,6 +866,8 @@ def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
                     print(f"run {run_id} still pending after {now - start:.0f} s: the SuperLink has not started "
                           f"its ServerApp (its log: {SUPERLINK_LOG})", flush=True)
             time.sleep(0.25)
+    if details.strip() in ("N/A", "None", "-"):  # Flower's "no details"
+        details = ""
     if status != "finished:completed":
         logged = "" if details.strip() else _log_reason(kit)
         why = _one_line(details) or (f"no details; the SuperLink's last logged error: {logged}" if logged else "no details")
@@ -693,28 +875,42 @@ def _run(kit: Path, conf: dict[str, Any], timeout: float = 3600.0) -> list[str]:
     return [f"run {run_id} completed; results in {results}"]
 
 
-def node_step(step: str, kit_dir: str | os.PathLike) -> list[str]:
-    """Run one step of a kit; ``start`` replaces this process with the SuperLink / SuperNode."""
+#: the options of ``sh run.sh run`` (docs/deploy.md, "After the first run")
+RUN_OPTIONS = ("resume", "save_model", "init_from")
+
+
+def node_step(step: str, kit_dir: str | os.PathLike, **options: bool) -> list[str]:
+    """Run one step of a kit; ``start`` replaces this process with the SuperLink / SuperNode.
+    ``options``: ``resume``, ``save_model``, ``init_from`` — only for the coordinator's ``run``."""
     kit = Path(kit_dir).expanduser().resolve()
     conf = read_kit(kit)
     if step not in _steps_of(conf["party"]):
-        raise ConfigError("step", step, f"one of {', '.join(_steps_of(conf['party']))} for {conf['party']}'s kit")
+        raise KitError(f"sh run.sh {step}: not a step of {conf['party']}'s kit; its steps: "
+                       f"{', '.join(_steps_of(conf['party']))}")
+    given = [k for k, v in options.items() if v]
+    if given and step != "run":
+        raise KitError(f"sh run.sh {step}: --{given[0].replace('_', '-')} is an option of the coordinator's "
+                       f"sh run.sh run only")
     check_version(conf)
     os.umask(PRIVATE_UMASK)
     if step == "init":
-        return _init(kit, conf)
+        return _init(kit, conf) + _fingerprints(kit, "outbox")
     if step == "sign":
-        return _sign(kit, conf)
+        return _sign(kit, conf) + _fingerprints(kit, "outbox", only=".crt", skip=("dataplane-ca.crt",))
+    if step == "fingerprints":
+        return _fingerprints(kit, "outbox") + _fingerprints(kit, "inbox")
     if step == "register":
-        return _register(kit, conf)
+        return _fingerprints(kit, "inbox", only=".pub") + _register(kit, conf)
     if step == "run":
-        return _run(kit, conf)
+        return _run(kit, conf, {k: bool(options.get(k)) for k in RUN_OPTIONS})
+    if step == "predict":
+        return _predict(kit, conf)
     args = _start_args(kit, conf)
     sys.stdout.flush()
     os.chdir(kit)
     mode = conf.get("clientapp", "warm")
     if mode not in ("warm", "per-message"):
-        raise ConfigError("clientapp", mode, f"'warm' or 'per-message' (edit {kit / KIT_FILE})")
+        raise KitConfigError("clientapp", mode, f"'warm' or 'per-message' (edit {kit / KIT_FILE})")
     if conf["party"] != COORDINATOR and mode == "warm":
         # the party warm in this one process for the whole run (fl_split/flower/warm.py); kit.toml
         # clientapp = "per-message" keeps Flower's flwr-clientapp process per message
@@ -780,18 +976,18 @@ class KitDeployment(LocalDeployment):
                 write_private(kits[party] / "keys" / "private-seed",
                               self.private_seed.for_party(party).file_text().encode("ascii"))
                 values["private_seed_file"] = "keys/private-seed"
-            if self.cfg.checkpoint_dir:  # deploy local's layout: DIR/<party>, DIR/coordinator
-                values["checkpoint_dir"] = str(checkpoint_dir_of(self.cfg, party))
+            # deploy local's layout: DIR/<party>, DIR/coordinator (the kits' own: a folder per run)
+            values["checkpoint_dir"] = str(checkpoint_dir_of(self.cfg, party)) if self.cfg.checkpoint_dir else ""
             # --save-model DIR / --init-from DIR: deploy local's layout, every node's part in the one DIR
             for key, where in (("model_dir", self.cfg.save_model), ("init_from", self.cfg.init_from)):
                 if where:
                     values[key] = str(Path(where).expanduser().resolve())
             update_kit(kits[party], **values)
-        if self.cfg.checkpoint_dir:
-            job = kits[COORDINATOR] / "run-config.toml"
-            text = job.read_text(encoding="utf-8").replace(
-                'checkpoint-dir = "checkpoints"', f'checkpoint-dir = "{checkpoint_dir_of(self.cfg, COORDINATOR)}"')
-            write_private(job, text.encode("utf-8"))
+        job = kits[COORDINATOR] / "run-config.toml"
+        where = str(checkpoint_dir_of(self.cfg, COORDINATOR)) if self.cfg.checkpoint_dir else ""
+        text = job.read_text(encoding="utf-8").replace(f'checkpoint-dir = "checkpoints/{RUN_LABEL}"',
+                                                       f'checkpoint-dir = "{where}"')
+        write_private(job, text.encode("utf-8"))
         deliver(self.kits, self.parties)  # public keys, CSRs, CA certificates
         self._step("host", "sign")  # (2) the host's data-plane CA signs the guests' CSRs
         deliver(self.kits, self.parties)  # the signed certificates back to their guests
@@ -847,12 +1043,17 @@ def add_kit_parsers(kinds, local_group, add_train_flags) -> None:
     node = kinds.add_parser("node", help="one step of a kit (what its run.sh runs)")
     node.add_argument("step", choices=STEPS)
     node.add_argument("--kit", default=".", metavar="DIR", help="the kit folder [default: .]")
+    node.add_argument("--resume", action="store_true", help="run: go on from the last run's checkpoints")
+    node.add_argument("--save-model", action="store_true",
+                      help="run: every node saves its own part into its kit.toml model-dir")
+    node.add_argument("--init-from", action="store_true",
+                      help="run: every node starts from its own saved part (kit.toml init-from, else model-dir)")
 
 
 def cmd_kit(ns, config_from_args) -> int:
     """``deploy kit`` / ``deploy node``; ``config_from_args``: fl_split.cli's (handed over, as above)."""
     if ns.deploy_kind == "node":
-        for line in node_step(ns.step, ns.kit):
+        for line in node_step(ns.step, ns.kit, **{k: getattr(ns, k, False) for k in RUN_OPTIONS}):
             print(f"{ns.step}: {line}", flush=True)
         return 0
     if not getattr(ns, "out", None):

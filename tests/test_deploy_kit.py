@@ -28,8 +28,8 @@ SMALL = ["--dataset", "digits", "--guests", "2", "--epochs", "1", "--limit", "15
 ENV = dict(os.environ, PYTHON=sys.executable)
 
 
-def _step(kit: Path, step: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["/bin/sh", str(kit / "run.sh"), step], env=ENV, capture_output=True, text=True,
+def _step(kit: Path, step: str, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["/bin/sh", str(kit / "run.sh"), step, *options], env=ENV, capture_output=True, text=True,
                           timeout=300, stdin=subprocess.DEVNULL)
 
 
@@ -148,14 +148,18 @@ def test_host_refuses_a_csr_naming_another_guest(tmp_path):
 def test_start_names_a_missing_table_or_file_in_one_line(tmp_path):
     kits = _initialised(tmp_path)
     out = _step(kits["guest-1"], "start")
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--data-path" in out.stderr, out.stderr
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "kit.toml data-path: got ''" in out.stderr and "--data-path" not in out.stderr, out.stderr  # a key, not a flag
     table = tmp_path / "guest-1.npz"
     table.write_bytes(b"")
     update_kit(kits["guest-1"], data_path=str(table))
     out = _step(kits["guest-1"], "start")  # the host has not signed its CSR yet
     assert out.returncode == 2 and "guest-1.crt is missing in inbox/" in out.stderr, out.stderr
     out = _step(kits["host"], "run")
-    assert out.returncode == 2 and "--step" in out.stderr and "init, sign, start" in out.stderr
+    assert out.returncode != 0 and out.stderr.count("\n") == 1, out.stderr
+    assert "sh run.sh run: not a step of host's kit; its steps: init, sign, start, fingerprints" in out.stderr
+    out = _step(kits["guest-1"], "init", "--resume")  # the run's options are the coordinator's run's
+    assert out.returncode != 0 and "--resume is an option of the coordinator's sh run.sh run only" in out.stderr
 
 
 def _pyproject_version() -> str:
@@ -194,16 +198,23 @@ def test_a_kit_holds_no_path_of_the_machine_that_wrote_it(tmp_path):
     assert coordinator["app"] == "fl-split" and coordinator["fl-split-version"] == _pyproject_version()
     job = tomllib.loads((tmp_path / "kits" / COORDINATOR / "run-config.toml").read_text())
     assert (job["out"], job["checkpoint-dir"], job["save-model"], job["data-root"]) == (
-        "results.json", "checkpoints", "model", "")
+        "results.json", "checkpoints/{run}", "model", "")
     host = tomllib.loads((tmp_path / "kits" / "host" / "kit.toml").read_text())
-    assert (host["model-dir"], host["checkpoint-dir"], host["fl-split-version"]) == (
-        "model", "checkpoints", _pyproject_version())
+    assert (host["model-dir"], host["checkpoint-dir"], host["fl-split-version"], host["predict-out"]) == (
+        "model", "checkpoints/{run}", _pyproject_version(), "predictions.csv")
     moved = tmp_path / "elsewhere" / "coordinator"
     shutil.copytree(tmp_path / "kits" / COORDINATOR, moved)
     resolved, results = _job(moved)
     assert results == moved / "results.json"
     job = tomllib.loads(resolved.read_text())
-    assert job["out"] == str(moved / "results.json") and job["checkpoint-dir"] == str(moved / "checkpoints")
+    first = Path(job["checkpoint-dir"])  # each run its own folder in the kit's checkpoints/
+    assert job["out"] == str(moved / "results.json") and first.parent == moved / "checkpoints"
+    assert job["resume"] is False
+    job = tomllib.loads(_job(moved, resume=True)[0].read_text())  # --resume: the last run's folder
+    assert (job["checkpoint-dir"], job["resume"]) == (str(first), True)
+    job = tomllib.loads(_job(moved, save_model=True, init_from=True)[0].read_text())  # a new run: a new folder
+    assert Path(job["checkpoint-dir"]).parent == first.parent and job["checkpoint-dir"] != str(first)
+    assert (job["save-model"], job["init-from"], job["resume"]) == ("model", "model", False)
 
 
 def test_each_readme_starts_with_what_to_install_and_run_sh_says_it_in_words(tmp_path):
@@ -408,3 +419,56 @@ def test_a_restarted_node_waits_in_words_and_an_unknown_key_is_named(capsys):
             unreachable.ActivateNode(None)
     err = capsys.readouterr().err
     assert err.count("cannot reach the SuperLink at link.example.org:9093") == 1 and "registered" not in err, err
+
+
+def test_init_sign_and_fingerprints_print_what_the_standard_tools_print(tmp_path):
+    """The out-of-band check (docs/deploy.md "Fingerprints"): ``init`` prints the fingerprint of every
+    public file it makes, ``sign`` of every certificate it issues, ``fingerprints`` of what a kit sent
+    and received — each as ``openssl x509 -fingerprint -sha256`` / ``ssh-keygen -l`` print it
+    (recomputed here with those tools where installed, else with cryptography's own fingerprint)."""
+    import re
+    import shutil
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    def standard(path: Path) -> str:
+        if path.suffix == ".crt":
+            if shutil.which("openssl"):
+                out = subprocess.run(["openssl", "x509", "-noout", "-fingerprint", "-sha256", "-in", str(path)],
+                                     capture_output=True, text=True, check=True).stdout
+                return out.strip().split("=", 1)[1]
+            return ":".join(f"{b:02X}" for b in x509.load_pem_x509_certificate(path.read_bytes())
+                            .fingerprint(hashes.SHA256()))
+        if path.suffix == ".pub" and shutil.which("ssh-keygen"):
+            return subprocess.run(["ssh-keygen", "-l", "-f", str(path)], capture_output=True, text=True,
+                                  check=True).stdout.split()[1]
+        pytest.skip("no ssh-keygen to recompute an OpenSSH fingerprint independently")
+
+    kits = write_kits(RunConfig(dataset="digits", guests=2, limit=150, seed=3, engine="flower"), tmp_path / "kits",
+                      PARTIES, "127.0.0.1:9093", "127.0.0.1:9300")
+    printed = {}
+    for name, kit in kits.items():
+        out = _step(kit, "init")
+        assert out.returncode == 0, out.stderr
+        for folder, file, value in re.findall(r"fingerprint (outbox|inbox)/(\S+): (\S+)", out.stdout):
+            printed[(name, folder, file)] = value
+    deliver(tmp_path / "kits", PARTIES)
+    out = _step(kits["host"], "sign")
+    assert out.returncode == 0, out.stderr
+    signed = dict((f, v) for _, f, v in re.findall(r"fingerprint (outbox)/(\S+): (\S+)", out.stdout))
+    assert sorted(signed) == ["guest-1.crt", "guest-2.crt"]
+    for file, value in signed.items():
+        assert value == standard(kits["host"] / "outbox" / file)
+    made = {(n, f) for n, folder, f in printed}
+    assert {(COORDINATOR, "ca.crt"), ("host", "auth-host.pub"), ("host", "dataplane-ca.crt"),
+            ("guest-1", "auth-guest-1.pub"), ("guest-1", "guest-1.csr")} <= made
+    for (name, folder, file), value in printed.items():
+        if not file.endswith(".csr"):
+            assert value == standard(kits[name] / folder / file), (name, file)
+    deliver(tmp_path / "kits", PARTIES)
+    out = _step(kits["guest-1"], "fingerprints")  # what guest-1 received: compare with what the makers read out
+    got = dict((f, v) for f, v in re.findall(r"fingerprint inbox/(\S+): (\S+)", out.stdout))
+    assert got["ca.crt"] == printed[(COORDINATOR, "outbox", "ca.crt")]
+    assert got["dataplane-ca.crt"] == printed[("host", "outbox", "dataplane-ca.crt")]
+    assert got["guest-1.crt"] == signed["guest-1.crt"]

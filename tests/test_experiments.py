@@ -74,7 +74,8 @@ def test_claim_table_collects_every_experiment(tmp_path, capsys):
     for i, name in enumerate(EXPERIMENTS[:2]):
         (res / name).mkdir(parents=True)
         (res / name / "claims.json").write_text(json.dumps([{"id": f"{i}a", "source": "001 Table 1", "claim": "a | b",
-                                                             "paper": "1", "ours": "2", "verdict": "holds"}]))
+                                                             "paper": "1", "ours": "2", "verdict": "holds",
+                                                             "p": 0.001}]))
     assert claims.main(["--results", str(res)]) == 0
     text = (res / "claims.md").read_text()
     assert text.count("**holds**") == 2 and "a \\| b" in text and "Verdicts: holds 2" in text

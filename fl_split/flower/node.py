@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import socket
 import sys
 import uuid
@@ -41,6 +42,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message
 
+from fl_split.checkpoint import RUN_PLACEHOLDER
 from fl_split.config import RunConfig
 from fl_split.errors import ConfigError, ProtocolError
 from fl_split.flower import records as R
@@ -558,16 +560,22 @@ def _close_wal(party, wal) -> None:
 CKPT_META = "fl_split.checkpoint"
 
 
-def checkpoint_dir_of(role: NodeRole, cfg: RunConfig, node_config: dict) -> str:
-    """Where this node's party keeps its checkpoints and log: in a deployment the SuperNode's own
-    ``--node-config "checkpoint-dir='…'"`` (on its own machine; the run-config's is the
-    coordinator's), in a simulation the run's ``--checkpoint-dir``."""
+def checkpoint_dir_of(role: NodeRole, cfg: RunConfig, node_config: dict, run: str) -> str:
+    """Where this node's party keeps its checkpoints and log for the run ``run``: in a deployment the
+    SuperNode's own ``--node-config "checkpoint-dir='…'"`` (on its own machine; the run-config's is the
+    coordinator's) with :data:`RUN_PLACEHOLDER` replaced by ``run``, in a simulation the run's
+    ``--checkpoint-dir``. The run's identity comes from the coordinator: only 32 hexadecimal digits
+    (what it draws, ``uuid4().hex``) are accepted, so it cannot name a path outside the folder."""
     if role.mode == "deployment":
         path = str(node_config.get("checkpoint-dir", "") or "").strip()
         if not path:
             raise FederationError(f"{role.party} node-config: no checkpoint-dir; the run checkpoints "
                                   f"(--checkpoint-dir), and a party keeps its checkpoints on its own machine: "
                                   f"--node-config \"... checkpoint-dir='/path/private/to/{role.party}'\"")
+        if RUN_PLACEHOLDER in path:
+            if not re.fullmatch(r"[0-9a-f]{32}", run):
+                raise ProtocolError(f"{role.party}: the run's identity {run[:40]!r} is not 32 hexadecimal digits")
+            path = path.replace(RUN_PLACEHOLDER, run)
         return os.path.expanduser(path)
     return os.path.expanduser(cfg.checkpoint_dir)
 
@@ -583,7 +591,7 @@ def _held_rounds(context: Context, role: NodeRole, req) -> dict[str, Any]:
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"{role.party}: malformed checkpoint query ({type(exc).__name__})") from None
     cfg = _coordinator_config(str(req["config"]), context)
-    directory = checkpoint_dir_of(role, cfg, dict(context.node_config))
+    directory = checkpoint_dir_of(role, cfg, dict(context.node_config), run)
     return {str(r): p for r, p in held_rounds(directory, role.party, run).items()}
 
 
@@ -623,7 +631,7 @@ def _checkpoint_setup(context: Context, role: NodeRole, party, cfg: RunConfig, r
         run, round_, resume = str(info["run"]), int(info["round"]), bool(info["resume"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"{role.party}: malformed checkpoint settings in setup ({type(exc).__name__})") from None
-    directory = checkpoint_dir_of(role, cfg, dict(context.node_config))
+    directory = checkpoint_dir_of(role, cfg, dict(context.node_config), run)
     os.makedirs(directory, mode=0o700, exist_ok=True)  # it will hold this party's secret
     if resume:
         restore_party(party, directory, round_, run=run, config=cfg.to_dict(), private_seed=seed)

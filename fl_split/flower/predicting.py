@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from typing import Any
 
@@ -99,7 +100,15 @@ def _paths(role, node_config: dict, spec: dict) -> tuple[str, str, str]:
     if role.role == "host" and not out:
         raise FederationError("host node-config: no predict-out; the host writes the predictions on its own "
                               "machine: --node-config \"... predict-out='/path/to/pred.csv'\"")
-    return model, role.data_path, out
+    # a kit's SuperNode names where its new rows will be (kit.toml predict-data-path): read when the job
+    # comes, so new rows need no restart; else its data-path (loopback predict gives the new table there)
+    table = str(node_config.get("predict-data-path", "") or "").strip() or role.data_path
+    if not os.path.isfile(os.path.expanduser(table)):
+        # (the file's name only: the message reaches the coordinator, the party's folders are its own)
+        raise FederationError(f"{role.party}: no table of new rows, {os.path.basename(table)!r} (its node config's "
+                              f"{'predict-data-path' if node_config.get('predict-data-path') else 'data-path'}): "
+                              f"put the rows to score there, with the columns of its training table")
+    return model, table, out
 
 
 def guest_limits(role, node_config: dict, spec: dict):
