@@ -222,6 +222,11 @@ def pld_support(ev: Any) -> None:
         if ev.num_buckets != 1:
             _noise_ok(ev.noise_parameter, ev)
         return
+    if _is_skellam(ev):
+        _noise_ok(ev.mu, ev)
+        if int(ev.sensitivity) != ev.sensitivity or ev.sensitivity < 0:
+            raise NotApplicable(f"SkellamDpEvent sensitivity {ev.sensitivity!r} is not an integer >= 0")
+        return
     if is_epsilon_delta(ev):
         if not (0.0 <= float(ev.epsilon) < math.inf and 0.0 <= float(ev.delta) < 1.0):
             raise NotApplicable(f"EpsilonDeltaDpEvent({ev.epsilon}, {ev.delta}) is not a privacy guarantee")
@@ -286,6 +291,13 @@ def event_pld(ev: Any, count: int, interval: float):
         eta, bits = float(ev.event.noise_parameter), count * int(ev.count)
         return _memo(_PLD_CACHE, _PLD_CACHE_SIZE, ("binary-rr-bits", eta, bits, interval),
                      lambda: _binary_rr_pld(eta, bits, interval))
+    if isinstance(ev, dpe.SelfComposedDpEvent) and _is_skellam(ev.event) and int(ev.count) > 1:
+        # d elements of one release compose (elementwise clipping); the composition is cached
+        pld_support(ev.event)
+        mu, s, d = float(ev.event.mu), int(ev.event.sensitivity), int(ev.count)
+        atom = _memo(_PLD_CACHE, _PLD_CACHE_SIZE, ("elementwise-skellam", mu, s, d, interval),
+                     lambda: skellam_pld(mu, s, interval).self_compose(d))
+        return atom if count == 1 else atom.self_compose(count)
     if isinstance(ev, dpe.SelfComposedDpEvent):
         return event_pld(ev.event, count * int(ev.count), interval)
     if isinstance(ev, dpe.ComposedDpEvent):
@@ -390,6 +402,48 @@ def _binary_rr_pld(eta: float, bits: int, interval: float):
         out, infinity, interval, pessimistic_estimate=True, symmetric=True)
 
 
+def _is_skellam(ev: Any) -> bool:
+    return type(ev).__name__ == "SkellamDpEvent" and hasattr(ev, "mu") and hasattr(ev, "sensitivity")
+
+
+#: the Skellam PMF is evaluated within this many standard deviations of 0 (and of the shift); the
+#: rest of its mass (Bennett: below 2·e^{-K²/2·(1+K/(3σ))^{-1}}, ~1e-14 at K = 8) counts as infinite loss
+SKELLAM_WINDOW_SD = 8.0
+
+
+def skellam_pld(mu: float, s: int, interval: float):
+    """PLD of one element released with ``Sk(mu)`` noise, the pair ``(Sk(mu), s + Sk(mu))``.
+
+    ``Sk(mu)`` (two Poissons of mean ``mu/2``) has ``P(z) = e^{-mu}·I_|z|(mu)`` (scipy's ``ive``,
+    exact and stable). Every outcome's loss ``ln P(z) − ln P(z − s)`` is rounded up to ``interval``
+    (pessimistic); the mass outside the window of :data:`SKELLAM_WINDOW_SD` standard deviations, and
+    any outcome where the neighbour's mass underflows, is infinite loss. Symmetric: ``z → s − z``
+    swaps the two distributions. Shift pairs of a symmetric log-concave family are ordered by the
+    shift, so ``s`` (the largest integer move of an element) is the worst pair of one element."""
+    import numpy as np
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from scipy.special import ive
+
+    PLD_BUILDS[0] += 1
+    if s == 0:
+        return pld_lib.identity(value_discretization_interval=interval)
+    half = int(math.ceil(SKELLAM_WINDOW_SD * math.sqrt(mu))) + 1
+    z = np.arange(-half, s + half + 1)
+    p = ive(np.abs(z), mu)
+    q = ive(np.abs(z - s), mu)
+    with np.errstate(divide="ignore"):
+        loss = np.log(p) - np.log(q)
+    finite = (p > 0) & (q > 0)
+    k = np.ceil(loss[finite] / interval)
+    k = np.where(k * interval < loss[finite], k + 1, k).astype(np.int64)  # never round a loss down
+    out: dict[int, float] = {}
+    for kk, pp in zip(k.tolist(), p[finite].tolist()):
+        out[kk] = out.get(kk, 0.0) + pp
+    infinity = max(0.0, 1.0 - math.fsum(out.values()))
+    return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
+        out, infinity, interval, pessimistic_estimate=True, symmetric=True)
+
+
 def _gaussian_pld(z: float, q: float, interval: float):
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
@@ -447,6 +501,9 @@ def _leaf_pld(ev: Any, interval: float):
         return pld_lib.from_randomized_response(float(ev.noise_parameter), int(ev.num_buckets),
                                                 value_discretization_interval=interval,
                                                 neighboring_relation=_relation("replace"))
+    if _is_skellam(ev):
+        pld_support(ev)
+        return skellam_pld(float(ev.mu), int(ev.sensitivity), interval)
     if is_epsilon_delta(ev):
         params = pld_common.DifferentialPrivacyParameters(float(ev.epsilon), float(ev.delta))
         return pld_lib.from_privacy_parameters(params, value_discretization_interval=interval)

@@ -41,11 +41,24 @@ else:
         delta: float = 0.0
 
 
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class SkellamDpEvent(dpe.DpEvent):
+    """One integer element released with ``Sk(mu)`` noise (``Poisson(mu/2) − Poisson(mu/2)``, variance
+    ``mu``) whose value moves by at most ``sensitivity`` between neighbours (Agarwal, Kairouz, Liu,
+    NeurIPS 2021). The secure merge's distributed noise (:mod:`fl_split.privacy.secure_merge`): the
+    honest guests' shares sum to exactly this. Accounted by PLD from its PMF
+    (:func:`fl_split.privacy.accountants.skellam_pld`); no other accountant has it."""
+
+    mu: float
+    sensitivity: int
+
+
 # -- DpEvent (de)serialisation ------------------------------------------------------------------
 def _event_types() -> dict[str, type]:
     types = {name: cls for name, cls in vars(dpe).items()
              if isinstance(cls, type) and issubclass(cls, dpe.DpEvent)}
     types.setdefault("EpsilonDeltaDpEvent", EpsilonDeltaDpEvent)
+    types.setdefault("SkellamDpEvent", SkellamDpEvent)
     return types
 
 
