@@ -377,6 +377,18 @@ class RunConfig:
                        choices=("none", "guest", "host", "both"), group="privacy")
     dp_sgd_sigma: Any = _opt(AUTO, "noise multiplier of --dp-sgd; auto = --sigma", kind="float_or_auto",
                              allowed="'auto' or a number > 0", group="privacy")
+    secure_merge: bool = _opt(False, "with --merge sum|avg: each guest sends its cut-layer output masked by pairwise "
+                                     "masks (fixed point on a ring, keys agreed under the parties' identities) and the "
+                                     "host unmasks only the guests' sum; with --defense gaussian each guest adds a "
+                                     "Skellam share of the noise --sigma and is accounted against the honest shares' sum "
+                                     "(docs/threat-model.md, \"Secure merge\"; docs/accounting.md, \"Distributed noise\")",
+                              group="privacy")
+    secure_merge_collusion: str = _opt("all", "with --secure-merge: how many guests k the host may collude with; each "
+                                              "guest's noise share is sigma^2/(G - k) and its epsilon holds against any "
+                                              "host + k guests; all = G - 1 (every other guest: each guest adds the whole "
+                                              "noise, the safe default)",
+                                       check=lambda v: v == "all" or (isinstance(v, str) and v.isdigit()),
+                                       allowed="'all' or an integer k >= 0", group="privacy")
     report_metrics: str = _opt("epoch", "what the host tells the coordinator: epoch = per-epoch aggregates (train "
                                         "loss, test metric and loss; declared as not covered by DP); none = nothing, "
                                         "the host writes them to --host-metrics", choices=("epoch", "none"),
@@ -451,9 +463,41 @@ class RunConfig:
                               "(or 'package.module:function')",
                               reason="a lambda, a local function or one defined in __main__ (a notebook, a script) "
                                      "exists only in this process")
+        if self.secure_merge:
+            self._check_secure_merge()
         if self.on_guest_failure == "pad" and self.merge == "mul":
             raise ConfigError("on-guest-failure", "pad", "stop with --merge mul",
                               reason="a zero-filled embedding makes a product merge zero for every sample")
+
+    def _check_secure_merge(self) -> None:
+        """What ``--secure-merge`` works with (docs/threat-model.md, "Secure merge")."""
+        if self.merge not in ("sum", "avg"):
+            raise ConfigError("merge", self.merge, "sum or avg with --secure-merge",
+                              reason="the host unmasks only the guests' sum; concat, max, min and mul need each "
+                                     "guest's own part")
+        if self.guests < 2:
+            raise ConfigError("guests", self.guests, "at least 2 with --secure-merge",
+                              reason="the sum of one guest is that guest's release")
+        if self.defense not in ("none", "gaussian"):
+            raise ConfigError("defense", self.defense, "gaussian or none with --secure-merge",
+                              reason="the distributed noise is the Gaussian defence's --sigma carried by Skellam "
+                                     "shares; another mechanism would noise each guest's part on its own")
+        if self.defense == "gaussian" and self.accountant not in ("pld", "basic"):
+            raise ConfigError("accountant", self.accountant, "pld or basic with --secure-merge --defense gaussian",
+                              reason="the Skellam shares are accounted from their exact distribution (PLD)")
+        for flag, on, why in (("one-shot", self.one_shot, "one-shot caches each guest's own release"),
+                              ("loss-alarm", self.loss_alarm, "the alarm zero-fills one guest at a time, and the "
+                                                              "host holds only the sum"),
+                              ("monolithic", self.monolithic, "a monolithic run has no guests")):
+            if on:
+                raise ConfigError(flag, True, "off with --secure-merge", reason=why)
+        if self.engine != "local":
+            raise ConfigError("engine", self.engine, "local with --secure-merge",
+                              reason="the Flower engines do not run the key agreement yet")
+        if self.secure_merge_collusion != "all" and int(self.secure_merge_collusion) >= self.guests:
+            raise ConfigError("secure-merge-collusion", self.secure_merge_collusion,
+                              f"'all' or an integer k with 0 <= k <= {self.guests - 1}",
+                              reason=f"the host can collude with at most the G - 1 = {self.guests - 1} other guests")
 
     # convenience views ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -158,6 +158,10 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoi
                 return method(rnd.keys, acts, rnd.round)
             except ReleaseOutOfRange as exc:
                 acts = _refused_release(cfg, transport, exc, acts, rnd.round, failures, absent, checkpoints)
+                acts = _secure_redo(cfg, transport, absent, rnd, acts)
+
+    if cfg.secure_merge:  # a session per run (and per resume): masks are never reused
+        transport.secure_rekey([g for g in transport.guests if g not in absent])
 
     try:
         for rnd in plan_rounds(schedule, cfg.epochs, cfg.batches_per_round):
@@ -186,6 +190,7 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoi
                         raise
                     acts = _on_guest_failure(cfg, transport, fail, rnd.round, failures, absent, checkpoints, exc)
                     active = [g for g in active if g not in absent]
+                    acts = _secure_redo(cfg, transport, absent, rnd, acts)
             wire["bytes_to_host"] += sum(len(b) for bl in acts.values() for b in bl)
             wire["messages_to_host"] += sum(len(bl) for bl in acts.values())
             if isinstance(rnd, TrainRound):
@@ -265,6 +270,17 @@ def _on_guest_failure(cfg: RunConfig, transport, fail: GuestFailure, round_: int
         absent.add(g)
         transport.drop_guest(g, round_)
     return {g: list(bl) for g, bl in fail.partial.items() if g not in absent}
+
+
+def _secure_redo(cfg: RunConfig, transport, absent: set, rnd, acts: dict[str, list[bytes]]) -> dict[str, list[bytes]]:
+    """``--secure-merge`` after a guest was dropped: the round's releases carry masks shared with it, so
+    they are discarded unopened; the remaining guests agree on new keys and release the round again
+    (a second release, charged). Without secure merge: ``acts`` unchanged."""
+    if not cfg.secure_merge:
+        return acts
+    left = [g for g in transport.guests if g not in absent]
+    transport.secure_rekey(left)
+    return transport.secure_redo(rnd.keys, rnd.round)
 
 
 def _refused_release(cfg: RunConfig, transport, exc: ReleaseOutOfRange, acts: dict[str, list[bytes]], round_: int,
@@ -385,6 +401,17 @@ class LocalTransport:
             raise GuestFailure(round_, failed, out)
         return out
 
+    def secure_rekey(self, members: list[str]) -> None:
+        """A new secure-merge session among ``members`` (fl_split/privacy/secure_merge.py, :func:`rekey`)."""
+        from fl_split.privacy.secure_merge import rekey
+
+        rekey(self.parties, members)
+
+    def secure_redo(self, keys, round_: int) -> dict[str, list[bytes]]:
+        """Every active guest releases ``keys`` again, in the session just agreed (charged again)."""
+        return {g: self.parties[g].redo(keys, round_, in_process=self._to_host)
+                for g in self.guests if g not in self.dropped}
+
     def host_train(self, keys, acts, round_):
         # the host's receivers are every active guest: hand over only if all of them are here
         local = not self.codec and all(g in self.parties for g in self.host.active_guests)
@@ -466,6 +493,10 @@ class LocalEngine:
             self.host, self.guests, self.plan = parties_from_files(cfg, cfg.party_files, private_seed)
         else:
             self.host, self.guests, self.plan = make_parties(cfg, private_seed)
+        if cfg.secure_merge:  # identities pinned from the configuration; keys agreed when the run starts
+            from fl_split.privacy.secure_merge import setup_parties
+
+            setup_parties(self.host, self.guests)
         self.local = LocalTransport(self.host, self.guests, codec=codec)
         self.transport = transport(self.local) if transport is not None else self.local
 

@@ -417,6 +417,10 @@ class PartySecret:
         """A 63-bit seed ``HMAC-SHA256(secret, parts)``: unpredictable without the secret."""
         return _seed63(hmac.new(self._key, _text(*parts), hashlib.sha256).digest())
 
+    def derive_bytes(self, *parts: object) -> bytes:
+        """32 secret bytes ``HMAC-SHA256(secret, parts)`` (key material: an identity, an ephemeral key)."""
+        return hmac.new(self._key, _text("bytes", *parts), hashlib.sha256).digest()
+
     def torch_generator(self, *parts: object, device: torch.device | str = "cpu") -> torch.Generator:
         gen = torch.Generator(device=device)
         gen.manual_seed(self.derive(*parts))

@@ -62,6 +62,11 @@ class GuestParty(_Party):
         self.importance = importance
         self.diagnostics = LocalDiagnostics(name, int(np.prod(self.cut_shape)))
         self._pending: dict[BatchKey, _Pending] = {}
+        #: secure merge (fl_split/privacy/secure_merge.py): this guest's signing identity, every guest's
+        #: pinned public identity, and the current session's masks (``None``: releases are not masked)
+        self.secure_identity = None
+        self.secure_roster: dict[str, bytes] = {}
+        self.secure = None
 
     @property
     def mechanism(self) -> Mechanism:
@@ -120,8 +125,9 @@ class GuestParty(_Party):
                 # this pass) and recompute when the gradient arrives
                 with torch.no_grad():
                     v = self.bottom(x)
+            wire = self._secure_wire(round_, key) if self.secure_identity is not None else (lambda value: value)
             rel, blob, c = self._release(mech, v.detach(), lambda r: out(Message(
-                "activations", self.name, "host", round_, key, self.digest(key), r.value, r.encoding)))
+                "activations", self.name, "host", round_, key, self.digest(key), wire(r.value), r.encoding)))
             self.diagnostics.add(key.epoch, rel.stats)
             blobs.append(blob)
             if cost is not None and charge is not None:  # the log's digest: only when there is a log
@@ -135,6 +141,53 @@ class GuestParty(_Party):
                                               v if self.update.keeps_release_graph else None)
         self._settle(charge, digests, draws)
         return blobs
+
+    # -- secure merge (fl_split/privacy/secure_merge.py) -------------------------------------------
+    def secure_announce(self, session: bytes, members: list[str]) -> bytes:
+        """Start secure-merge session ``session`` among ``members``: a fresh ephemeral X25519 key (a
+        private draw: never the same twice), announced signed by this guest's identity."""
+        from fl_split.privacy.secure_merge import MaskingGuest, SkellamShare
+
+        if self.secure_identity is None:
+            raise ProtocolError(f"{self.name}: secure merge asked of a guest without a secure-merge identity")
+        _, c = self._draw("secure-merge-key")
+        seed = self.secret.derive_bytes("secure-merge-key", c, bytes(session).hex())
+        self.secure = MaskingGuest(self.name, self.secure_identity, self.secure_roster, bytes(session),
+                                   list(members), seed)
+        mech = self.mechanisms()
+        if isinstance(mech, SkellamShare):  # each share is mu / (G_active - k)
+            mech.active = len(members)
+        return self.secure.announce()
+
+    def secure_agree(self, announcements: list[bytes]) -> None:
+        """Check the peers' announcements (relayed by the host) and derive the pairwise mask keys."""
+        if self.secure is None:
+            raise ProtocolError(f"{self.name}: secure merge: key announcements before a session was started")
+        self.secure.agree(announcements)
+
+    def _secure_wire(self, round_: int, key: BatchKey):
+        """The encoder of a masked release: fixed-point value + masks on the ring, as float32. A second
+        call for the same batch (a value the resume rule kept from leaving) reuses the mask: the first
+        value never left."""
+        if self.secure is None or not self.secure.ready:
+            raise ProtocolError(f"{self.name}: secure merge: a release before the key agreement; refused")
+        calls = [0]
+
+        def wire(value: torch.Tensor) -> torch.Tensor:
+            ints = value.detach().cpu().double().numpy().astype(np.int64)
+            masked = self.secure.mask(ints, round_, key.as_tuple(), fresh=calls[0] == 0)
+            calls[0] += 1
+            return torch.from_numpy(masked.astype(np.float32))
+
+        return wire
+
+    def redo(self, keys, round_: int, in_process: bool = False) -> list[bytes]:
+        """Release ``keys`` again in a new secure-merge session (a guest of the round failed: the host
+        never unmasks a sum with a missing mask). Fresh noise and masks; charged again."""
+        keys = list(keys)
+        for key in keys:
+            self._pending.pop(key, None)
+        return self.release(keys, round_, in_process)
 
     def _epoch_entries(self, epoch: int) -> list["LedgerEntry"]:
         """Epoch ``epoch``'s forward releases (training and test batches) and DP-SGD updates."""

@@ -97,6 +97,9 @@ class HostParty(_Party):
         self.history: list[dict[str, Any]] = []
         #: guests that failed, with the round from which their embedding is zero-filled (--on-guest-failure pad)
         self.absent: dict[str, int] = {}
+        #: ``--secure-merge``: ``(clip, scale)`` of the guests' fixed point; the host then receives masked
+        #: ring elements and unmasks only their sum (fl_split/privacy/secure_merge.py)
+        self.secure_merge: tuple[float, int] | None = None
         self._train_loss = [0.0, 0]
         self._cache: dict[str, dict[str, torch.Tensor]] = {}
         self._cached: dict[str, np.ndarray] = {}
@@ -198,6 +201,8 @@ class HostParty(_Party):
         parts: list[torch.Tensor] = []
         if self.bottom is not None:
             parts.append(self.bottom(self.rows(key)))
+        if self.secure_merge is not None:
+            return self._forward_secure(key, acts, train, parts, gen)
         leaves: dict[str, torch.Tensor] = {}
         for g in self.guests:
             if g in self.absent or g == drop:  # a failed guest's embedding is zero-filled (001's padding)
@@ -213,6 +218,25 @@ class HostParty(_Party):
             else:
                 parts.append(self.act_postprocess(a, gen))
         return self.top(self.merge(parts)), leaves
+
+    def _forward_secure(self, key: BatchKey, acts: dict[str, torch.Tensor], train: bool, parts: list,
+                        gen: torch.Generator | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``--secure-merge``: the active guests' masked releases summed on the ring and decoded — the
+        only guest value the host sees — in the first guest's slot, zeros in the others (the sum and
+        avg merges are unchanged); every guest's gradient is the sum's (∂L/∂h_g = ∂L/∂Σh)."""
+        from fl_split.privacy.secure_merge import decode, unmask_sum
+
+        clip, scale = self.secure_merge
+        active = self.active_guests
+        total = decode(torch.from_numpy(unmask_sum([acts[g] for g in active])), clip, scale).to(self.device)
+        if train and not self.one_shot:
+            total.requires_grad_(True)
+        if gen is None and self.act_postprocess.random:
+            gen = self._gen("denoise")
+        parts.append(self.act_postprocess(total, gen))
+        rows = len(self.schedule.positions(key))
+        parts.extend(torch.zeros((rows, *self.guest_shapes[g]), device=self.device) for g in self.guests[1:])
+        return self.top(self.merge(parts)), {g: total for g in active}
 
     # -- the loss-jump alarm (fl_split/privacy/guard.py, LossJumpAlarm) ----------------------------
     @torch.no_grad()

@@ -292,12 +292,13 @@ def event_pld(ev: Any, count: int, interval: float):
         return _memo(_PLD_CACHE, _PLD_CACHE_SIZE, ("binary-rr-bits", eta, bits, interval),
                      lambda: _binary_rr_pld(eta, bits, interval))
     if isinstance(ev, dpe.SelfComposedDpEvent) and _is_skellam(ev.event) and int(ev.count) > 1:
-        # d elements of one release compose (elementwise clipping); the composition is cached
+        # d elements of each of count releases compose (elementwise clipping): one self-composition of
+        # the 1-D pair, d·count times, cached (a ledger asks for the same counts at every epoch)
         pld_support(ev.event)
-        mu, s, d = float(ev.event.mu), int(ev.event.sensitivity), int(ev.count)
-        atom = _memo(_PLD_CACHE, _PLD_CACHE_SIZE, ("elementwise-skellam", mu, s, d, interval),
-                     lambda: skellam_pld(mu, s, interval).self_compose(d))
-        return atom if count == 1 else atom.self_compose(count)
+        mu, s, n = float(ev.event.mu), int(ev.event.sensitivity), int(ev.count) * count
+        return _memo(_PLD_CACHE, _PLD_CACHE_SIZE, ("elementwise-skellam", mu, s, n, interval),
+                     lambda: _memo(_PLD_CACHE, _PLD_CACHE_SIZE, ("skellam", mu, s, interval),
+                                   lambda: skellam_pld(mu, s, interval)).self_compose(n))
     if isinstance(ev, dpe.SelfComposedDpEvent):
         return event_pld(ev.event, count * int(ev.count), interval)
     if isinstance(ev, dpe.ComposedDpEvent):

@@ -209,6 +209,13 @@ def _mechanism(cfg: RunConfig, width: int, direction: str, iteration: int) -> Me
 
 def forward_mechanism(cfg: RunConfig, width: int, iteration: int = 1) -> Mechanism:
     """What a guest applies to its cut-layer output of ``width`` elements per record."""
+    if cfg.secure_merge:  # fixed point + Skellam share (fl_split/privacy/secure_merge.py), masked by the guest
+        from fl_split.privacy.secure_merge import SkellamShare, resolve_collusion
+
+        noisy = cfg.defense == "gaussian" and protects_guests(cfg)
+        clip = 1.0 if noisy else (10.0 if cfg.clip_c == AUTO else float(cfg.clip_c))
+        return SkellamShare(width, float(cfg.sigma) if noisy else 0.0, guests=int(cfg.guests),
+                            collusion=resolve_collusion(cfg.secure_merge_collusion, int(cfg.guests)), clip=clip)
     if is_boundary(cfg) and protects_guests(cfg):
         return _mechanism(cfg, width, "forward", iteration)
     return NoDefense()

@@ -303,14 +303,15 @@ class MaskingGuest:
     def ready(self) -> bool:
         return self._pairs is not None
 
-    def mask(self, values: np.ndarray, round_: int, key: tuple) -> np.ndarray:
+    def mask(self, values: np.ndarray, round_: int, key: tuple, fresh: bool = True) -> np.ndarray:
         """``values`` (integers, any sign) plus this guest's masks for ``(round, batch)``, on the ring.
         The same ``(round, batch)`` twice in a session is refused: a repeated mask would leave the
-        difference of two releases unmasked."""
+        difference of two releases unmasked (``fresh=False``: the caller discarded the first value
+        unsent and replaces it)."""
         if self._pairs is None:
             raise ProtocolError(f"{self.name}: secure merge: release before the key agreement")
         nonce = _nonce(self.session, round_, key)
-        if nonce in self._used:
+        if fresh and nonce in self._used:
             raise ProtocolError(f"{self.name}: secure merge: round {round_} batch {key} was already masked in this "
                                 f"session; refused (a mask is never used twice)")
         self._used.add(nonce)
@@ -433,3 +434,30 @@ class SkellamShare(Mechanism):
                            params=(("collusion", self.collusion), ("guests", self.guests),
                                    ("honest_shares", honest_shares(self.guests, self.collusion)),
                                    ("scale", self.scale), ("sigma", self.sigma)))
+
+
+# -- parties of one process ----------------------------------------------------------------------------
+def setup_parties(host, guests: dict) -> None:
+    """Give each guest its identity (Ed25519 from its own secret) and the pinned roster of every guest's
+    public identity (what a deployment's kit pins from the configuration), and tell the host the fixed
+    point of the guests' releases. The keys themselves are agreed per session (:func:`rekey`)."""
+    for g in guests.values():
+        g.secure_identity = identity_from_seed(g.secret.derive_bytes("secure-merge identity"))
+    roster = {name: public_identity(g.secure_identity) for name, g in guests.items()}
+    for g in guests.values():
+        g.secure_roster = dict(roster)
+    mech = next(iter(guests.values())).mechanisms()
+    host.secure_merge = (float(mech.clip), int(mech.scale))
+
+
+def rekey(guests: dict, members: list[str], relay=None) -> bytes:
+    """A new session among ``members``: each announces a fresh key, the relay (the host's role; ``relay``
+    may change what it passes on: tests play a dishonest host) hands every announcement to every member,
+    each checks them against its pinned roster. Returns the session id (fresh random)."""
+    import os
+
+    session = os.urandom(16)
+    ann = [guests[g].secure_announce(session, list(members)) for g in members]
+    for g in members:
+        guests[g].secure_agree(list(ann) if relay is None else relay(g, list(ann)))
+    return session
