@@ -202,6 +202,9 @@ class HostParty(_Party):
         if self.bottom is not None:
             parts.append(self.bottom(self.rows(key)))
         if self.secure_merge is not None:
+            if drop is not None:
+                raise ProtocolError(f"host: under --secure-merge the host holds only the guests' sum; it cannot "
+                                    f"zero-fill {drop} alone")
             return self._forward_secure(key, acts, train, parts, gen)
         leaves: dict[str, torch.Tensor] = {}
         for g in self.guests:
