@@ -9,12 +9,15 @@ and the test do not depend on ``f`` (only the claim does), so one audit per row 
 answer: ``f`` is found by bisection on the claim. Rows whose bound never reaches a claim up to
 ``f = 64`` print "not flagged".
 
-Sampling limit: with ``n`` trials counted per record, the Clopper–Pearson bound on a false-positive
-rate is at least ``1 − (α/2)^{1/n} ≈ 3.7/n`` (no error seen), so no lower bound exceeds about
-``ln(n/3.7)`` whatever the mechanism: ``ln_trials_limit`` in the JSON.
+Sampling limit: ``max_certifiable_epsilon`` in the JSON (below).
 
     python experiments/audit_power.py           # ~5 min on the busy 2-core machine
     python experiments/audit_power.py --quick   # 10x fewer trials
+    python experiments/audit_power.py --detection 20   # issue 37: Laplace ε = 1, width 64, 2x mis-accounted,
+                                                       # 20 fresh seeds at the CLI's default trials (~3 min)
+
+The sampling limit printed beside each row is :func:`fl_split.privacy.audit.max_certifiable_epsilon`
+(the most any outcome of the counted trials can certify with the paired test; ≈ ln(n/12.2) at 95 %).
 """
 
 from __future__ import annotations
@@ -89,7 +92,13 @@ def main() -> None:
     ap.add_argument("--dpsgd-trials", type=int, default=40000, help="trials per record, DP-SGD")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--detection", type=int, metavar="SEEDS", default=0,
+                    help="instead: the detection probability at the default ε (Laplace ε = 1, width 64, 2x "
+                         "mis-accounted, --trials per record) over SEEDS fresh seeds")
     args = ap.parse_args()
+    if args.detection:
+        return detection(args.detection, 200000 if args.trials == 100000 else args.trials,
+                         args.out.with_name("detection_default_eps.json") if args.out == OUT else args.out)
     div = 10 if args.quick else 1
     secret = PartySecret.from_private_seed(PrivateSeed.legacy(20261126), "audit-power")
     rows = []
@@ -107,21 +116,50 @@ def main() -> None:
         claim = res.claimed["pld"]
         params = res.describe
         f = smallest_flagged(res.lower, cfg, direction, width)
-        counted = n // 2
+        counted = res.trials
         row = {"mechanism": label, "direction": direction, "width": width, "trials_per_record": n,
                "claimed_pld": claim, "empirical_lower": res.lower, "ratio": res.lower / claim if claim else None,
                "noise_multiplier": params.get("noise_multiplier"), "k": params.get("k"),
-               "smallest_flagged_factor": f, "ln_trials_limit": math.log(counted / 3.7),
+               "smallest_flagged_factor": f,
+               "max_certifiable_epsilon": audit.max_certifiable_epsilon(counted, DELTA, ALPHA),
                "seconds": round(time.perf_counter() - t0, 1)}
         rows.append(row)
         print(f"{label:36s} w={str(width):4s} claim {claim:7.3f}  lower {res.lower:6.3f}  "
-              f"flags factor >= {'-' if f is None else f'{f:.2f}'}  (limit ln(n/3.7) = {row['ln_trials_limit']:.1f}, "
+              f"flags factor >= {'-' if f is None else f'{f:.2f}'}  (limit {row['max_certifiable_epsilon']:.1f}, "
               f"{row['seconds']} s)", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"delta": DELTA, "confidence": 1 - ALPHA, "seed": "legacy 20261126",
                                     "statistic": "exact log-likelihood ratio of the worst-case pair",
                                     "rows": rows}, indent=1))
     print(f"wrote {args.out}")
+
+
+def detection(seeds: int, trials: int, out: Path) -> None:
+    """Audit Laplace ε = 1, width 64, one release, with ``seeds`` fresh private seeds (``legacy(s)``,
+    s = 0 … seeds−1): how often the 2x mis-accounted claim is flagged and the correct one is (the
+    releases and the bound do not depend on the claim, so one audit answers both)."""
+    cfg = RunConfig(defense="laplace", epsilon=1.0)
+    rows = []
+    for s in range(seeds):
+        t0 = time.perf_counter()
+        mechs = audit.mechanisms_for(cfg, 64, 1, "forward", mis_account=2.0)
+        secret = PartySecret.from_private_seed(PrivateSeed.legacy(s), "audit-detection")
+        res = audit.audit_mechanism(mechs, trials, secret, delta=DELTA, alpha=ALPHA, label="laplace/forward/1")
+        correct = claimed_epsilons([m.inner.cost() for m in mechs], DELTA)["pld"]
+        rows.append({"seed": s, "lower": res.lower, "mis_claim": res.claimed["pld"], "correct_claim": correct,
+                     "flagged_mis": res.lower > res.claimed["pld"], "flagged_correct": res.lower > correct,
+                     "seconds": round(time.perf_counter() - t0, 1)})
+        print(f"seed {s:2d}: lower {res.lower:.3f}  mis-accounted claim {res.claimed['pld']:.3f} "
+              f"{'FLAGGED' if rows[-1]['flagged_mis'] else 'missed'}  correct {correct:.3f} "
+              f"{'FALSE ALARM' if rows[-1]['flagged_correct'] else 'ok'}  ({rows[-1]['seconds']} s)", flush=True)
+    hit = sum(r["flagged_mis"] for r in rows)
+    doc = {"mechanism": "laplace eps 1, width 64, 1 release, 2x mis-accounted", "trials_per_record": trials,
+           "counted": trials - audit.calibration_size(trials), "delta": DELTA, "confidence": 1 - ALPHA,
+           "test": "paired exact binomial (docs/accounting.md, 'Empirical audit')", "seeds": seeds,
+           "flagged": hit, "false_alarms": sum(r["flagged_correct"] for r in rows), "rows": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    print(f"flagged {hit} of {seeds}; false alarms {doc['false_alarms']}; wrote {out}")
 
 
 if __name__ == "__main__":

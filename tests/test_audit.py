@@ -55,16 +55,17 @@ def test_epsilon_lower_bound_from_rates():
     assert audit.epsilon_lower_bound(500, 1000, 500, 1000, DELTA, 0.05)["lower"] == 0.0
 
 
-def test_threshold_is_chosen_on_calibration_half_only():
-    # statistics whose evaluation half is unrelated to the calibration half: the chosen threshold
-    # must be a function of the first half alone
+def test_threshold_is_chosen_on_calibration_share_only():
+    # statistics whose evaluation part is unrelated to the calibration part (the first quarter): the
+    # chosen threshold and side must be a function of the calibration part alone
     rng = np.random.default_rng(0)
     s0, s1 = rng.normal(0, 1, 200), rng.normal(2, 1, 200)
     a = audit.audit_statistics(s0, s1, DELTA, 0.05)
     s0b, s1b = s0.copy(), s1.copy()
-    s0b[100:], s1b[100:] = rng.normal(0, 1, 100), rng.normal(2, 1, 100)
-    assert audit.audit_statistics(s0b, s1b, DELTA, 0.05)["threshold"] == a["threshold"]
-    assert a["n0"] == a["n1"] == 100
+    s0b[50:], s1b[50:] = rng.normal(0, 1, 150), rng.normal(2, 1, 150)
+    b = audit.audit_statistics(s0b, s1b, DELTA, 0.05)
+    assert (b["threshold"], b["side"]) == (a["threshold"], a["side"])
+    assert audit.calibration_size(200) == 50 and a["n0"] == a["n1"] == a["pairs"] == 150
 
 
 # -- likelihood ratios are exact -----------------------------------------------------------------------
@@ -197,7 +198,7 @@ def test_cli_writes_claims_and_bounds(tmp_path, capsys):
     assert [r["releases"] for r in doc["results"]] == [1, 2]
     for r in doc["results"]:
         assert r["claimed_epsilon"] is not None and r["empirical_epsilon_lower"] <= r["claimed_epsilon"]
-        assert r["violation"] is False and r["trials_per_record"] == 2000
+        assert r["violation"] is False and r["trials_per_record"] == 3000  # a quarter chose the test
     assert doc["results"][1]["claimed_epsilon"] == pytest.approx(2.0, abs=1e-3)
     assert "privacy audit" in capsys.readouterr().out
 

@@ -13,7 +13,7 @@ probability ``≥ 1 − α``) the bound holds with confidence ``1 − α``. A lo
 ledger's epsilon for the same releases means the claim is wrong: a bug, reported as a violation.
 
 **Analysis apart from state** (design principle 5): :func:`clopper_pearson`,
-:func:`epsilon_lower_bound`, :func:`choose_threshold` are pure functions of counts and statistics;
+:func:`epsilon_lower_bound`, :func:`paired_lower_bound`, :func:`choose_test` are pure functions of counts and statistics;
 the runner (:func:`audit_mechanism`, :func:`audit_dpsgd`) produces those from real releases.
 
 **The real code path.** Mechanisms come from :mod:`fl_split.privacy.factory`
@@ -129,31 +129,153 @@ def _errors(s0: np.ndarray, s1: np.ndarray, taus: np.ndarray) -> tuple[np.ndarra
     return fp, fn
 
 
-def choose_threshold(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float, max_candidates: int = 4096) -> float:
-    """The threshold ``τ`` of "guess record 1 iff statistic ≥ τ" whose Clopper–Pearson lower bound is
-    largest on these (calibration) statistics. Candidates: the distinct values (at most
-    ``max_candidates`` quantiles of them), plus ``+∞`` (always guess 0)."""
-    vals = np.unique(np.concatenate([s0, s1]))
+#: the share of an audit's trials that chooses the test (threshold and side); the rest count its errors
+CALIBRATION_SHARE = 0.25
+#: the share of α the paired test spends on its two side bounds (``p_a`` above, ``p_b`` below; half each)
+SIDE_ALPHA_SHARE = 0.1
+
+
+def _cp_lower(k, n, a):
+    """One-sided ``1 − a`` Clopper–Pearson lower bound of a rate (arrays; counts may be fractional)."""
+    from scipy.stats import beta
+
+    k, n = np.asarray(k, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = beta.ppf(a, np.maximum(k, 1e-300), np.maximum(n - k + 1, 1e-300))
+    return np.where(k <= 0, 0.0, np.nan_to_num(out, nan=0.0))
+
+
+def _cp_upper(k, n, a):
+    """One-sided ``1 − a`` Clopper–Pearson upper bound of a rate (arrays)."""
+    return 1.0 - _cp_lower(np.asarray(n, dtype=np.float64) - np.asarray(k, dtype=np.float64), n, a)
+
+
+def paired_lower_bound(x, m, ha, hb, n, delta: float, alpha: float) -> np.ndarray:
+    """The paired test's ε lower bound at confidence ``1 − alpha`` (arrays of counts, broadcast).
+
+    ``n`` pairs (trial ``i`` of record ``a`` with trial ``i`` of record ``b``: independent pairs); a
+    region ``S`` of the release (one side of a threshold) is hit ``ha`` times by ``a``'s trials and
+    ``hb`` times by ``b``'s; ``m`` pairs are discordant (one member in ``S``), ``x`` of them ``a``'s.
+    Given ``m``, ``x ~ Bin(m, θ)`` exactly, ``θ = p_a(1−p_b)/(p_a(1−p_b) + p_b(1−p_a))`` (McNemar's
+    conditional test; the exact binomial), so the odds ratio ``OR = θ/(1−θ)`` has a Clopper–Pearson
+    lower bound ``OR_lo`` that does not pay for ``p_a`` and ``p_b`` separately. (ε, δ)-DP gives
+    ``p_a ≤ e^ε p_b + δ``, hence ``OR ≤ (e^ε + δ/p_b)(1−p_b)/(1−p_a)`` and
+
+        ε ≥ log( OR_lo · (1 − p_a,hi)/(1 − p_b,lo) − δ/p_b,lo ),
+
+    with ``OR_lo`` at ``1 − (1−s)α`` and the side bounds ``p_a,hi``, ``p_b,lo`` at ``1 − sα/2`` each
+    (``s`` = :data:`SIDE_ALPHA_SHARE`): all three hold with probability ``≥ 1 − α`` (union bound).
+    The bound is 0 where it says nothing (``x = 0``, ``p_b,lo = 0``)."""
+    x, m, ha, hb, n = (np.asarray(v, dtype=np.float64) for v in (x, m, ha, hb, n))
+    a_main, a_side = (1 - SIDE_ALPHA_SHARE) * alpha, SIDE_ALPHA_SHARE * alpha / 2
+    th = _cp_lower(x, m, a_main)
+    pa_hi, pb_lo = _cp_upper(ha, n, a_side), _cp_lower(hb, n, a_side)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        odds = np.where(th >= 1, np.inf, th / np.where(th >= 1, 1.0, 1 - th))
+        e = odds * (1 - pa_hi) / np.where(pb_lo < 1, 1 - pb_lo, 1.0) - delta / np.where(pb_lo > 0, pb_lo, 1.0)
+        eps = np.where((pb_lo > 0) & (e > 1), np.log(np.where(e > 0, e, 1.0)), 0.0)
+    return np.where(np.isnan(eps), 0.0, eps)
+
+
+def _paired_counts(s0: np.ndarray, s1: np.ndarray, taus: np.ndarray) -> dict[str, tuple[np.ndarray, ...]]:
+    """``(x, m, ha, hb)`` of the paired test for every threshold, on both sides: ``"upper"`` is the
+    region ``statistic ≥ τ`` with ``a`` = record 1 (guess 1 there), ``"lower"`` the region
+    ``statistic < τ`` with ``a`` = record 0. Pairs are ``(s0[i], s1[i])``."""
+    lo, hi = np.sort(np.minimum(s0, s1)), np.sort(np.maximum(s0, s1))
+    a0, a1 = np.sort(s0), np.sort(s1)
+    n = len(s0)
+    ge0 = n - np.searchsorted(a0, taus, side="left")
+    ge1 = n - np.searchsorted(a1, taus, side="left")
+    both_ge = n - np.searchsorted(lo, taus, side="left")  # min(s0, s1) ≥ τ
+    both_lt = np.searchsorted(hi, taus, side="left")  # max(s0, s1) < τ
+    lt0, lt1 = n - ge0, n - ge1
+    up = (ge1 - both_ge, ge1 + ge0 - 2 * both_ge, ge1, ge0)
+    down = (lt0 - both_lt, lt0 + lt1 - 2 * both_lt, lt0, lt1)
+    return {"upper": up, "lower": down}
+
+
+def _candidates(s0: np.ndarray, s1: np.ndarray, max_candidates: int = 4096) -> np.ndarray:
+    """Threshold candidates: the distinct values (at most ``max_candidates`` quantiles of them, the 64
+    largest and smallest kept exactly: the tails matter most), plus ``+∞``."""
+    all_vals = np.unique(np.concatenate([s0, s1]))
+    vals = all_vals
     if len(vals) > max_candidates:
         vals = np.unique(np.quantile(vals, np.linspace(0, 1, max_candidates)))
-    # the extreme values matter most (tails): keep the 64 largest and smallest exactly
-    all_vals = np.unique(np.concatenate([s0, s1]))
-    vals = np.unique(np.concatenate([vals, all_vals[:64], all_vals[-64:]]))
-    fp, fn = _errors(s0, s1, vals)
-    lows = lower_bounds(fp, len(s0), fn, len(s1), delta, alpha)
-    return float(vals[int(np.argmax(lows))])  # the first (smallest) threshold of the largest bound
+    return np.unique(np.concatenate([vals, all_vals[:64], all_vals[-64:], [np.inf]]))
+
+
+def choose_test(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float, n_eval: int) -> tuple[float, str]:
+    """The threshold ``τ`` and side (``"upper"``: the region statistic ≥ τ, scored for record 1;
+    ``"lower"``: the region below ``τ``, scored for record 0) chosen on these (calibration) statistics
+    for a count on ``n_eval`` other pairs.
+
+    Each candidate's counts are scaled to ``n_eff = c·n_eval/(c + n_eval)`` pairs (``c`` the pairs
+    here) and put through :func:`paired_lower_bound`; the largest wins. ``n_eff`` charges a region
+    for the noise of its calibration estimate as well as of its evaluation (the variance of a
+    log-ratio estimated twice is ∝ 1/c + 1/n_eval): scaling to ``n_eval`` alone prefers far tails
+    whose calibration counts were lucky, and those regress on the evaluation (winner's curse;
+    measured in docs/accounting.md, "Detection power"). Only these statistics are read, so the
+    choice does not bias the bound counted on the other trials."""
+    n = min(len(s0), len(s1))
+    s0, s1 = np.asarray(s0[:n], dtype=np.float64), np.asarray(s1[:n], dtype=np.float64)
+    taus = _candidates(s0, s1)
+    n_eff = n * n_eval / (n + n_eval)
+    best = (-1.0, 0.0, "upper")
+    for side, counts in _paired_counts(s0, s1, taus).items():
+        scaled = [np.asarray(c, dtype=np.float64) * (n_eff / n) for c in counts]
+        b = paired_lower_bound(*scaled, n_eff, delta, alpha)
+        i = int(np.argmax(b))
+        if b[i] > best[0]:
+            best = (float(b[i]), float(taus[i]), side)
+    return best[1], best[2]
+
+
+def max_certifiable_epsilon(n: int, delta: float, alpha: float) -> float:
+    """The largest ε lower bound :func:`paired_lower_bound` gives on any outcome of ``n`` pairs: no
+    sampling audit of this size can certify more, whatever the mechanism.
+
+    Searched over the outcomes that favour record ``a`` most (every discordant pair ``a``'s; the
+    ``b`` hits all concordant, or all discordant), ``h_a`` and ``h_b`` on log grids. Why a limit
+    exists at all: a region record ``b`` reaches with probability ``p`` goes unseen in ``n`` trials
+    with probability ``(1−p)^n``, so no test bounds ``p_b`` away from 0 below ``~1/n`` while
+    ``p_a ≤ 1``: any sampling audit stops near ``ln n``. This one stops at about
+    ``ln(n/(4·ln(1/((1−s)α))))`` (its maximum sits at ``h_a ≈ n/2``; docs/accounting.md, "Detection
+    power")."""
+    ha = np.unique(np.round(np.geomspace(1, n, 240)))
+    best = 0.0
+    for hb in np.unique(np.round(np.geomspace(1, n, 80))):
+        a = ha[ha >= hb]
+        if not len(a):
+            continue
+        for x, m in ((a - hb, a - hb), (a, a + hb)):  # b's hits concordant / discordant
+            b = paired_lower_bound(x, m, a, hb, n, delta, alpha)
+            best = max(best, float(np.max(b)))
+    return best
+
+
+def calibration_size(n: int) -> int:
+    """How many of ``n`` trials per record choose the test (:data:`CALIBRATION_SHARE`, at least 1)."""
+    return max(1, int(round(CALIBRATION_SHARE * n)))
 
 
 def audit_statistics(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float) -> dict[str, Any]:
-    """Split each hypothesis' statistics in halves, choose the threshold on the first (calibration),
-    count the errors on the second: the result of :func:`epsilon_lower_bound` plus ``threshold``."""
-    h0, h1 = len(s0) // 2, len(s1) // 2
-    if h0 < 1 or h1 < 1:
+    """Choose the test on the first :func:`calibration_size` trials of each record, count its errors
+    on the rest, paired trial by trial: the paired bound (:func:`paired_lower_bound`) as ``lower``,
+    beside :func:`epsilon_lower_bound`'s rates, point estimate and upper end for the same test, plus
+    ``threshold``, ``side`` and the paired counts."""
+    n = min(len(s0), len(s1))
+    c = calibration_size(n)
+    if n - c < 1:
         raise ValueError("audit_statistics: need at least 2 trials per record")
-    tau = choose_threshold(s0[:h0], s1[:h1], delta, alpha)
-    e0, e1 = s0[h0:], s1[h1:]
+    s0, s1 = np.asarray(s0[:n], dtype=np.float64), np.asarray(s1[:n], dtype=np.float64)
+    tau, side = choose_test(s0[:c], s1[:c], delta, alpha, n - c)
+    e0, e1 = s0[c:], s1[c:]
+    x, m, ha, hb = (int(v[0]) for v in _paired_counts(e0, e1, np.array([tau]))[side])
     out = epsilon_lower_bound(int((e0 >= tau).sum()), len(e0), int((e1 < tau).sum()), len(e1), delta, alpha)
-    out["threshold"] = tau
+    out["lower"] = float(paired_lower_bound(x, m, ha, hb, n - c, delta, alpha))
+    out["upper"] = max(out["upper"], out["lower"])
+    out.update(threshold=tau, side=side, test="paired (McNemar, exact binomial)", pairs=n - c, discordant=m,
+               discordant_favoured=x, hits_favoured=ha, hits_other=hb)
     return out
 
 
@@ -383,7 +505,7 @@ def independent_statistics(y0: torch.Tensor, y1: torch.Tensor, x0: torch.Tensor,
     # cross-fitted on the calibration half: its rows get the weights fitted on the calibration rows of
     # the other quarter (so the choice between statistics sees an honest score), the evaluation half
     # the weights fitted on the whole calibration half
-    h0, h1 = y0.shape[0] // 2, y1.shape[0] // 2
+    h0, h1 = calibration_size(y0.shape[0]), calibration_size(y1.shape[0])
     q0, q1 = h0 // 2, h1 // 2
     if q0 >= 1 and q1 >= 1:
         w = fit(y0[:h0], y1[:h1])
@@ -401,12 +523,15 @@ def select_statistic(cands: dict[str, tuple[np.ndarray, np.ndarray]], delta: flo
     so the bound stays valid."""
     best: tuple[float, str] | None = None
     for name, (s0, s1) in cands.items():
-        h0, h1 = len(s0) // 2, len(s1) // 2
-        if h0 < 1 or h1 < 1:
+        n = min(len(s0), len(s1))
+        c = calibration_size(n)
+        if n - c < 1:
             raise ValueError("select_statistic: need at least 2 trials per record")
-        tau = choose_threshold(s0[:h0], s1[:h1], delta, alpha)
-        cal = epsilon_lower_bound(int((s0[:h0] >= tau).sum()), h0, int((s1[:h1] < tau).sum()), h1,
-                                  delta, alpha)["lower"]
+        tau, side = choose_test(s0[:c], s1[:c], delta, alpha, n - c)
+        n_eff = c * (n - c) / n  # as choose_test scores a candidate
+        x, m, ha, hb = (float(v[0]) * n_eff / c for v in _paired_counts(np.asarray(s0[:c]), np.asarray(s1[:c]),
+                                                                         np.array([tau]))[side])
+        cal = float(paired_lower_bound(x, m, ha, hb, n_eff, delta, alpha))
         if best is None or cal > best[0]:
             best = (cal, name)
     if best is None:
@@ -554,7 +679,7 @@ def audit_mechanism(mechs: list[Mechanism], trials: int, secret, *, delta: float
     if not plugin:
         x0, x1 = canary_pair(mechs[0])
         stats = audit_statistics(*_llr_totals(mechs, x0, x1, trials, secret, label, progress), delta, alpha)
-        return AuditResult(label, len(mechs), trials // 2, claimed, stats, describe=mechs[0].describe())
+        return AuditResult(label, len(mechs), trials - calibration_size(trials), claimed, stats, describe=mechs[0].describe())
     # a plug-in: the independent test always, the plug-in's own pair and ratio in addition
     if public_pair is None:
         raise ValueError("audit_mechanism: a plug-in is audited with the audit's own canaries: pass public_pair "
@@ -574,7 +699,7 @@ def audit_mechanism(mechs: list[Mechanism], trials: int, secret, *, delta: float
                       "statistic": "the plug-in's log_likelihood_ratio()" if has_ratio else STAT_PROJECTION,
                       "alpha": a, "stats": st})
     top = max(tests, key=lambda t: float(t["stats"]["lower"]))  # the first (independent) on a tie
-    return AuditResult(label, len(mechs), trials // 2, claimed, top["stats"], describe=mechs[0].describe(),
+    return AuditResult(label, len(mechs), trials - calibration_size(trials), claimed, top["stats"], describe=mechs[0].describe(),
                        statistic=f"{top['test']}: {top['statistic']}", tests=tests)
 
 
@@ -681,7 +806,7 @@ def audit_dpsgd(noise_multiplier: float, max_grad_norm: float, trials: int, secr
     describe = {**upd.describe(), "canaries_per_step": per_step}
     if mis_account:
         describe["mis_accounted_factor"] = float(mis_account)
-    return AuditResult(label, releases, trials // 2, claimed, res, describe=describe,
+    return AuditResult(label, releases, trials - calibration_size(trials), claimed, res, describe=describe,
                        statistic="projection of the step on each canary's coordinate")
 
 
@@ -728,12 +853,23 @@ def directions_of(cfg) -> list[str]:
 
 def run_audit(cfg, *, width: int, releases: list[int], trials: int, alpha: float, secret,
               mis_account: float | None = None, batch: int = DPSGD_CANARIES_PER_STEP,
-              progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[int], None] | None = None, family: int | None = None) -> dict[str, Any]:
     """Audit every protected direction of ``cfg`` at each number of ``releases``; the JSON document
     ``fl-split audit`` writes (``results``: one :meth:`AuditResult.to_json` row each; ``violations``:
-    the rows whose empirical lower bound exceeds an accountant's epsilon)."""
+    the rows whose empirical lower bound exceeds an accountant's epsilon).
+
+    **Family-wise.** ``alpha`` is shared among the rows (Bonferroni): each row's bound holds at
+    ``1 − alpha/F``, ``F`` = ``family`` (a table of several commands declares its total) or this
+    command's rows, so a correctly accounted mechanism is flagged anywhere in the family with
+    probability ``≤ alpha``. Holm's step-down would flag no row Bonferroni does not until one row is
+    already flagged, and Bonferroni keeps "bound above the claim" and "flagged" one statement."""
     from fl_split.privacy import factory
 
+    n_rows = len(directions_of(cfg)) * len(releases)
+    if family is not None and family < n_rows:
+        raise ValueError(f"audit family {family!r}; allowed: an integer >= this command's {n_rows} rows")
+    family = family or n_rows
+    alpha_all, alpha = alpha, alpha / family
     rows = []
     for direction in directions_of(cfg):
         for k in releases:
@@ -754,9 +890,14 @@ def run_audit(cfg, *, width: int, releases: list[int], trials: int, alpha: float
             row = res.to_json(cfg.accountant)
             row.update({"defense": cfg.defense, "direction": direction, "schedule": cfg.schedule,
                         "allocation": cfg.allocation if cfg.defense == "r3elu" else None, "width": width})
+            # the most any outcome of this row's trials could show: a claim above it cannot be checked
+            reach = max_certifiable_epsilon(res.trials, cfg.delta, res.tests[0]["alpha"] if res.tests else alpha)
+            row["max_certifiable_epsilon"] = reach
+            row["claim_beyond_reach"] = bool(row["claimed_epsilon"] is not None and row["claimed_epsilon"] > reach)
             rows.append(row)
     return {"audit": "empirical epsilon lower bound (docs/accounting.md, 'Empirical audit')",
-            "delta": cfg.delta, "confidence": 1 - alpha, "width": width, "trials_per_record": trials,
+            "delta": cfg.delta, "confidence": 1 - alpha_all, "family_rows": family, "confidence_per_row": 1 - alpha,
+            "correction": "Bonferroni over the family's rows", "width": width, "trials_per_record": trials,
             "canary": "a chosen cut-layer input pair (the guest's bottom bypassed); DP-SGD: a gradient canary"
                       + ("; a plug-in: the audit's own pair from the public configuration, its own in addition"
                          if factory.plugin_class(cfg) is not None else ""),
@@ -778,6 +919,6 @@ def progress_steps(cfg, releases: list[int], trials: int) -> int:
 
 
 __all__ = ["AuditResult", "MisAccounted", "audit_dpsgd", "audit_mechanism", "audit_statistics", "canary_pair",
-           "choose_threshold", "claimed_epsilons", "clopper_pearson", "default_importance", "directions_of",
+           "calibration_size", "choose_test", "claimed_epsilons", "clopper_pearson", "default_importance", "directions_of",
            "epsilon_lower_bound", "independent_statistics", "log_likelihood_ratio", "mechanisms_for",
-           "progress_steps", "public_canary_pair", "public_canary_pair_of", "run_audit", "select_statistic"]
+           "max_certifiable_epsilon", "paired_lower_bound", "progress_steps", "public_canary_pair", "public_canary_pair_of", "run_audit", "select_statistic"]
