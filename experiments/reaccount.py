@@ -25,6 +25,14 @@ Sources (``--source``):
     python experiments/reaccount.py                       # ~1 min
     python experiments/reaccount.py --source exp2         # ~15 min on 2 cores
     python experiments/reaccount.py --source exp8         # ~3 min
+    python experiments/reaccount.py --source rr           # RR rows of exp5/6/8 (issue 37), ~1 min
+
+``--source rr`` (issue 37): randomized response was accounted tightly per bit but its bits were
+rounded on a grid set by the whole release's ε; the ledger now composes a d-bit release as one exact
+binomial. The committed RR rows of experiments 5, 6 and 8 get the ε charged now in their
+``runs.csv`` (the committed value kept as ``charged_<column>``), from the real ledger: experiment 6
+releases each record once (computed directly, :func:`rr_release_epsilon`), experiments 5 and 8 are
+re-run on a few records with their own settings (the worst record's count is the full run's).
 """
 
 from __future__ import annotations
@@ -153,13 +161,99 @@ def _experiment(args) -> None:
     print(f"wrote {dest}")
 
 
+def rr_release_epsilon(width: int, epsilon: float, releases: int = 1, delta: float = 1e-5) -> float:
+    """The ledger's ε for a record released ``releases`` times by a ``width``-bit randomized response
+    of ε ``epsilon`` per release (``fl_split.privacy.mechanisms.RandomizedResponse``): charged through
+    the real :class:`~fl_split.privacy.ledger.Ledger`, so the reported accountant is the tightest
+    valid one (the exact binomial PLD, docs/accounting.md)."""
+    import numpy as np
+
+    from fl_split.privacy.ledger import Ledger, LedgerEntry
+    from fl_split.privacy.mechanisms import RandomizedResponse
+
+    cost = RandomizedResponse(int(width), float(epsilon)).privacy_cost()
+    ledger = Ledger("guest-1", delta=delta)
+    for i in range(int(releases)):
+        ledger.charge([LedgerEntry(round=i, key=("train", i, 0), direction="forward", cost=cost, ids=np.array([0]))])
+    return float(ledger.epsilon())
+
+
+#: the committed runs whose randomized-response ε was charged by the looser accountant (before RR's exact
+#: binomial PLD): folder, the runs.csv column holding the protected party's ε, how a row is recognised
+RR_SOURCES = {"exp5_denoising": ("guest_epsilon", lambda r: r["family"] == "rr"),
+              "exp6_rr_vs_laplace": ("accounted_epsilon", lambda r: r["mechanism"] == "rr"),
+              "exp8_privacy_utility_attacks": ("guest_epsilon", lambda r: r["defence"] == "rr")}
+
+
+def _rr_tight(folder: str, r: dict, cache: dict) -> tuple[float, int]:
+    """(the ε the ledger charges now, releases per record) of one committed RR row."""
+    if folder == "exp6_rr_vs_laplace":  # one-shot: every record released once, ``width`` bits
+        return rr_release_epsilon(int(r["width"]), float(r["epsilon_per_record"]), 1), 1
+    if folder == "exp5_denoising":
+        from experiments import exp5_denoising as E
+
+        kw, key = {**E.BASE, "defense": "rr", "epsilon": float(r["level"])}, ("exp5", float(r["level"]))
+    else:
+        from experiments import exp8_privacy_utility_attacks as E
+
+        kw = {**E.DATASETS[r["dataset"]], **E.TRAIN, **E.defence_kwargs("rr", float(r["epsilon"]))}
+        key = ("exp8", r["dataset"], float(r["epsilon"]))
+    if key not in cache:  # the experiment's own settings on a few records: every record is still released
+        # once per epoch, so the worst record's count, and its ε, are the full run's
+        rep = C.guest_report(C.train(0, **kw, limit=160))
+        cache[key] = (float(rep["epsilon"]), int(rep["releases_per_record"]))
+    return cache[key]
+
+
+def _rr(args) -> None:
+    """Re-account the committed RR rows of experiments 5, 6 and 8 (issue 37): their ``runs.csv`` ε column
+    gets the ledger's ε now, the committed value kept beside it as ``charged_<column>``; ``run.json``
+    records the re-accounting. Accuracies and attacks are untouched (the ε does not depend on the draws)."""
+    C.setup()
+    cache: dict = {}
+    t0 = time.perf_counter()
+    for folder, (col, is_rr) in RR_SOURCES.items():
+        path = RESULTS / folder / "runs.csv"
+        runs = C.read_runs(path)
+        changed = []
+        for r in runs:
+            if not is_rr(r) or r.get(col) is None:
+                continue
+            old = float(r.get("charged_" + col) or r[col])
+            new, k = _rr_tight(folder, r, cache)
+            r["charged_" + col], r[col] = old, new
+            changed.append((old, new, k))
+        for r in runs:  # every row has the column (CSV)
+            r.setdefault("charged_" + col, None)
+        with path.open("w", newline="") as fh:
+            import csv
+
+            w = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for r in runs for k in r)))
+            w.writeheader()
+            w.writerows({k: C._cell(v) for k, v in r.items()} for r in runs)
+        pairs = sorted({(round(o, 4), round(n, 4), k) for o, n, k in changed})
+        meta_path = RESULTS / folder / "run.json"
+        meta = json.loads(meta_path.read_text())
+        meta["reaccounted_rr"] = {
+            "command": ".venv/bin/python experiments/reaccount.py --source rr",
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "versions": C._versions(),
+            "why": "randomized response's ε as the ledger charges it now (the exact binomial PLD of its bits); the "
+                   f"committed value kept as charged_{col}",
+            "rows": len(changed), "committed_to_now": [{"committed": o, "now": n, "releases_per_record": k}
+                                                       for o, n, k in pairs]}
+        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+        print(f"[{time.perf_counter() - t0:5.0f} s] {folder}: {len(changed)} RR rows re-accounted: "
+              + "; ".join(f"{C.sig(o)} → {C.sig(n)} ({k} rel.)" for o, n, k in pairs), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source", choices=("privacy_utility", "exp2", "exp8"), default="privacy_utility")
+    ap.add_argument("--source", choices=("privacy_utility", "exp2", "exp8", "rr"), default="privacy_utility",
+                    help="rr: the committed randomized-response rows of experiments 5, 6 and 8 (issue 37)")
     ap.add_argument("--dataset", default="digits", help="privacy_utility: which dataset's file")
     ap.add_argument("--limit", type=int, default=120, help="privacy_utility: records per re-run")
     args = ap.parse_args()
-    (_privacy_utility if args.source == "privacy_utility" else _experiment)(args)
+    {"privacy_utility": _privacy_utility, "rr": _rr}.get(args.source, _experiment)(args)
 
 
 if __name__ == "__main__":
