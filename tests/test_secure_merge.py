@@ -158,7 +158,11 @@ def test_collusion_sets_each_share_and_not_the_charge():
 
 def test_wrap_probability_bound():
     assert sm.wrap_probability(8, 1 << 10, (3 * 1024) ** 2 * 8) < 1e-100
-    assert sm.wrap_probability(8, 1 << 20, 1.0) == 1.0  # G·B beyond the half ring: refused by the caller
+    assert sm.wrap_probability(8, 1 << 20, 1.0) == 1.0  # G·B beyond the half ring
+    # a noise whose sum could leave the ring is refused with one line
+    with pytest.raises(ConfigError, match="would wrap with probability") as err:
+        sm.SkellamShare(4, 2000.0, guests=8, collusion=7)
+    assert "\n" not in str(err.value)
 
 
 # -- accounting ----------------------------------------------------------------------------------

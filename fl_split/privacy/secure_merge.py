@@ -378,6 +378,11 @@ class SkellamShare(Mechanism):
         self.active = self.guests
         #: the variance (integer units) the honest shares sum to
         self.mu = (self.sigma * self.scale / self.clip) ** 2
+        wrap = wrap_probability(self.guests, self.scale, self.mu * self.guests / honest_shares(self.guests, self.collusion))
+        if wrap > MAX_WRAP:
+            raise ConfigError("sigma", self.sigma, f"a noise whose sum stays on the ring Z_2^{RING_BITS} (wrap-around "
+                              f"probability <= {MAX_WRAP:g} per element)",
+                              reason=f"with {self.guests} guests the sum would wrap with probability up to {wrap:.2g}")
 
     def share_mu(self) -> float:
         """This guest's share of ``μ`` among the guests now active: ``μ / (G_active − k)``."""
