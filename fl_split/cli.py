@@ -372,6 +372,8 @@ def print_summary(results: dict[str, Any]) -> None:
                          f"{sum((ck.get('replayed') or {}).values())} logged release(s)"))
     if results.get("stopped_reason", "completed") != "completed":
         console.print(f"stopped early ({results['stopped_reason']}): {results.get('stopped_detail', '')}")
+    if results.get("status") == "degraded":  # ran to its end, worse than the host alone (fl_split/parties/baseline.py)
+        console.print(f"status: degraded: {results.get('status_detail', '')}")
 
 
 def cmd_train(ns: argparse.Namespace) -> int:

@@ -51,6 +51,7 @@ from fl_split.builder import (make_monolithic, make_parties, monolithic_batch, o
 from fl_split.config import RunConfig, guest_names
 from fl_split.errors import BudgetExceeded, ConfigError, PartyError, ProtocolError, ReleaseOutOfRange
 from fl_split.parties import GuestParty, HostParty, resolve_device
+from fl_split.parties.baseline import apply_quality
 from fl_split.protocol import wire_bytes
 from fl_split.schedule import BatchKey, EvalRound, TrainRound, plan_rounds
 from fl_split.tasks import METRICS, Scorer, epoch_metrics
@@ -229,6 +230,7 @@ def coordinate(cfg: RunConfig, plan, transport: Transport, engine: str, checkpoi
     if checkpoints is not None:
         results["checkpoint"] = checkpoints.describe()
     results.update(stopped)
+    apply_quality(results)  # "degraded": worse than the host's own baseline (fl_split/parties/baseline.py)
     if not history and stopped["stopped_reason"] != "completed":
         why = f"no epoch was evaluated: the run stopped ({stopped['stopped_reason']}) in round {last}: " \
               f"{stopped.get('stopped_detail', '')}"
@@ -350,6 +352,7 @@ def make_results(cfg: RunConfig, plan, history: list[dict], wire: dict, elapsed:
         "wire": wire,
         "time_s": elapsed,
         "stopped_reason": "completed",
+        "status": "completed",
         **extra,
     }
 

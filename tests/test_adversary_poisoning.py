@@ -24,8 +24,9 @@ from fl_split.config import RunConfig
 from fl_split.engine import LocalEngine
 from fl_split.errors import ReleaseOutOfRange
 from fl_split.privacy.bounds import ScaleMonitor
-from fl_split.privacy.guard import (DEGENERATE, LOSS_BLAME, LOSS_FACTOR, LOSS_REPEAT, LOSS_WINDOW, NORM_RATIO, RECENT,
-                                    RHO_MIN, LossJumpAlarm, PoisoningDetected, TrainTestGuard)
+from fl_split.privacy.guard import (DEGENERATE, LABEL_MARGIN, LABEL_MAX_CLASSES, LOSS_BLAME, LOSS_FACTOR, LOSS_REPEAT,
+                                    LOSS_WINDOW, NORM_RATIO, RECENT, RHO_MIN, LossJumpAlarm, PoisoningDetected,
+                                    TrainTestGuard, label_agreement, label_matrix)
 from fl_split.seeding import PrivateSeed
 from tests.helpers import POISONING_DEFENCES, tampered
 from tests.test_hostile import assert_untouched, snapshot
@@ -120,6 +121,7 @@ def _honest(cfg: RunConfig, seed: int) -> LocalEngine:
     engine = LocalEngine(cfg, private_seed=PrivateSeed.legacy(seed))
     results = engine.run()
     assert results["stopped_reason"] == "completed" and results["guest_failures"] == []
+    assert results["status"] == "completed", results.get("status_detail")  # not below the host's own baseline
     assert engine.host.loss_alarm.judged > 0  # the alarm was on: its warm-up passed
     return engine
 
@@ -423,3 +425,211 @@ def test_the_loss_alarm_is_off_unless_asked_for():
     assert engine.host.loss_alarm is None
     ns = build_parser().parse_args(["train", "--dataset", "digits", "--loss-alarm"])
     assert config_from_args(ns).loss_alarm is True
+
+
+# -- issue 36: a permutation from round 10 (the label agreement) and the consistent liar (the host's baseline) ----
+def _permuted(ts: list[torch.Tensor], gen: torch.Generator) -> list[torch.Tensor]:
+    return [t[torch.randperm(t.shape[0], generator=gen)] for t in ts]
+
+
+def _labelled(gen, n_batches: int, w: torch.Tensor, noise: float, rows: int = 32):
+    """``n_batches`` batches of releases ``x = onehot(y) @ w + noise`` and their labels ``y`` (10 classes)."""
+    ys = [torch.randint(0, 10, (rows,), generator=gen) for _ in range(n_batches)]
+    xs = [torch.nn.functional.one_hot(y, 10).float() @ w + noise * torch.randn(rows, w.shape[1], generator=gen)
+          for y in ys]
+    return xs, ys
+
+
+@pytest.mark.parametrize("defence,seed", [("none", 1), ("none", 3), ("dpsgd", 2)])
+def test_permutation_from_round_10_is_refused_by_the_label_check_in_the_first_epoch(defence, seed):
+    """The issue's attack: guest-1 permutes its training releases' records within each batch from round 10, its
+    test releases honest (the loss alarm never fires there: the model never relies on guest-1). The host's
+    label agreement refuses it at the first evaluation, before anything of it changes (stop: one line)."""
+    engine = LocalEngine(_cfg(defence, seed=seed), private_seed=PrivateSeed.legacy(seed),
+                         transport=lambda t: PoisoningGuest(t, "permute"))
+    per_epoch = engine.plan.schedule.num_train_batches()
+    with pytest.raises(ReleaseOutOfRange) as err:
+        engine.run()
+    e, text = err.value, str(err.value)
+    assert (e.sender, e.receiver, e.what, e.round) == ("guest-1", "host", "activations", per_epoch + 1)
+    assert text.startswith(f"host refused guest-1's activations for test[epoch 1] in round {per_epoch + 1}: "
+                           f"label check (train vs test)")
+    assert "with the host's labels correlates" in text and text.endswith("stopped (--on-guest-failure stop)")
+    assert "\n" not in text and engine.host.history == []  # the evaluation was refused: nothing recorded
+
+
+def test_permutation_from_round_10_pad_zero_fills_the_guest_and_goes_on():
+    engine = LocalEngine(_cfg("none", epochs=2, seed=1, on_guest_failure="pad"), private_seed=PrivateSeed.legacy(1),
+                         transport=lambda t: PoisoningGuest(t, "permute"))
+    results = engine.run()
+    per_epoch = engine.plan.schedule.num_train_batches()
+    [f] = results["guest_failures"]
+    assert (f["guest"], f["round"], f["action"]) == ("guest-1", per_epoch + 1, "pad") and "label check" in f["reason"]
+    assert results["stopped_reason"] == "completed" and len(results["history"]) == 2
+
+
+class ConsistentLiar:
+    """``guest`` multiplies every release, training *and* test alike, by ``factor`` from its first batch."""
+
+    def __init__(self, local, factor: float, guest: str = "guest-1") -> None:
+        self.local, self.factor, self.guest = local, factor, guest
+        self.guests = local.guests
+
+    def guest_step(self, owed, keys, round_):
+        out = self.local.guest_step(owed, keys, round_)
+        if self.guest in out:
+            def scale(m):
+                m.tensor = m.tensor * self.factor
+                m.encoding = "float32"
+            out[self.guest] = [tampered(b, scale) for b in out[self.guest]]
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.local, name)
+
+
+def test_a_consistent_liar_collapsing_the_model_ends_degraded_never_completed(capsys):
+    """×1000 on every release from the first: its releases agree with each other and with the labels, so no
+    check refuses it, and the model collapses (accuracy 0.19, digits, seed 1). The host's own baseline says so:
+    the run's status is "degraded", with the numbers, in results and on the terminal."""
+    from fl_split.cli import print_summary
+    from fl_split.parties.baseline import LOST, Z
+
+    engine = LocalEngine(_cfg("none", seed=1), private_seed=PrivateSeed.legacy(1),
+                         transport=lambda t: ConsistentLiar(t, 1000.0))
+    results = engine.run()
+    assert results["stopped_reason"] == "completed" and results["guest_failures"] == []  # no check refused it
+    assert results["status"] == "degraded"
+    q = results["quality"]
+    last = q["epochs"][-1]
+    assert q["status"] == "degraded" and q["degraded_epochs"] == [1]
+    assert last["joint_metric"] < 0.3 and last["baseline_metric"] > 0.6 and last["baseline"] == "host features"
+    assert last["z"] > Z and last["lost"] >= LOST and last["joint_error"] > last["baseline_error"]
+    assert last["joint_error"] == pytest.approx(1 - last["joint_metric"]) and last["prior_error"] > 0.8
+    assert last["joint_metric"] == results["final"]["value"]
+    assert set(last["zero_filled"]) == {"guest-1", "guest-2"}
+    detail = results["status_detail"]
+    assert detail.startswith("the host's verdict: epoch 1: the joint model's test error") and "\n" not in detail
+    capsys.readouterr()
+    print_summary(results)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "status: degraded: the host's verdict: epoch 1:" in said and "host-alone baseline" in said
+
+
+def test_the_detectors_change_nothing_in_an_honest_run():
+    """The label agreement and the baseline only read what the host already holds: an honest run's history is
+    bit-identical with both switched off (a random denoising mask and batch norm included)."""
+    runs = []
+    for on in (True, False):
+        engine = LocalEngine(_cfg("none", epochs=2, seed=1, norm="batch", denoise="mask"),
+                             private_seed=PrivateSeed.legacy(6))
+        if not on:
+            engine.host.guard.encode = None
+            engine.host._judge = lambda *a, **k: None
+        runs.append(engine.run())
+        assert (engine.host.quality != []) is on
+    assert runs[0]["status"] == "completed" and runs[0]["quality"]["status"] == "ok" and runs[1]["quality"] is None
+    assert [{k: v for k, v in h.items() if k != "epoch_time_s"} for h in runs[0]["history"]] == \
+        [{k: v for k, v in h.items() if k != "epoch_time_s"} for h in runs[1]["history"]]
+    assert runs[0]["privacy"] == runs[1]["privacy"]
+
+
+def test_label_agreement_separates_honest_permuted_and_noise_only_releases():
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(10, 16, generator=gen)
+    enc = label_matrix("multiclass", 10)
+    train, ys = _labelled(gen, RECENT, w, 0.5)
+    test, yt = _labelled(gen, 12, w, 0.5)
+    for tensors, refused in ((train, False), (_permuted(train, gen), True)):
+        guard = TrainTestGuard("host", enc)
+        for t, y in zip(tensors, ys):
+            guard.record_train("g", t, y)
+        s = guard.statistics("g", test, yt)
+        assert s["label_expected"] > 0.9 and s["label_threshold"] < s["label_expected"] - LABEL_MARGIN
+        why = guard.violation("g", test, labels=yt)
+        assert (why is not None) is refused, (s, why)
+        assert refused or s["label_rho"] > 0.9
+        if refused:
+            assert why.startswith("label check (train vs test)") and s["label_rho"] < s["label_threshold"]
+    # releases whose label signal is lost in the noise: not judged, nothing refused however they are shuffled
+    noisy, ys = _labelled(gen, RECENT, 0.05 * w, 3.0)
+    noisy_test, yn = _labelled(gen, 12, 0.05 * w, 3.0)
+    guard = TrainTestGuard("host", enc)
+    for t, y in zip(_permuted(noisy, gen), ys):
+        guard.record_train("g", t, y)
+    s = guard.statistics("g", noisy_test, yn)
+    assert not s["label_judged"] and guard.violation("g", noisy_test, labels=yn) is None
+    # no labels given (or a task not judged): the other statistics only
+    blind = TrainTestGuard("host")
+    for t in _permuted(train, gen):
+        blind.record_train("g", t)
+    s = blind.statistics("g", test)
+    assert s["label_rho"] != s["label_rho"] and not s["label_judged"] and blind.violation("g", test) is None
+    assert label_matrix("multiclass", LABEL_MAX_CLASSES + 1)(torch.tensor([0, 1])) is None
+
+
+def test_label_null_sd_is_what_random_permutations_give():
+    """The null standard deviation the threshold uses, recomputed by permuting the training batches 300 times."""
+    gen = torch.Generator().manual_seed(12)
+    w = torch.randn(10, 16, generator=gen)
+    enc = label_matrix("multiclass", 10)
+    train, ys = _labelled(gen, RECENT, w, 1.0)
+    test, yt = _labelled(gen, 12, w, 1.0)
+    probe = TrainTestGuard("host", enc)
+    te = [probe._moments(t, y) for t, y in zip(test, yt)]
+    rhos, sds = [], []
+    for _ in range(300):
+        s = label_agreement([probe._moments(t, y) for t, y in zip(_permuted(train, gen), ys)], te)
+        a, b = _cross_of(probe, _permuted(train, gen), ys), _cross_of(probe, test, yt)
+        rhos.append(float((a * b).sum() / (a.norm() * b.norm())))
+        sds.append(s["label_null_sd"])
+    rhos_t = torch.tensor(rhos)
+    assert max(sds) - min(sds) < 1e-9  # a permutation leaves it unchanged: judging cannot depend on the attack
+    assert abs(float(rhos_t.mean())) < 3 * sds[0] / 300 ** 0.5
+    assert 0.75 < float(rhos_t.std()) / sds[0] < 1.25
+
+
+def _cross_of(guard, ts, ys):
+    from fl_split.privacy.guard import _cross
+
+    return _cross([guard._moments(t, y) for t, y in zip(ts, ys)])[0]
+
+
+def test_host_alone_baseline_is_the_l2_logistic_and_ridge_regression():
+    """Independent recomputation with scikit-learn: the same penalised maximum-likelihood fits."""
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    from fl_split.parties.baseline import L2, HostAlone
+
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(400, 5, generator=gen) * torch.tensor([1.0, 2.0, 0.5, 3.0, 1.0]) + 1.0
+    y = (x @ torch.tensor([1.0, -0.5, 2.0, 0.3, 0.0]) + torch.randn(400, generator=gen)).round().clamp(-1, 3).long() + 1
+    base = HostAlone("multiclass", 5, x, y)
+    z = ((x - x.mean(0)) / x.std(0, unbiased=False)).double().numpy()
+    ref = LogisticRegression(C=1 / (len(x) * L2), tol=1e-10, max_iter=10_000).fit(z, y.numpy())
+    got = torch.softmax(base.outputs(x, len(x)), 1).numpy()
+    assert abs(got - ref.predict_proba(z)).max() < 2e-3
+    yr = x @ torch.tensor([1.0, -0.5, 2.0, 0.3, 0.0]) + torch.randn(400, generator=gen)
+    ridge = HostAlone("regression", 1, x, yr)
+    want = Ridge(alpha=L2 * len(x)).fit(z, yr.double().numpy()).predict(z)
+    assert abs(ridge.outputs(x, len(x)).reshape(-1).numpy() - want).max() < 1e-6  # float32 features, scaled apart
+    prior = HostAlone("multiclass", 5, None, y)  # no features: the label prior
+    assert prior.outputs(None, 3).shape == (3, 5) and int(prior.outputs(None, 1).argmax()) == int(y.mode().values)
+
+
+def test_verdict_is_the_paired_t_statistic_and_needs_the_gain_lost():
+    from scipy.stats import ttest_rel
+
+    from fl_split.parties.baseline import LOST, Z, verdict
+
+    gen = torch.Generator().manual_seed(14)
+    base = torch.rand(300, generator=gen, dtype=torch.float64)
+    prior = base + 1.0
+    for shift, degraded in ((0.0, False), (0.15, False), (0.8, True)):  # 0.15: beyond sampling error, within LOST
+        joint = base + shift + 0.3 * torch.randn(300, generator=gen, dtype=torch.float64)
+        v = verdict(joint, base, prior)
+        assert v["z"] == pytest.approx(float(ttest_rel(joint.numpy(), base.numpy()).statistic), rel=1e-9)
+        assert v["lost"] == pytest.approx(float((joint - base).mean()), rel=1e-9)  # the gain is 1.0
+        assert v["degraded"] is degraded and (shift != 0.15 or v["z"] > Z and v["lost"] < LOST)
+    # no host features: the baseline is the prior and any loss beyond sampling error above it is degraded
+    assert verdict(base + 0.15 + 0.3 * torch.randn(300, generator=gen, dtype=torch.float64), base)["degraded"] is True

@@ -453,6 +453,7 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
     from tqdm.auto import tqdm
 
     from fl_split.engine import make_results
+    from fl_split.parties.baseline import apply_quality
 
     info = R.loads(str(host_setup.get("dataplane", "{}"))) if host_setup is not None else {}
     # the parties' public keys, as their setup replies gave them: relayed, never made here
@@ -540,6 +541,7 @@ def coordinate_direct(cfg: RunConfig, plan, transport, host_setup, engine: str =
     results["privacy"] = {name: rep["privacy"] for name, rep in reports.items() if "privacy" in rep}
     results["guest_failures"] = failures
     results.update(stopped)
+    apply_quality(results)  # "degraded": worse than the host's own baseline (fl_split/parties/baseline.py)
     if checkpoints is not None:
         checkpoints.commit(finished={"reason": stopped["stopped_reason"],
                                      "round": checkpoints.state.round})

@@ -151,6 +151,8 @@ class VerticalSplitStrategy:
             log.info("%s", privacy_line(party, rep))
         if results.get("stopped_reason", "completed") != "completed":
             log.warning("stopped early (%s): %s", results["stopped_reason"], results.get("stopped_detail", ""))
+        if results.get("status") == "degraded":
+            log.warning("status: degraded: %s", results.get("status_detail", ""))
         if write_out and self.cfg.out:
             from fl_split.results import write_json_atomic
 

@@ -16,10 +16,13 @@ from fl_split.errors import ProtocolError
 from fl_split.local_update import LocalUpdate
 from fl_split.merge import Merge
 from fl_split.parties.base import _outgoing, _Party, set_mode
+from fl_split.parties.baseline import LOST as BASELINE_LOST
+from fl_split.parties.baseline import Z as BASELINE_Z
+from fl_split.parties.baseline import HostAlone, per_record_error, verdict
 from fl_split.parties.schedule import Importance, MechanismSchedule
 from fl_split.privacy.base import NoDefense, PostProcess
 from fl_split.privacy.bounds import PeerTrust
-from fl_split.privacy.guard import RECENT, LossJumpAlarm, TrainTestGuard
+from fl_split.privacy.guard import RECENT, LossJumpAlarm, TrainTestGuard, label_matrix
 from fl_split.privacy.diagnostics import LocalDiagnostics
 from fl_split.privacy.disclosure import party_privacy_report
 from fl_split.protocol import Message, wire_bytes
@@ -30,6 +33,10 @@ from fl_split.seeding import PartySecret
 if TYPE_CHECKING:
     from fl_split.privacy.ledger import Ledger, LedgerEntry
     from fl_split.tasks import Objective
+
+
+def _num(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, (int, float)) and math.isfinite(v) else "n/a"
 
 
 class HostParty(_Party):
@@ -69,7 +76,7 @@ class HostParty(_Party):
         #: mechanism (``guest_mechanisms``, from the public configuration), else its running scale
         self.trust = PeerTrust("host", "activations", dict(guest_mechanisms or {}), frozen=True)
         #: per-guest training vs test release statistics (issue 25: a guest poisoning its training releases)
-        self.guard = TrainTestGuard("host")
+        self.guard = TrainTestGuard("host", label_matrix(self.task, data.num_classes))
         self._train_round_batches = 0  # batches in the last training round decoded (the guard's ``defer``)
         #: the training-loss jump alarm, attributed to one guest (issue 25, ``--loss-alarm``; None: off)
         self.loss_alarm: LossJumpAlarm | None = LossJumpAlarm("host") if loss_alarm else None
@@ -104,6 +111,10 @@ class HostParty(_Party):
         self._cache: dict[str, dict[str, torch.Tensor]] = {}
         self._cached: dict[str, np.ndarray] = {}
         self.metric = data.metric
+        #: the host's own-features reference (fl_split/parties/baseline.py), fitted at the first evaluation
+        self.baseline: HostAlone | None = None
+        #: each evaluation's verdict on the joint model against that reference (:func:`verdict`)
+        self.quality: list[dict[str, Any]] = []
 
     @property
     def active_guests(self) -> list[str]:
@@ -155,20 +166,24 @@ class HostParty(_Party):
             # after a long relay round the recent training releases come from an older model: compare
             # these test releases with the next round instead (fl_split/privacy/guard.py, "Like with like")
             defer = self._train_round_batches > RECENT
+            labels = [self.labels(k) for k in keys] if fresh else []
             for g in fresh:
                 self.guard.check_test(g, out[g], f"{keys[0].phase}[epoch {keys[0].epoch}]", round_,
-                                      noisy=self.trust.public_range(g, keys[0]) is not None, defer=defer)
+                                      noisy=self.trust.public_range(g, keys[0]) is not None, defer=defer,
+                                      labels=labels)
         elif keys and keys[0].phase == "train":
             if screen is not None:
                 screen(out, fresh)
+            labels = [self.labels(k) for k in keys[-RECENT:]] if fresh else []
             for g in fresh:
-                self.guard.check_deferred(g, out[g], f"{keys[0].phase}[epoch {keys[0].epoch}]", round_)
+                self.guard.check_deferred(g, out[g], f"{keys[0].phase}[epoch {keys[0].epoch}]", round_,
+                                          labels=labels)
             self._train_round_batches = len(keys)
         for g in fresh:
             for k, t in zip(keys, out[g]):
                 self.trust.record(g, k, t)
                 if k.phase == "train":
-                    self.guard.record_train(g, t)
+                    self.guard.record_train(g, t, self.labels(k))
         if self.one_shot:
             for g in active:
                 if blobs_by_guest[g]:
@@ -384,13 +399,17 @@ class HostParty(_Party):
 
         scorer = Scorer(self.task, self.data.target_scale)
         n, loss_sum = 0, 0.0
+        joint: list[torch.Tensor] = []
         for i, key in enumerate(keys):
             y = self.labels(key)
             logits, _ = self._forward(key, {g: msgs[g][i] for g in active}, train=False)
             scorer.add(logits, y)
             loss_sum += float(self.objective(logits, y, reduction="sum"))
+            joint.append(per_record_error(self.task, logits, y))
             n += len(y)
         epoch = keys[0].epoch if keys else len(self.history) + 1
+        if keys:
+            self._judge(int(epoch), keys, msgs, torch.cat(joint), scorer.metrics())
         back = next(iter(self.backward_mechanisms.values()))() if self.backward_mechanisms else None
         self.diagnostics.check(epoch, back.name if back is not None else "none",
                                back.public_diagnostics().get("snr_bound") if back is not None else None)
@@ -404,6 +423,66 @@ class HostParty(_Party):
         self._done(round_)
         return dict(metrics) if self.report_metrics == "epoch" else {"epoch": int(epoch)}
 
+    # -- the verdict against the host's own baseline (fl_split/parties/baseline.py) ----------------------
+    def _judge(self, epoch: int, keys, msgs: dict[str, list[torch.Tensor]], joint: torch.Tensor,
+               metrics: dict[str, float]) -> None:
+        """Compare this evaluation's per-record test errors ``joint`` with the host-alone baseline's (paired,
+        one-sided, :func:`~fl_split.parties.baseline.verdict`) and keep the verdict in :attr:`quality`; when
+        degraded, also the error with each guest zero-filled (what ``pad`` would do). Forward passes only, in
+        evaluation mode, a public generator for a random post-processing: nothing of the party's state moves."""
+        from fl_split.tasks import Scorer
+
+        if self.baseline is None:
+            self.baseline = HostAlone(self.task, self.data.num_classes,
+                                      self.data.x_train if self.bottom is not None else None, self.data.y_train)
+        ys = [self.labels(k) for k in keys]
+        base_scorer = Scorer(self.task, self.data.target_scale)
+        base, prior = [], []
+        for k, y in zip(keys, ys):
+            err, out, guess = self.baseline.errors(self.rows(k) if self.baseline.has_features else None, y)
+            base.append(err)
+            prior.append(guess)
+            base_scorer.add(out, y)
+        v = verdict(joint, torch.cat(base), torch.cat(prior) if self.baseline.has_features else None)
+        row = {"epoch": epoch, **v, "metric": self.metric, "joint_metric": metrics.get(self.metric),
+               "baseline_metric": base_scorer.metrics().get(self.metric),
+               "baseline": "host features" if self.baseline.has_features else "label prior"}
+        if v["degraded"] and self.active_guests and self.secure_merge is None:  # (secure merge: only the sum)
+            gen_of = (lambda: torch.Generator(device=self.device).manual_seed(0)) if self.act_postprocess.random \
+                else (lambda: None)
+            active = self.active_guests
+            row["zero_filled"] = {}
+            for g in active:
+                gen = gen_of()
+                errors = [per_record_error(self.task, self._forward(k, {a: msgs[a][i] for a in active}, False, g,
+                                                                    gen)[0], y) for i, (k, y) in enumerate(zip(keys, ys))]
+                row["zero_filled"][g] = float(torch.cat(errors).mean())
+        self.quality.append(row)
+
+    def quality_report(self) -> dict[str, Any] | None:
+        """The run's verdict for the coordinator: ``{"status": "ok" | "degraded", "reason", …}`` from the last
+        evaluation; with ``report_metrics="none"`` the status and the epoch only (the numbers stay here)."""
+        if not self.quality:
+            return None
+        last = self.quality[-1]
+        status = "degraded" if last["degraded"] else "ok"
+        out: dict[str, Any] = {"status": status, "epoch": last["epoch"],
+                               "degraded_epochs": [q["epoch"] for q in self.quality if q["degraded"]]}
+        if self.report_metrics == "none":
+            out["reason"] = ("the joint model's test error is above the host-alone baseline's beyond sampling error"
+                             if status == "degraded" else "")
+            return out
+        zero = "".join(f"; with {g} zero-filled {v:.4g}" for g, v in sorted(last.get("zero_filled", {}).items()))
+        lost = (f" and gives back {last['lost']:.2f} of their gain over the label prior's {last['prior_error']:.4g} "
+                f"(degraded from {BASELINE_LOST:g})" if math.isfinite(last["lost"]) else "")
+        out["reason"] = (
+            f"epoch {last['epoch']}: the joint model's test error {last['joint_error']:.4g} ({last['metric']} "
+            f"{_num(last['joint_metric'])}) is above the host-alone baseline's {last['baseline_error']:.4g} "
+            f"({last['baseline']}: {_num(last['baseline_metric'])}) by {last['z']:.3g} standard errors over "
+            f"{last['records']} test records (degraded above {BASELINE_Z:g}){lost}{zero}" if status == "degraded" else "")
+        out["epochs"] = [dict(q) for q in self.quality]  # a non-finite number: null with a reason (fl_split/results.py)
+        return out
+
     def report(self) -> dict[str, Any]:
         """End-of-run facts this party is willing to disclose (no data, no weights, no secret)."""
         first = {g: m() for g, m in self.backward_mechanisms.items()}
@@ -414,6 +493,7 @@ class HostParty(_Party):
                 "mechanisms": {g: m.describe() for g, m in first.items()},
                 **self._allocation_report({g: (m, self.importance_parts.get(g)) for g, m in first.items()}),
                 "postprocess": self.act_postprocess.describe(), "released": dict(self.released),
+                "quality": self.quality_report(),
                 "privacy": party_privacy_report(role="host", ledger=self.ledger, mechanism=mech, update=dp,
                                                 released=self.released, cut_width=width,
                                                 randomness=self.secret.source,

@@ -39,6 +39,21 @@ epoch's test releases and compares them with the next epoch's first training rou
 those test releases — before the host trains on that round. The first epoch's training releases
 then have no test reference (the public range and the frozen scale monitor still apply).
 
+**Label agreement** (issue 36). A guest that permutes its training releases' records within each batch
+keeps every mean and norm above, but its releases no longer belong to their records — and the host holds
+the records' labels. The same check therefore also compares, per guest, the within-batch cross-covariance
+of the releases with the host's labels, ``C = Σ_b Σ_i (x − x̄_b)(y − ȳ_b)ᵀ / n`` (centred per batch: a
+permutation keeps each batch's means, which carry the batch's label mix; ``y``: one-hot classes, the 0/1
+class or the standardised target; :func:`label_matrix`), of the last :data:`RECENT` training batches with that of
+the epoch's test releases: their correlation (cosine, :func:`label_agreement`) is near 1 for an honest
+guest and near 0 for a permuted one (zero-mean noise, independent of the labels, changes ``C``'s spread,
+not its expectation; a scale cancels). It is judged only where the test releases carry the labels well
+above chance: ``‖C_test‖²`` against its chance level (its expectation were each batch's records permuted,
+:func:`_cross`) predicts the correlation
+an honest guest would show, and a prediction below :data:`LABEL_JUDGE` (Gaussian σ = 0.7, Laplace ε = 50:
+releases mostly noise) skips it; a judged correlation below :data:`LABEL_RHO_MIN` is refused like the
+others. A guest holds no labels, so it cannot reorder its records and keep this agreement.
+
 The checks start once the guest made :data:`RECENT` training releases (a bottom with batch
 normalisation releases its first test batches through running statistics still far off).
 
@@ -78,6 +93,7 @@ import logging
 import math
 import statistics
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -95,6 +111,16 @@ NORM_RATIO = 4.0
 DEGENERATE = 0.01
 #: the test means must spread across elements by this many standard errors for ρ to mean anything
 SPREAD_SE = 3.0
+#: label agreement: judged only when the test side predicts an honest correlation of at least this
+LABEL_JUDGE = 0.7
+#: label agreement: the training side's correlation with the test side below which the host raises the alarm
+LABEL_RHO_MIN = 0.3
+#: label agreement: judged only where the honest correlation predicted exceeds the refusal threshold by this much
+LABEL_MARGIN = 0.3
+#: label agreement: a correlation within this many null standard deviations of 0 is a permutation's (refused)
+LABEL_Z = 3.0
+#: label agreement: classification tasks with more classes than this are not judged (one-hot too wide)
+LABEL_MAX_CLASSES = 64
 #: loss-jump alarm: the host's per-batch training losses it keeps (the most recent)
 LOSS_HISTORY = 32
 #: loss-jump alarm: losses needed before a batch is judged (the guard's :data:`RECENT`)
@@ -125,6 +151,70 @@ def _spread_se(mu: torch.Tensor, var: torch.Tensor, n: int) -> float:
     return spread / se if se > 0 else (math.inf if spread > 0 else 0.0)
 
 
+def label_matrix(task: str, num_classes: int) -> Callable[[torch.Tensor], torch.Tensor | None]:
+    """The host's labels as the ``(n, K)`` matrix the label agreement correlates with a guest's releases:
+    one-hot classes (multiclass / next-item, up to :data:`LABEL_MAX_CLASSES`), the 0/1 class or the
+    standardised target as one column (binary, regression); None: the task is not judged."""
+    k = int(num_classes)
+
+    def encode(y: torch.Tensor) -> torch.Tensor | None:
+        if task in ("binary", "regression"):
+            return y.reshape(-1, 1).double()
+        if k > LABEL_MAX_CLASSES or y.numel() == 0 or int(y.min()) < 0 or int(y.max()) >= k:
+            return None
+        return torch.nn.functional.one_hot(y.reshape(-1).long(), k).double()
+
+    return encode
+
+
+def _cross(moments: list[tuple]) -> tuple[torch.Tensor, float, int] | None:
+    """The within-batch cross-covariance ``C = Σ_b Σ_i (x − x̄_b)(y − ȳ_b)ᵀ / n`` of releases and labels from
+    per-batch moments, its expected energy were each batch's records randomly permuted,
+    ``E‖C‖² = Σ_b ‖x − x̄_b‖² ‖y − ȳ_b‖² / (n_b − 1) / n²`` (exact for a permutation of the batch), and ``n``."""
+    if not moments or any(m[4] is None for m in moments):
+        return None
+    n = sum(m[4][3] for m in moments)
+    c = sum(m[4][0] for m in moments) / n
+    null = sum(m[4][1] * m[4][2] / (m[4][3] - 1) for m in moments) / n ** 2
+    return c, float(null), n
+
+
+def label_agreement(train: list[tuple], test: list[tuple]) -> dict[str, float]:
+    """The label agreement of one guest (module docstring, "Label agreement"): ``label_rho``, the correlation
+    (cosine) of the within-batch cross-covariance with the host's labels (:func:`_cross`) of its recent
+    training releases and of its test releases; ``label_snr``, ``‖C_test‖²`` over its chance level;
+    ``label_expected``, the correlation an honest guest would show, ``S / √((S + N_train)(S + N_test))`` with
+    ``S = ‖C_test‖² − N_test`` and ``N`` the chance levels (what a permutation of each batch would give);
+    ``label_null_sd``, the standard deviation of ``label_rho`` were each training batch's records permuted
+    (exact for the projection on the test direction ``D``: ``Σ_b ‖X_b D Y_bᵀ‖²_F / (n_b − 1)``, the variance of
+    a permuted bilinear form of centred rows), taken over the chance norm ``√N_train``; ``label_threshold``,
+    the correlation below which the host refuses, ``max(LABEL_RHO_MIN, LABEL_Z · label_null_sd)``; and
+    ``label_judged``: whether ``label_expected`` is at least :data:`LABEL_JUDGE` and at least the threshold
+    plus :data:`LABEL_MARGIN` (else nothing is refused, whatever ``label_rho``)."""
+    nan = {"label_rho": math.nan, "label_snr": math.nan, "label_expected": math.nan, "label_null_sd": math.nan,
+           "label_threshold": math.nan, "label_judged": False}
+    a, b = _cross(train), _cross(test)
+    if a is None or b is None or a[0].shape != b[0].shape:
+        return nan
+    (c_tr, null_tr, n_tr), (c_te, null_te, _) = a, b
+    energy = float((c_te * c_te).sum())
+    signal = energy - null_te
+    out = dict(nan, label_snr=_ratio(energy, null_te))
+    norm_tr, norm_te = float(torch.linalg.vector_norm(c_tr)), math.sqrt(energy)
+    if signal <= 0 or norm_tr <= 0:
+        return out
+    out["label_expected"] = signal / math.sqrt((signal + null_tr) * (signal + null_te))
+    d = c_te / norm_te
+    var = sum(float(((m[4][4] @ d) @ m[4][5].T).square().sum()) / (m[4][3] - 1) for m in train) / n_tr ** 2
+    # over the chance norm √N_train, not the observed one: both are what a permutation leaves unchanged, so
+    # whether the check is judged cannot depend on whether the guest permutes
+    out["label_null_sd"] = math.sqrt(var / null_tr) if null_tr > 0 else math.inf
+    out["label_threshold"] = max(LABEL_RHO_MIN, LABEL_Z * out["label_null_sd"])
+    out["label_rho"] = float((c_tr * c_te).sum()) / (norm_tr * norm_te)
+    out["label_judged"] = out["label_expected"] >= max(LABEL_JUDGE, out["label_threshold"] + LABEL_MARGIN)
+    return out
+
+
 class PoisoningDetected(ReleaseOutOfRange):
     """A guest's training releases disagree with its own test releases (:class:`TrainTestGuard`), or
     the host's training loss jumped and zero-filling that guest undoes it (:class:`LossJumpAlarm`):
@@ -134,60 +224,83 @@ class PoisoningDetected(ReleaseOutOfRange):
 class TrainTestGuard:
     """Per-guest training-release statistics kept by the host, compared with each epoch's test releases."""
 
-    def __init__(self, receiver: str = "host") -> None:
+    def __init__(self, receiver: str = "host",
+                 encode: Callable[[torch.Tensor], torch.Tensor | None] | None = None) -> None:
         self.receiver = receiver
-        #: guest → last RECENT training batches as (sum over rows, sum of squares, sum of row norms, rows)
+        #: the host's labels as an ``(n, K)`` matrix for the label agreement (:func:`label_matrix`); None: not judged
+        self.encode = encode
+        #: guest → last RECENT training batches as (sum over rows, sum of squares, sum of row norms, rows,
+        #: label moments or None: (Σ x yᵀ, Σ y, Σ y²))
         self._recent: dict[str, deque] = {}
-        #: guest → (test releases, their batch name, noisy) kept for the next training round (``defer``)
-        self._pending: dict[str, tuple[list[torch.Tensor], str, bool]] = {}
+        #: guest → (test releases, their batch name, noisy, their labels) kept for the next training round (``defer``)
+        self._pending: dict[str, tuple[list[torch.Tensor], str, bool, list | None]] = {}
 
-    @staticmethod
-    def _moments(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float, int]:
+    def _moments(self, t: torch.Tensor, y: torch.Tensor | None = None) -> tuple:
         x = t.detach().reshape(t.shape[0], -1).double()
-        return x.sum(0), (x * x).sum(0), float(torch.linalg.vector_norm(x, dim=1).sum()), int(x.shape[0])
+        labelled = None
+        if y is not None and self.encode is not None:
+            z = self.encode(y.detach())
+            if z is not None and len(z) == len(x) and len(x) >= 2:
+                # centred within the batch: a permutation of the batch's records keeps its means, so only
+                # the within-batch covariance can tell (and has expectation 0 under it)
+                xc, zc = x - x.mean(0), z.to(x.device).double()
+                zc = zc - zc.mean(0)
+                labelled = (xc.T @ zc, float((xc * xc).sum()), float((zc * zc).sum()), int(x.shape[0]), xc, zc)
+        return x.sum(0), (x * x).sum(0), float(torch.linalg.vector_norm(x, dim=1).sum()), int(x.shape[0]), labelled
 
-    def record_train(self, guest: str, t: torch.Tensor) -> None:
+    def record_train(self, guest: str, t: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        """Keep the moments of one training release of ``guest`` (``y``: the host's labels of its records)."""
         if t.numel():
-            self._recent.setdefault(guest, deque(maxlen=RECENT)).append(self._moments(t))
+            self._recent.setdefault(guest, deque(maxlen=RECENT)).append(self._moments(t, y))
 
     def check_test(self, guest: str, tensors: list[torch.Tensor], batch: str, round_: int | None,
-                   noisy: bool = False, defer: bool = False) -> None:
+                   noisy: bool = False, defer: bool = False, labels: list[torch.Tensor] | None = None) -> None:
         """Raise :class:`PoisoningDetected` if ``guest``'s recent training releases disagree with
         its test releases ``tensors`` (one epoch's); nothing recorded either way. ``noisy``: the
         guest's mechanism has a public range (a defence). ``defer``: the recent training releases
-        came from an older model (a long relay round): keep ``tensors`` for :meth:`check_deferred`."""
+        came from an older model (a long relay round): keep ``tensors`` for :meth:`check_deferred`.
+        ``labels``: the host's labels of the test records (the label agreement)."""
         if defer:
-            self._pending[guest] = ([t.detach() for t in tensors], batch, noisy)
+            self._pending[guest] = ([t.detach() for t in tensors], batch, noisy,
+                                    None if labels is None else [y.detach() for y in labels])
             return
-        why = self.violation(guest, tensors, noisy)
+        why = self.violation(guest, tensors, noisy, labels)
         if why is not None:
             raise PoisoningDetected(guest, self.receiver, "activations", batch, round_, why)
 
-    def check_deferred(self, guest: str, train: list[torch.Tensor], batch: str, round_: int | None) -> None:
+    def check_deferred(self, guest: str, train: list[torch.Tensor], batch: str, round_: int | None,
+                       labels: list[torch.Tensor] | None = None) -> None:
         """The deferred comparison: ``guest``'s training releases ``train`` (the first round after a
-        deferred evaluation, released by the model that produced the kept test releases) against
-        those test releases; raise :class:`PoisoningDetected` before the host uses the round."""
+        deferred evaluation, released by the model that produced the kept test releases; ``labels``: the
+        host's labels of their records) against those test releases; raise :class:`PoisoningDetected`
+        before the host uses the round."""
         pending = self._pending.pop(guest, None)
         if pending is None:
             return
-        test, test_batch, noisy = pending
-        fresh = TrainTestGuard(self.receiver)
-        for t in train[-RECENT:]:
-            fresh.record_train(guest, t)
-        why = fresh.violation(guest, test, noisy)
+        test, test_batch, noisy, test_labels = pending
+        fresh = TrainTestGuard(self.receiver, self.encode)
+        ys = list(labels)[-RECENT:] if labels is not None else [None] * len(train[-RECENT:])
+        for t, y in zip(train[-RECENT:], ys):
+            fresh.record_train(guest, t, y)
+        why = fresh.violation(guest, test, noisy, test_labels)
         if why is not None:
             raise PoisoningDetected(guest, self.receiver, "activations", batch, round_,
                                     f"{why}; compared with the test releases of {test_batch}, from the same model")
 
-    def statistics(self, guest: str, tensors: list[torch.Tensor]) -> dict[str, float] | None:
+    def statistics(self, guest: str, tensors: list[torch.Tensor],
+                   labels: list[torch.Tensor] | None = None) -> dict[str, float] | None:
         """``{"rho", "norm_ratio", "sd_ratio", "spread_se"}`` of ``guest``'s recent training releases against
-        ``tensors``; None where there is nothing to compare."""
+        ``tensors``, and with ``labels`` (the test records' labels) the label agreement's ``{"label_rho",
+        "label_expected", "label_snr"}`` (nan where not judged); None where there is nothing to compare."""
         recent = self._recent.get(guest)
-        tensors = [t for t in tensors if t.numel()]
+        keep = [i for i, t in enumerate(tensors) if t.numel()]
+        tensors = [tensors[i] for i in keep]
         if not recent or len(recent) < RECENT or not tensors:
             return None
+        ys = [labels[i] for i in keep] if labels is not None else [None] * len(tensors)
+        test_moments = [self._moments(t, y) for t, y in zip(tensors, ys)]
         tr = [sum(m[i] for m in recent) for i in range(4)]
-        te = [sum(m[i] for m in (self._moments(t) for t in tensors)) for i in range(4)]
+        te = [sum(m[i] for m in test_moments) for i in range(4)]
         if tr[3] < 2 or te[3] < 2 or tr[0].numel() != te[0].numel() or tr[0].numel() < 2:
             return None
         mu_tr, mu_te = tr[0] / tr[3], te[0] / te[3]
@@ -202,10 +315,12 @@ class TrainTestGuard:
             a, b = mu_tr - mu_tr.mean(), mu_te - mu_te.mean()
             den = float(torch.linalg.vector_norm(a) * torch.linalg.vector_norm(b))
             out["rho"] = float(a @ b) / den if den > 0 else 0.0
+        out.update(label_agreement(list(recent), test_moments))
         return out
 
-    def violation(self, guest: str, tensors: list[torch.Tensor], noisy: bool = False) -> str | None:
-        s = self.statistics(guest, tensors)
+    def violation(self, guest: str, tensors: list[torch.Tensor], noisy: bool = False,
+                  labels: list[torch.Tensor] | None = None) -> str | None:
+        s = self.statistics(guest, tensors, labels)
         if s is None:
             return None
         rows = sum(m[3] for m in self._recent[guest])
@@ -213,6 +328,12 @@ class TrainTestGuard:
             return (f"poisoning check (train vs test): the per-element mean of its last {rows} training records "
                     f"correlates {s['rho']:.3f} with that of its test releases (allowed: ≥ {RHO_MIN:g}; "
                     f"an honest guest releases both from the same bottom model)")
+        if s["label_judged"] and s["label_rho"] < s["label_threshold"]:
+            return (f"label check (train vs test): the covariance of its last {rows} training releases with the "
+                    f"host's labels correlates {s['label_rho']:.3f} with that of its test releases (allowed: ≥ "
+                    f"{LABEL_RHO_MIN:g}; judged because its test releases carry the labels {s['label_snr']:.3g}x "
+                    f"above chance, so an honest guest's would correlate about {s['label_expected']:.2f}: its "
+                    f"training releases no longer belong to their records)")
         checks = (("sd_ratio", "mean per-element standard deviation", DEGENERATE, math.inf),) if noisy else (
             ("norm_ratio", "mean per-record norm", 1 / NORM_RATIO, NORM_RATIO),
             ("sd_ratio", "mean per-element standard deviation", 1 / NORM_RATIO, NORM_RATIO))
@@ -364,6 +485,7 @@ class LossJumpAlarm:
         self._last_round = len(losses)
 
 
-__all__ = ["DEGENERATE", "LOSS_BLAME", "LOSS_FACTOR", "LOSS_HISTORY", "LOSS_K", "LOSS_REPEAT", "LOSS_WARMUP",
+__all__ = ["DEGENERATE", "LABEL_JUDGE", "LABEL_MAX_CLASSES", "LABEL_RHO_MIN", "LABEL_MARGIN", "LABEL_Z", "LOSS_BLAME", "LOSS_FACTOR", "LOSS_HISTORY", "LOSS_K", "LOSS_REPEAT", "LOSS_WARMUP",
            "LOSS_WINDOW", "LossJumpAlarm",
-           "NORM_RATIO", "PoisoningDetected", "RECENT", "RHO_MIN", "SPREAD_SE", "TrainTestGuard"]
+           "NORM_RATIO", "PoisoningDetected", "RECENT", "RHO_MIN", "SPREAD_SE", "TrainTestGuard", "label_agreement",
+           "label_matrix"]
