@@ -83,7 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = C.parser(__doc__)
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     ap.add_argument("--attack-epochs", type=int, default=0, help="attack models' epochs (0 = each attack's default)")
+    ap.add_argument("--host-alone", action="store_true",
+                    help="add the host-alone baseline (the host's own features and labels, same model head, epochs "
+                         "and seeds) to the committed runs at the --seeds runs.csv lacks, and rebuild; nothing else "
+                         "is retrained")
     args = ap.parse_args(argv)
+    if args.host_alone and (args.quick or args.from_runs):
+        raise SystemExit(f"{NAME}: --host-alone adds to the committed runs; it does not combine with --quick or "
+                         "--from-runs")
     C.setup()
     if args.quick:
         args.seeds = args.seeds[:1]
@@ -124,8 +131,32 @@ def main(argv: list[str] | None = None) -> int:
                    {a: C.fmt_ms([x["value"] for x in done if x["attack"] == a]) for a in dict.fromkeys(x["attack"] for x in done)},
                    "utility", C.fmt_ms([x["utility"] for x in done if x["attack"] == done[0]["attack"]]))
 
-    for ds in ([] if args.from_runs else args.datasets):
+    def run_host_alone(ds, seeds):
+        """the host-alone baseline (common.train_host_alone): its utility only, no attack"""
+        for seed in seeds:
+            r = C.train_host_alone(seed, **DATASETS[ds], **{**TRAIN, **extra})
+            runs.append({"dataset": ds, "defence": "host-alone", "direction": "none", "epsilon": None, "seed": seed,
+                         "attack": "none", "metric": r["final"]["metric"], "value": r["final"]["value"],
+                         "baseline": None, "advantage": None, "ssim": None, "baseline_ssim": None, "property": None,
+                         "utility": r["final"]["value"], "utility_metric": r["final"]["metric"]})
+        done = [x["utility"] for x in runs if (x["dataset"], x["defence"]) == (ds, "host-alone")]
+        C.progress(NAME, t0, ds, "host-alone", "utility", C.fmt_ms(done))
+
+    added = []
+    if args.host_alone:
+        committed = C.read_runs(out.dir / "runs.csv")
+        for ds in args.datasets:
+            have = {int(r["seed"]) for r in committed if (r["dataset"], r["defence"]) == (ds, "host-alone")}
+            todo = [x for x in args.seeds if x not in have]
+            run_host_alone(ds, todo)
+            if todo:
+                added.append({"dataset": ds, "defence": "host-alone", "seeds": todo})
+        runs = committed + runs
+        args.datasets = [d for d in DATASETS if any(r["dataset"] == d for r in runs)]
+        args.seeds = sorted({int(r["seed"]) for r in runs})
+    for ds in ([] if args.from_runs or args.host_alone else args.datasets):
         run(ds, "none", "none", None, {})
+        run_host_alone(ds, args.seeds)
         for direction in ("guest", "host"):
             for defence in defences:
                 for eps in epsilons:
@@ -139,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     out.claims(claims)
     plot(out, summary, args, defences)
     print(text)
+    if args.host_alone:
+        out.record_addition({"why": "the host-alone baseline the host-protection claims 3b-*-guest are judged "
+                                    "against (issue 37); nothing else retrained", "runs": added})
+        return 0
     out.finish({"train": TRAIN, "datasets": {d: DATASETS[d] for d in args.datasets}, "attack_options": aopts})
     return 0
 
@@ -248,16 +283,31 @@ def make_claims(summary, args, defences, runs) -> list[dict]:
             nd_util = C.mean_sd(r["utility"] for r in nd_runs)[0]
             triv_s = {s: C.trivial_metric(ds, s) for s in args.seeds}
             nd_adv = {int(r["seed"]): float(r["advantage"]) for r in nd_runs}
-            host_alone = ("; host-protection claim: judged against the constant prediction — the host-alone baseline "
-                          "(a model on the host's own features) is not in the committed runs and needs a host-only "
-                          "training" if direction == "host" else "")
+            # protecting the host, the model's usability is measured over the host alone (what the split model falls
+            # back to when the guest learns nothing from the host's noised gradients), not the constant prediction
+            alone = {int(r["seed"]): float(r["utility"]) for r in runs
+                     if (r["dataset"], r["defence"]) == (ds, "host-alone")}
+            host_alone = ""
+            floor_s, floor_name = triv_s, "the constant prediction"
+            if direction == "host":
+                floor_s, floor_name = alone, "the host alone"
+                nd_util_s = {int(r["seed"]): float(r["utility"]) for r in nd_runs}
+                both = sorted(set(alone) & set(nd_util_s))
+                guest_gain = C.paired([nd_util_s[k] for k in both], [alone[k] for k in both])
+                host_alone = (f"; host-protection claim: usability over the host alone ("
+                              + (f"{100 * C.mean_sd(alone.values())[0]:.1f} %; the undefended model gains "
+                                 f"{100 * guest_gain['diff']:+.1f} ± {100 * guest_gain['se']:.1f} pts SE over it, one-"
+                                 f"sided p = {guest_gain['p_above']:.2g})" if both else "not run)"))
             if "r3elu" in defences:
                 rs = adv_range(ds, "r3elu", direction, attack)
                 usable, tests = [], []
                 for row in rs:  # the usability guard and the per-seed advantage at each ε
                     sr = _seeds(runs, ds, "r3elu", direction, row["epsilon"], attack)
                     seeds = [int(r["seed"]) for r in sr if int(r["seed"]) in nd_adv]
-                    if C.usable([r["utility"] for r in sr], [triv_s[int(r["seed"])] for r in sr], nd_util)["ok"]:
+                    if all(int(r["seed"]) in floor_s for r in sr) and C.usable(
+                            [r["utility"] for r in sr], [floor_s[int(r["seed"])] for r in sr],
+                            nd_util if direction == "guest" else
+                            C.mean_sd(float(r["utility"]) for r in nd_runs if int(r["seed"]) in floor_s)[0])["ok"]:
                         usable.append(row)
                         adv = {int(r["seed"]): float(r["advantage"]) for r in sr}
                         # per seed: defended advantage − a quarter / three quarters of the undefended one
@@ -270,8 +320,13 @@ def make_claims(summary, args, defences, runs) -> list[dict]:
                 p3b = None
                 if not leaks:
                     verdict, why = C.UNINFORMATIVE, "the undefended attack does not beat its baseline"
+                elif direction == "host" and not alone:
+                    verdict, why = C.NOT_MEASURED, "no host-alone run to judge the model's usability over"
+                elif direction == "host" and not guest_gain["above"]:
+                    verdict, why = C.UNINFORMATIVE, ("the undefended model does not clearly beat the host alone: "
+                                                     "the guest contributes nothing a defence could keep")
                 elif not usable:
-                    verdict, why = C.UNINFORMATIVE, "the model is not usable at any ε"
+                    verdict, why = C.UNINFORMATIVE, f"the model is not usable over {floor_name} at any ε"
                 else:
                     why = f"judged on the {len(usable)} of {len(rs)} ε where the model is usable"
                     if all(q["below"] for q, _, _ in tests):
@@ -284,8 +339,8 @@ def make_claims(summary, args, defences, runs) -> list[dict]:
                         verdict = C.INCONCLUSIVE
                         p3b = min(max(d["p_below"] for _, d, _ in tests),
                                   min(1.0, min(t["p_above"] for _, _, t in tests) * len(tests)))
-                    if p3b is not None:  # the verdict also rests on its premise, 3a's leak
-                        p3b = max(p3b, leak["p_above"])
+                    if p3b is not None:  # the verdict also rests on its premises: 3a's leak, the guest's gain
+                        p3b = max(p3b, leak["p_above"], guest_gain["p_above"] if direction == "host" else 0.0)
                 claims.append(C.claim(f"3b-{ds}-{who}", f"001 Table {4 if direction == 'guest' else 5}",
                                       f"R3eLU protecting the {direction} stops the {who}'s property inference ({stands})",
                                       f"{min(pv):.1f}–{max(pv):.1f} % at ε = 0.1–4 (no defence "
@@ -294,9 +349,15 @@ def make_claims(summary, args, defences, runs) -> list[dict]:
                                       f"{C.fmt(max(r['value_mean'] for r in rs), pct=True)} % (majority "
                                       f"{C.fmt(nd['baseline_mean'], pct=True)}); advantage ≤ {C.fmt(worst, digits=2)} vs {nd['advantage_mean']:.2f} "
                                       f"undefended; utility ≤ {C.fmt(util, pct=True)} % (constant prediction "
-                                      f"{C.fmt(trivial[0], pct=True)} %)", verdict, why + host_alone,
+                                      f"{C.fmt(trivial[0], pct=True)} %"
+                                      + (f", host alone {C.fmt(C.mean_sd(alone.values())[0], pct=True)} %"
+                                         if direction == "host" and alone else "") + ")", verdict, why + host_alone,
                                       rule="only where the undefended attack clearly beats its baseline (3a) and on the ε "
-                                           f"where the model is usable ({C.USABLE_RULE}; else uninformative); per seed, "
+                                           f"where the model is usable ({C.USABLE_RULE}"
+                                           + ("; protecting the host, 'the constant prediction' is the host alone — "
+                                              "the host's own features, same model head, epochs and seeds — and the "
+                                              "undefended model must clearly beat it (one-sided paired t-test)"
+                                              if direction == "host" else "") + "; else uninformative); per seed, "
                                            "the advantage against the undefended one, one-sided t-tests: holds if clearly "
                                            "below ¼ of it at every usable ε, partly if clearly below it at every usable "
                                            "ε, does not hold if clearly above ¾ of it at some (p × the number of ε), "
