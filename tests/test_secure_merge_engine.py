@@ -186,3 +186,20 @@ def test_a_failed_guest_stops_the_run_with_one_line():
     cfg = _cfg(defense="gaussian", sigma=4.0)
     with pytest.raises(GuestFailure, match=r"^guest-2 failed in round 2: ConnectionError: guest-2 is unreachable$"):
         LocalEngine(cfg, PS, transport=lambda t: GuestDiesAt(t, "guest-2", 2)).run()
+
+
+def test_a_resumed_run_rekeys_and_charges_the_remade_round(tmp_path):
+    """The guests released round 5 (epoch 1's test batch, 60 records), then the process died before the
+    host used it. The resumed run agrees on a new session; the round's releases are re-made under new
+    masks (never the logged bytes), so each is a new release and charged: 60 more records released."""
+    from tests.test_checkpoint import Crash, CrashAfterGuests
+
+    cfg = _cfg(defense="gaussian", sigma=4.0, epochs=2, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=2)
+    full = LocalEngine(cfg.replace(checkpoint_dir=""), PS).run()
+    with pytest.raises(Crash):
+        LocalEngine(cfg, PS, transport=lambda t: CrashAfterGuests(t, 5)).run()
+    res = LocalEngine(cfg.replace(resume=True), PS).run()
+    assert res["stopped_reason"] == "completed" and len(res["history"]) == 2
+    for g in ("guest-1", "guest-2", "guest-3"):
+        assert res["privacy"][g]["releases"] == full["privacy"][g]["releases"] + 60
+        assert res["privacy"][g]["epsilon"] > full["privacy"][g]["epsilon"]
