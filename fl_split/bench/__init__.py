@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from fl_split.bench.grid import Grid, load, make_grid
 
-__all__ = ["Grid", "make_grid", "load", "bench"]
+__all__ = ["Grid", "make_grid", "load", "bench", "tables"]
 
 
 def bench(grid: Grid, out: str | Path, workers: int | None = None, progress: bool = True, plots: bool = True,
@@ -40,14 +40,15 @@ def bench(grid: Grid, out: str | Path, workers: int | None = None, progress: boo
     workers = workers or os.cpu_count() or 1
     t0 = time.perf_counter()
     res = run_grid(grid, out, workers=workers, progress=progress, log=log)
-    summ = report.summarise(res["cells"])
-    report.write_csv(report.tidy_rows(res["cells"], summ), out / "bench.csv")
+    summ, rows, verdicts = tables(grid, res["cells"])
+    report.write_csv(rows, out / "bench.csv")
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "grid": grid.to_dict(), "accountant": "pld", "delta": 1e-5, "tolerance": cal.TOLERANCE,
             "private_seed": PRIVATE_SEED, "workers": workers, "cells": res["total"], "ran": res["ran"],
             "skipped": res["skipped"], "failed": res["failed"], "seconds": round(time.perf_counter() - t0, 1),
             "cell_seconds": round(sum(c.get("seconds", 0.0) for c in res["cells"]), 1),
             "python": sys.version.split()[0], "versions": _versions()}
-    (out / "leaderboard.md").write_text(report.leaderboard(grid, summ, meta))
+    (out / "leaderboard.md").write_text(report.leaderboard(grid, summ, meta, verdicts))
+    (out / "verdicts.md").write_text(report.verdict_block(grid, summ, verdicts))
     if plots:
         report.plot(grid, summ, lambda ds: out / f"{ds}.png")
     # every invocation on this directory, oldest first (a resumed run's own counts and seconds)
@@ -59,6 +60,26 @@ def bench(grid: Grid, out: str | Path, workers: int | None = None, progress: boo
     meta["runs"] = runs + [this]
     (out / "bench.json").write_text(json.dumps(meta, indent=1) + "\n")
     return {**res, "summary": summ, "meta": meta}
+
+
+def tables(grid: Grid, cells: list[dict]) -> tuple[dict[str, Any], list[dict], dict[tuple, dict]]:
+    """From finished cells: the summary (:func:`~fl_split.bench.report.summarise`), the tidy rows with
+    each seed's constant-prediction utility (``constant_prediction`` rows, the usability guard's
+    reference) and the verdicts (:func:`fl_split.bench.verdicts.judge`)."""
+    from fl_split.bench import report
+    from fl_split.bench import verdicts as V
+
+    summ = report.summarise(cells)
+    rows = report.tidy_rows(cells, summ)
+    for ds in grid.datasets:
+        if (ds, "none", None) not in summ["summary"]:
+            continue
+        for seed in grid.seeds:
+            c = V.constant_prediction({**grid.base(ds), "seed": seed})
+            if c is not None:
+                rows.append(dict(dataset=ds, defence="none", epsilon=None, seed=seed, party="host",
+                                 metric="constant_prediction", value=c))
+    return summ, rows, V.judge(rows, summ["attacks"], grid.protect)
 
 
 def _versions() -> dict[str, str]:

@@ -23,7 +23,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="defences, as --defense takes them; 'none' is always run (the DCS reference)")
     p.add_argument("--attacks", nargs="+", metavar="NAME", help="attacks, as --attack takes them")
     p.add_argument("--epsilons", nargs="+", type=float, metavar="EPS", help="target ε per guest after training")
-    p.add_argument("--seeds", nargs="+", type=int, metavar="N", help="seeds (public and insecure private seed)")
+    p.add_argument("--seeds", nargs="+", type=int, metavar="N",
+                   help="seeds (public and insecure private seed) [default: 0 1 2 3 4: the verdicts are paired "
+                        "tests over seeds]")
     p.add_argument("--guests", type=int, help="number of guests [default: 1]")
     p.add_argument("--epochs", type=int, help="training epochs [default: 3]")
     p.add_argument("--protect", help="whose releases the defence protects (--protect of train) [default: guest]")

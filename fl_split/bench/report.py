@@ -94,7 +94,10 @@ def write_csv(rows: list[dict], path: Path) -> None:
             w.writerow({k: ("" if r[k] is None else (repr(r[k]) if isinstance(r[k], float) else r[k])) for k in FIELDS})
 
 
-def leaderboard(grid, summ: dict[str, Any], meta: dict[str, Any]) -> str:
+def leaderboard(grid, summ: dict[str, Any], meta: dict[str, Any], verdicts: dict[tuple, dict] | None = None) -> str:
+    from fl_split.bench import verdicts as V
+
+    verdicts = (verdicts or {}).get("cells", {})
     S, A = summ["summary"], summ["attacks"]
     lines = [f"# fl-split bench leaderboard\n",
              f"Seeds {list(grid.seeds)}, {grid.guests} guest(s), {grid.epochs} epochs, `--protect {grid.protect}`; "
@@ -105,7 +108,11 @@ def leaderboard(grid, summ: dict[str, Any], meta: dict[str, Any]) -> str:
              "Capability Score (Zou et al. 2023; β = 0.5, AP* = 0, MP* = the undefended utility, one-sided "
              "distances, from seed means); T-DCS averages it per attack type, C-DCS over types. Our AP is the "
              "advantage, VFLAIR's the raw attack metric. Ranked by C-DCS (higher is better); **ε reported** is the "
-             "largest ε each party's ledger reported over the seeds (– = no claim for that party).\n"]
+             "largest ε each party's ledger reported over the seeds (– = no claim for that party). **Verdict**: "
+             "\"protects against the attacks on the channel it perturbs\", from paired t-tests of each attack's "
+             "per-seed advantage against the undefended run on the same seeds (and an equivalence test, margin "
+             f"{V.MARGIN}), Holm over the table at {V.ALPHA} (fl_split/bench/verdicts.py; the published table "
+             f"has ≥ {V.PUBLISHED_SEEDS} seeds).\n"]
     if meta.get("failed"):
         lines.append(f"**{len(meta['failed'])} cell(s) failed** and are missing: "
                      + "; ".join(meta["failed"]) + "\n")
@@ -122,7 +129,7 @@ def leaderboard(grid, summ: dict[str, Any], meta: dict[str, Any]) -> str:
                 lines.append(f"### target ε = {eps:g}\n")
             hdr = ["rank", "defence", "parameter", "utility"] + [
                 f"{a} ({A[a]['adversary']} → {A[a]['victim']})" for a in names] + \
-                [f"DCS {a}" for a in names] + ["C-DCS", "ε reported"]
+                [f"DCS {a}" for a in names] + ["C-DCS", "ε reported", "verdict"]
             out = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
             # defences without a DP event (plug-ins: "no privacy claimed") ran once, uncalibrated: shown
             # under every ε beside the undefended run, never ranked against an ε they do not claim
@@ -139,10 +146,73 @@ def leaderboard(grid, summ: dict[str, Any], meta: dict[str, Any]) -> str:
                 cells += [_fmt(*s["advantage"][a]) if a in s["advantage"] else "–" for a in names]
                 cells += [f"{s['dcs'][a]:.3f}" if a in s["dcs"] else "–" for a in names]
                 cells += [f"**{s['c_dcs']:.3f}**" if s["c_dcs"] is not None else "–", eps_rep]
+                cells.append(verdicts[k]["verdict"] if k in verdicts else "–")
                 out.append("| " + " | ".join(cells) + " |")
             lines.append("\n".join(out) + "\n")
             if keys:
                 lines.append(_winners(S, keys, names) + "\n")
+            judged = [k for _, k in rows if k in verdicts]
+            if judged:
+                lines.append("Verdicts — " + "; ".join(
+                    f"{k[1]}: **{verdicts[k]['verdict']}** ("
+                    + ", ".join(V.outcome_text(a, t) for a, t in verdicts[k]["attacks"].items())
+                    + (f"; {verdicts[k]['note']}" if verdicts[k]["note"] else "") + ")" for k in judged) + ".\n")
+    return "\n".join(lines)
+
+
+#: the markers of the generated block in experiments/README.md (tests/test_bench_verdicts.py)
+BLOCK_START, BLOCK_END = "<!-- fl-split bench verdicts: generated, do not edit -->", "<!-- end of fl-split bench verdicts -->"
+
+
+def verdict_block(grid, summ: dict[str, Any], judged: dict[str, Any]) -> str:
+    """The README's sentences about a bench table, produced from its verdicts (between
+    :data:`BLOCK_START` and :data:`BLOCK_END`): per dataset and ε, which defences hold, partly hold,
+    do not hold or are inconclusive, with each attack's paired difference and Holm p."""
+    from fl_split.bench import verdicts as V
+
+    S = summ["summary"]
+    verdicts, leaders = judged["cells"], judged["leaders"]
+    seeds = sorted({v["seeds"] for v in verdicts.values()})
+    n_tests = (sum(1 for v in verdicts.values() for t in v["attacks"].values() if "p" in t)
+               + sum(len(lead["against"]) for lead in leaders))
+    lines = [BLOCK_START, "",
+             f"Verdicts from `fl_split/bench/verdicts.py` on {', '.join(map(str, seeds))} paired seeds "
+             f"(seeds {list(grid.seeds)}); {n_tests} paired tests in one Holm family at {V.ALPHA} (each defence "
+             "against the undefended run, and the lowest advantage against each other defence); a difference "
+             "is the defended advantage minus the undefended one, mean ± se over seeds.", ""]
+    order = (V.HOLDS, V.PARTLY, V.FAILS, V.INCONCLUSIVE, V.UNINFORMATIVE, V.NOT_APPLICABLE)
+    for ds in grid.datasets:
+        for eps in grid.epsilons:
+            keys = [(ds, d, eps) for d in grid.defences if (ds, d, eps) in verdicts]
+            if not keys:
+                continue
+            parts = []
+            for word in order:
+                ks = [k for k in keys if verdicts[k]["verdict"] == word]
+                if not ks:
+                    continue
+                said = []
+                for k in ks:
+                    v = verdicts[k]
+                    tested = [V.outcome_text(a, t) for a, t in v["attacks"].items()
+                              if t["outcome"] not in (V.NOT_APPLICABLE, V.UNINFORMATIVE)]
+                    u = S[k]["utility"][0]
+                    extra = (f": {', '.join(tested)}" if tested and word != V.NOT_APPLICABLE else "")
+                    note = f" — {v['note']}" if v["note"] and word in (V.UNINFORMATIVE, V.INCONCLUSIVE) else ""
+                    said.append(f"{k[1]} (utility {u:.3f}{extra}{note})")
+                parts.append(f"*{word}*: " + "; ".join(said))
+            for lead in (x for x in leaders if x["dataset"] == ds and x["epsilon"] == eps):
+                vs = ", ".join(f"{c['defence']} {c['diff']:+.2f} ± {c['se']:.2f} (Holm p {c['p_holm']:.3g})"
+                               for c in lead["against"])
+                parts.append(f"lowest {lead['attack']} advantage on the means: {lead['defence']} ({lead['mean']:.2f}; "
+                             + ("below each other defence" if lead["separated"] else "not below each other defence")
+                             + f", difference to each: {vs})")
+            lines.append(f"* **{ds}, ε = {eps:g}** — " + ". ".join(parts) + ".")
+    sep = [f"{x['defence']} on {x['attack']} ({x['dataset']}, ε = {x['epsilon']:g})" for x in leaders if x["separated"]]
+    counts = {w: sum(1 for v in verdicts.values() if v["verdict"] == w) for w in order}
+    lines += ["", "In all: " + ", ".join(f"{w} {n}" for w, n in counts.items() if n) + f" of {len(verdicts)} defended "
+              f"cells; the lowest advantage is below each other defence in {len(sep)} of {len(leaders)} (dataset, ε, "
+              "attack) comparisons" + (": " + "; ".join(sep) if sep else "") + ".", "", BLOCK_END, ""]
     return "\n".join(lines)
 
 
@@ -226,4 +296,5 @@ def plot(grid, summ: dict[str, Any], path_of) -> list[Path]:
     return written
 
 
-__all__ = ["FIELDS", "summarise", "tidy_rows", "write_csv", "leaderboard", "plot"]
+__all__ = ["BLOCK_END", "BLOCK_START", "FIELDS", "summarise", "tidy_rows", "verdict_block", "write_csv",
+           "leaderboard", "plot"]
