@@ -370,6 +370,10 @@ def print_summary(results: dict[str, Any]) -> None:
         console.print(f"checkpoints: {ck['checkpoints']} in {ck['dir']} (every {ck['every']})"
                       + ("" if resumed is None else f"; resumed from round {resumed}, replayed "
                          f"{sum((ck.get('replayed') or {}).values())} logged release(s)"))
+        lost = {p: n for p, n in (ck.get("recovered") or {}).items() if n}
+        if lost:  # the checkpoint directory had been restored from an older copy (docs/robustness.md)
+            console.print("the restored write-ahead logs lacked releases their spend records hold, now charged: "
+                          + ", ".join(f"{p} {n}" for p, n in lost.items()))
     if results.get("stopped_reason", "completed") != "completed":
         console.print(f"stopped early ({results['stopped_reason']}): {results.get('stopped_detail', '')}")
     if results.get("status") == "degraded":  # ran to its end, worse than the host alone (fl_split/parties/baseline.py)

@@ -218,6 +218,14 @@ def checkpoint_dir_of(cfg: RunConfig, who: str) -> Path:
     return Path(cfg.checkpoint_dir).expanduser().resolve() / who
 
 
+def spend_dir_of_party(cfg: RunConfig, party: str) -> Path:
+    """A loopback deployment party's spend records: ``DIR.spent/<party>``, outside ``DIR``, so a
+    restore of the whole checkpoint folder leaves them alone (docs/robustness.md, "The spend record")."""
+    from fl_split.checkpoint import spend_dir_of
+
+    return spend_dir_of(Path(cfg.checkpoint_dir).expanduser().resolve()) / party
+
+
 def _literal(path: Path | str) -> str:
     text = str(path)
     if "'" in text or "\n" in text:
@@ -490,6 +498,7 @@ class LocalDeployment:
                 items.append("dataplane-insecure=true")
         if self.cfg.checkpoint_dir:
             items.append(f"checkpoint-dir={_literal(checkpoint_dir_of(self.cfg, party))}")
+            items.append(f"spend-dir={_literal(spend_dir_of_party(self.cfg, party))}")
         if self.own_tables is not None and self.cfg.align == "psi" and self.cfg.psi_max_peer_ids.strip():
             # the user's own bound on a peer's PSI set (every party is this user's): its node's own limit,
             # which the run config alone could only lower (fl_split/flower/alignment.py, node_peer_limit)

@@ -434,15 +434,24 @@ class LocalTransport:
                 **{g: report_with_device(p) for g, p in self.parties.items() if g not in self.dropped}}
 
     # -- checkpoints ---------------------------------------------------------------------------------
-    def attach_checkpoints(self, directory, run: str, config: dict, resume: bool) -> None:
-        """Give every party its write-ahead log (new, or the run's own on resume)."""
-        from fl_split.checkpoint import open_wal
+    def attach_checkpoints(self, directory, run: str, config: dict, resume: bool) -> dict[str, int]:
+        """Give every party its write-ahead log (new, or the run's own on resume, reconciled with the
+        party's spend record: every party is checked before any log is repaired); returns, on
+        resume, how many releases each party's log lacked and its spend record restored."""
+        from fl_split.checkpoint import open_wal, reconcile_spend_record, spend_dir_of, spend_path, wal_path
 
         self._ckpt = (directory, run, config)
-        for party in self._all().values():
+        parties = [p for p in self._all().values() if p.ledger is not None]
+        if resume:
+            for party in parties:
+                reconcile_spend_record(wal_path(directory, party.name), spend_path(spend_dir_of(directory), party.name,
+                                                                                 run), party.name, run, write=False)
+        recovered = {}
+        for party in parties:
             wal = open_wal(party, directory, run, resume=resume)
-            if wal is not None:
-                self._wals.append(wal)
+            self._wals.append(wal)
+            recovered[party.name] = wal.recovered
+        return recovered
 
     def checkpoint(self, round_: int) -> None:
         from fl_split.checkpoint import save_party
@@ -512,7 +521,8 @@ class LocalEngine:
 
                 ckpt = Checkpointer(self.cfg, self.name)
                 state = ckpt.start()
-                self.local.attach_checkpoints(ckpt.directory, state.run, ckpt.config(), resume=self.cfg.resume)
+                recovered = self.local.attach_checkpoints(ckpt.directory, state.run, ckpt.config(),
+                                                          resume=self.cfg.resume)
                 if self.cfg.resume:
                     for f in state.guest_failures:
                         if f.get("action") == "pad":
@@ -524,6 +534,8 @@ class LocalEngine:
             results = coordinate(self.cfg, self.plan, self.transport, self.name, checkpoints=ckpt)
             if ckpt is not None:
                 results["checkpoint"].update(replayed=replayed, pending_replays=self.local.pending_replays())
+                if self.cfg.resume:  # releases a restored checkpoint directory had lost (docs/robustness.md)
+                    results["checkpoint"]["recovered"] = recovered
             if self.cfg.save_model:
                 from fl_split.serving import save_part
 

@@ -21,7 +21,9 @@ import pytest
 import torch
 
 from fl_split.builder import make_parties
-from fl_split.checkpoint import open_wal, read_wal, restore_party, save_party, wal_path
+from fl_split.checkpoint import (
+    open_wal, read_wal, restore_party, save_party, spend_dir_of, spend_path, wal_path,
+)
 from fl_split.config import RunConfig
 from fl_split.local_update import DpSgdUpdate
 from fl_split.parties import export_flat, import_flat
@@ -374,7 +376,8 @@ def test_resume_with_other_gradients_never_reuses_a_counter_for_another_value(tm
 
 def test_a_rolled_back_log_does_not_repeat_noise(tmp_path):
     """Issue 25: the guest's write-ahead log is restored from an older copy (a backup, a VM snapshot)
-    that lacks its last release, and the run is resumed. The log's floor is then below a counter
+    that lacks its last release, its spend record too (else the record puts the release back:
+    tests/test_adversary_rollback.py), and the run is resumed. The log's floor is then below a counter
     that already keyed a release; the host sends another gradient, so the re-made batch has another
     value. Without the resume salt the guest would draw that counter's noise again, and the host
     would subtract it (σ = 50 cancels exactly); with it the new noise is independent of the old. A
@@ -385,12 +388,14 @@ def test_a_rolled_back_log_does_not_repeat_noise(tmp_path):
     zeros = torch.zeros(32, *g.cut_shape)
     crafted = 0.5 * torch.randn(32, *g.cut_shape, generator=torch.Generator().manual_seed(4))
     first = g.step([], [K1], 1)
+    record = spend_path(spend_dir_of(directory), "guest-1", run)
     shutil.copy(wal_path(directory, "guest-1"), tmp_path / "old.wal")  # the backup: K1's release only
     mech1, seen1 = _record_inputs(g, K2)
     released = decode(g.step([_gradient(g, K1, 1, zeros)], [K2], 2)[0]).tensor  # counter 1: it left
     noise_old = (released - seen1[-1].clamp(-mech1.bound, mech1.bound)).flatten().double()
     wal.close()
-    shutil.copy(tmp_path / "old.wal", wal_path(directory, "guest-1"))  # roll the log back
+    shutil.copy(tmp_path / "old.wal", wal_path(directory, "guest-1"))  # roll the log back ...
+    shutil.copy(tmp_path / "old.wal", record)  # ... and its spend record (the same bytes)
     assert _counters(directory, "guest-1")[0] == [0]  # it no longer knows that counter 1 keyed a release
 
     g2, wal2 = _restored(cfg, directory, run, 0)

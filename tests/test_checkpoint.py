@@ -22,7 +22,7 @@ import torch
 
 from fl_split.checkpoint import (
     COORDINATOR, CheckpointError, load_coordinator, party_checkpoint_path, party_checkpoints, read_checkpoint,
-    read_wal, restore_party, wal_path, write_atomic, write_checkpoint,
+    read_wal, restore_party, spend_dir_of, spend_path, wal_path, write_atomic, write_checkpoint,
 )
 from fl_split.cli import main
 from fl_split.config import RunConfig
@@ -284,14 +284,18 @@ def test_bad_resumes_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"guest-2\.r00000008\.ckpt: truncated or damaged"):
         LocalEngine(cfg.replace(resume=True), PS).run()
     good.write_bytes(saved)
-    # a write-ahead log shorter than the checkpoint counts: spent budget would be forgotten
+    # a write-ahead log shorter than the checkpoint counts, its spend record too (a log alone is repaired
+    # from its record: tests/test_adversary_rollback.py): spent budget would be forgotten
     wal = wal_path(ck, "guest-1")
+    record = spend_path(spend_dir_of(ck), "guest-1", load_coordinator(ck).run)
     text = wal.read_bytes()
     lines = text.split(b"\n")
-    wal.write_bytes(b"\n".join(lines[:3]) + b"\n")
+    for f in (wal, record):
+        f.write_bytes(b"\n".join(lines[:3]) + b"\n")
     with pytest.raises(CheckpointError, match=r"guest-1: the write-ahead log has \d+ releases but the checkpoint "
                                               r"of round 8 already counts \d+"):
         LocalEngine(cfg.replace(resume=True), PS).run()
+    record.write_bytes(text)
     # damage in the middle of the log is refused; a torn last line is not
     damaged = bytearray(text)
     damaged[len(lines[0]) + 12] ^= 0x20

@@ -509,7 +509,7 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
     if ckpt is not None:  # the log records every release durably before it leaves
         from fl_split.checkpoint import open_wal, save_party
 
-        wal = open_wal(party, str(ckpt["dir"]), str(ckpt["run"]), resume=True)
+        wal = open_wal(party, str(ckpt["dir"]), str(ckpt["run"]), resume=True, spent=ckpt.get("spent") or None)
         # the round the coordinator committed before this message: kept until it commits a newer one
         base = direct.last_round(plan, cfg, int(req["first-epoch"]) - 1)
 
@@ -633,12 +633,35 @@ def _checkpoint_setup(context: Context, role: NodeRole, party, cfg: RunConfig, r
         raise ProtocolError(f"{role.party}: malformed checkpoint settings in setup ({type(exc).__name__})") from None
     directory = checkpoint_dir_of(role, cfg, dict(context.node_config), run)
     os.makedirs(directory, mode=0o700, exist_ok=True)  # it will hold this party's secret
+    spent = spend_dir_of_node(role, dict(context.node_config), directory)
     if resume:
-        restore_party(party, directory, round_, run=run, config=cfg.to_dict(), private_seed=seed)
+        info = restore_party(party, directory, round_, run=run, config=cfg.to_dict(), private_seed=seed, spent=spent)
+        if info["recovered"]:  # its checkpoint directory was restored from an older copy
+            _operator(role, f"resumed from round {round_}: the write-ahead log lacked {info['recovered']} release(s) "
+                            f"its spend record holds (its checkpoint directory was restored from an older copy); "
+                            f"they are charged; {_own_epsilon(party)}")
     else:
-        _close_wal(party, open_wal(party, directory, run, resume=False))
+        _close_wal(party, open_wal(party, directory, run, resume=False, spent=spent))
         save_party(party, directory, 0, run=run, config=cfg.to_dict())
-    context.state[CKPT_META] = ConfigRecord({"dir": directory, "run": run})
+    context.state[CKPT_META] = ConfigRecord({"dir": directory, "run": run, "spent": spent})
+
+
+def spend_dir_of_node(role: NodeRole, node_config: dict, directory: str) -> str:
+    """Where this node's party keeps its spend records (``docs/robustness.md``, "The spend record"):
+    in a deployment its node-config ``spend-dir`` if set, else (and in a simulation) next to its
+    checkpoint ``directory``, never inside it (a restore of that directory must leave them alone)."""
+    from fl_split.checkpoint import spend_dir_of
+
+    if role.mode == "deployment":
+        path = str(node_config.get("spend-dir", "") or "").strip()
+        if path:
+            spent = os.path.abspath(os.path.expanduser(path))
+            if os.path.commonpath([spent, os.path.abspath(directory)]) == os.path.abspath(directory):
+                raise FederationError(f"{role.party} node-config: spend-dir {path!r} is inside its checkpoint-dir; "
+                                      f"a restore of that folder would roll the spend record back with it: give a "
+                                      f"folder outside it")
+            return spent
+    return str(spend_dir_of(directory))
 
 
 def _expect(role: NodeRole, want: str, mtype: str) -> None:
