@@ -235,3 +235,7 @@ def test_a_deployment_nodes_spend_record_lives_outside_its_checkpoint_folder(tmp
     with pytest.raises(FederationError, match=r"^guest-1 node-config: spend-dir .* is inside its checkpoint-dir"):
         spend_dir_of_node(role, {"spend-dir": node_ck + "/spent"}, node_ck)
     assert spend_dir_of(tmp_path / "ck" / "") == tmp_path / "ck.spent"
+    # a kit's per-run folders (checkpoints/{run}): next to the folder of all runs
+    per_run = {"checkpoint-dir": str(tmp_path / "checkpoints" / "{run}")}
+    node_ck = str(tmp_path / "checkpoints" / "ab12")
+    assert spend_dir_of_node(role, per_run, node_ck) == str(tmp_path / "checkpoints.spent")

@@ -649,7 +649,9 @@ def _checkpoint_setup(context: Context, role: NodeRole, party, cfg: RunConfig, r
 def spend_dir_of_node(role: NodeRole, node_config: dict, directory: str) -> str:
     """Where this node's party keeps its spend records (``docs/robustness.md``, "The spend record"):
     in a deployment its node-config ``spend-dir`` if set, else (and in a simulation) next to its
-    checkpoint ``directory``, never inside it (a restore of that directory must leave them alone)."""
+    checkpoint ``directory``, never inside it (a restore of that directory must leave them alone).
+    A node-config ``checkpoint-dir`` of per-run folders (``…/{run}``) puts them next to the folder
+    of all runs (``checkpoints/{run}`` -> ``checkpoints.spent``)."""
     from fl_split.checkpoint import spend_dir_of
 
     if role.mode == "deployment":
@@ -661,6 +663,9 @@ def spend_dir_of_node(role: NodeRole, node_config: dict, directory: str) -> str:
                                       f"a restore of that folder would roll the spend record back with it: give a "
                                       f"folder outside it")
             return spent
+        base = str(node_config.get("checkpoint-dir", "") or "").strip().split(RUN_PLACEHOLDER)[0].rstrip("/")
+        if RUN_PLACEHOLDER in str(node_config.get("checkpoint-dir", "")) and base:
+            return str(spend_dir_of(base))
     return str(spend_dir_of(directory))
 
 
