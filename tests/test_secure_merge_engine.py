@@ -203,3 +203,18 @@ def test_a_resumed_run_rekeys_and_charges_the_remade_round(tmp_path):
     for g in ("guest-1", "guest-2", "guest-3"):
         assert res["privacy"][g]["releases"] == full["privacy"][g]["releases"] + 60
         assert res["privacy"][g]["epsilon"] > full["privacy"][g]["epsilon"]
+
+
+def test_a_share_never_leaves_unmasked():
+    """A guest built with the secure merge's mechanism but no session (no key agreement ran) refuses to
+    release: its share is charged against the honest shares' sum, so alone it would be under-accounted."""
+    from fl_split.errors import ProtocolError
+
+    eng = LocalEngine(_cfg(defense="gaussian", sigma=4.0, secure_merge_collusion="0"), PS)
+    guest = eng.guests["guest-1"]
+    with pytest.raises(ProtocolError, match="before the key agreement"):
+        guest.release([BatchKey("train", 1, 0)], 1)
+    guest.secure_identity = None  # as a process that never pinned the roster
+    with pytest.raises(ProtocolError, match="before the key agreement"):
+        guest.release([BatchKey("train", 1, 1)], 2)
+    assert len(guest.ledger) == 0 and guest.released["batches"] == 0  # nothing charged, nothing left

@@ -90,6 +90,10 @@ class GuestParty(_Party):
                 raise ProtocolError(f"{self.name}: {key} requested again (round {round_}); refused: it was released "
                                     f"{n} time{'s' if n != 1 else ''} and --max-test-requests {self.max_test_requests} "
                                     f"allows no more (each repeat is another noisy copy of the same records)")
+        if (self.secure_identity is not None or self.mechanisms().name == "skellam-share") and \
+                (self.secure is None or not self.secure.ready):  # before anything is charged or computed
+            raise ProtocolError(f"{self.name}: secure merge: a release before the key agreement; refused (a "
+                                f"share is charged against the honest shares' sum and never leaves unmasked)")
         costs = [self.mechanisms(key).cost() for key in keys]
         # an importance allocation released at a key is charged before that key's release
         alloc = self.importance.plan(keys, updates_per_key=0) if self.importance is not None else set()
@@ -125,7 +129,9 @@ class GuestParty(_Party):
                 # this pass) and recompute when the gradient arrives
                 with torch.no_grad():
                     v = self.bottom(x)
-            wire = self._secure_wire(round_, key) if self.secure_identity is not None else (lambda value: value)
+            # a Skellam share is charged against the honest shares' sum: it never leaves unmasked
+            masked = self.secure_identity is not None or getattr(mech, "name", "") == "skellam-share"
+            wire = self._secure_wire(round_, key) if masked else (lambda value: value)
             rel, blob, c = self._release(mech, v.detach(), lambda r: out(Message(
                 "activations", self.name, "host", round_, key, self.digest(key), wire(r.value), r.encoding)))
             self.diagnostics.add(key.epoch, rel.stats)
