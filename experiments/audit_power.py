@@ -17,7 +17,7 @@ Sampling limit: ``max_certifiable_epsilon`` in the JSON (below).
                                                        # 20 fresh seeds at the CLI's default trials (~3 min)
 
 The sampling limit printed beside each row is :func:`fl_split.privacy.audit.max_certifiable_epsilon`
-(the most any outcome of the counted trials can certify with the paired test; ≈ ln(n/12.2) at 95 %).
+(the most any outcome of the counted trials can certify; ≈ ln(n/3.7) at 95 %).
 """
 
 from __future__ import annotations

@@ -206,11 +206,15 @@ def _candidates(s0: np.ndarray, s1: np.ndarray, max_candidates: int = 4096) -> n
 
 def choose_test(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float, n_eval: int) -> tuple[float, str]:
     """The threshold ``τ`` and side (``"upper"``: the region statistic ≥ τ, scored for record 1;
-    ``"lower"``: the region below ``τ``, scored for record 0) chosen on these (calibration) statistics
-    for a count on ``n_eval`` other pairs.
+    ``"lower"``: the region below ``τ``, scored for record 0; ``"unpaired"``: issue 26's two separate
+    Clopper–Pearson bounds, :func:`lower_bounds`) chosen on these (calibration) statistics for a count
+    on ``n_eval`` other pairs.
 
     Each candidate's counts are scaled to ``n_eff = c·n_eval/(c + n_eval)`` pairs (``c`` the pairs
-    here) and put through :func:`paired_lower_bound`; the largest wins. ``n_eff`` charges a region
+    here) and put through :func:`paired_lower_bound` (or :func:`lower_bounds`); the largest wins. The
+    unpaired bound wins only where the record's region is nearly certain (``p_a → 1``, which the
+    paired bound's ``1 − p_a,hi`` factor cannot use): perfectly separated statistics, claims near the
+    sampling limit. ``n_eff`` charges a region
     for the noise of its calibration estimate as well as of its evaluation (the variance of a
     log-ratio estimated twice is ∝ 1/c + 1/n_eval): scaling to ``n_eval`` alone prefers far tails
     whose calibration counts were lucky, and those regress on the evaluation (winner's curse;
@@ -227,7 +231,23 @@ def choose_test(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float, n_ev
         i = int(np.argmax(b))
         if b[i] > best[0]:
             best = (float(b[i]), float(taus[i]), side)
+    fp, fn = _errors(s0, s1, taus)
+    b = lower_bounds(fp * (n_eff / n), n_eff, fn * (n_eff / n), n_eff, delta, alpha)
+    i = int(np.argmax(b))
+    if b[i] > best[0]:
+        best = (float(b[i]), float(taus[i]), "unpaired")
     return best[1], best[2]
+
+
+def _projected(s0: np.ndarray, s1: np.ndarray, tau: float, side: str, n_eff: float, delta: float,
+               alpha: float) -> float:
+    """The bound of the test ``(tau, side)`` on these statistics with their counts scaled to ``n_eff``."""
+    k = n_eff / min(len(s0), len(s1))
+    if side == "unpaired":
+        fp, fn = _errors(np.asarray(s0), np.asarray(s1), np.array([tau]))
+        return float(lower_bounds(fp * k, n_eff, fn * k, n_eff, delta, alpha)[0])
+    x, m, ha, hb = (float(v[0]) * k for v in _paired_counts(np.asarray(s0), np.asarray(s1), np.array([tau]))[side])
+    return float(paired_lower_bound(x, m, ha, hb, n_eff, delta, alpha))
 
 
 def max_certifiable_epsilon(n: int, delta: float, alpha: float) -> float:
@@ -238,9 +258,10 @@ def max_certifiable_epsilon(n: int, delta: float, alpha: float) -> float:
     ``b`` hits all concordant, or all discordant), ``h_a`` and ``h_b`` on log grids. Why a limit
     exists at all: a region record ``b`` reaches with probability ``p`` goes unseen in ``n`` trials
     with probability ``(1−p)^n``, so no test bounds ``p_b`` away from 0 below ``~1/n`` while
-    ``p_a ≤ 1``: any sampling audit stops near ``ln n``. This one stops at about
-    ``ln(n/(4·ln(1/((1−s)α))))`` (its maximum sits at ``h_a ≈ n/2``; docs/accounting.md, "Detection
-    power")."""
+    ``p_a ≤ 1``: any sampling audit stops near ``ln n``. The paired bound stops at about
+    ``ln(n/(4·ln(1/((1−s)α))))`` (at ``h_a ≈ n/2``), the unpaired one (no error seen on either
+    record) at ``ln((1−δ−u)/u)``, ``u = 1 − (α/2)^{1/n} ≈ ln(2/α)/n``: the larger is the limit
+    (docs/accounting.md, "At the defaults, and where no sampling audit reaches")."""
     ha = np.unique(np.round(np.geomspace(1, n, 240)))
     best = 0.0
     for hb in np.unique(np.round(np.geomspace(1, n, 80))):
@@ -250,7 +271,7 @@ def max_certifiable_epsilon(n: int, delta: float, alpha: float) -> float:
         for x, m in ((a - hb, a - hb), (a, a + hb)):  # b's hits concordant / discordant
             b = paired_lower_bound(x, m, a, hb, n, delta, alpha)
             best = max(best, float(np.max(b)))
-    return best
+    return max(best, float(lower_bounds(np.array([0.0]), n, np.array([0.0]), n, delta, alpha)[0]))
 
 
 def calibration_size(n: int) -> int:
@@ -270,12 +291,14 @@ def audit_statistics(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float)
     s0, s1 = np.asarray(s0[:n], dtype=np.float64), np.asarray(s1[:n], dtype=np.float64)
     tau, side = choose_test(s0[:c], s1[:c], delta, alpha, n - c)
     e0, e1 = s0[c:], s1[c:]
-    x, m, ha, hb = (int(v[0]) for v in _paired_counts(e0, e1, np.array([tau]))[side])
+    x, m, ha, hb = (int(v[0]) for v in _paired_counts(e0, e1, np.array([tau]))["upper" if side == "unpaired" else side])
     out = epsilon_lower_bound(int((e0 >= tau).sum()), len(e0), int((e1 < tau).sum()), len(e1), delta, alpha)
-    out["lower"] = float(paired_lower_bound(x, m, ha, hb, n - c, delta, alpha))
-    out["upper"] = max(out["upper"], out["lower"])
-    out.update(threshold=tau, side=side, test="paired (McNemar, exact binomial)", pairs=n - c, discordant=m,
-               discordant_favoured=x, hits_favoured=ha, hits_other=hb)
+    if side != "unpaired":  # else the two separate bounds epsilon_lower_bound gave
+        out["lower"] = float(paired_lower_bound(x, m, ha, hb, n - c, delta, alpha))
+        out["upper"] = max(out["upper"], out["lower"])
+    out.update(threshold=tau, side=side, pairs=n - c,
+               test="two Clopper-Pearson bounds" if side == "unpaired" else "paired (McNemar, exact binomial)",
+               discordant=m, discordant_favoured=x, hits_favoured=ha, hits_other=hb)
     return out
 
 
@@ -528,10 +551,7 @@ def select_statistic(cands: dict[str, tuple[np.ndarray, np.ndarray]], delta: flo
         if n - c < 1:
             raise ValueError("select_statistic: need at least 2 trials per record")
         tau, side = choose_test(s0[:c], s1[:c], delta, alpha, n - c)
-        n_eff = c * (n - c) / n  # as choose_test scores a candidate
-        x, m, ha, hb = (float(v[0]) * n_eff / c for v in _paired_counts(np.asarray(s0[:c]), np.asarray(s1[:c]),
-                                                                         np.array([tau]))[side])
-        cal = float(paired_lower_bound(x, m, ha, hb, n_eff, delta, alpha))
+        cal = _projected(s0[:c], s1[:c], tau, side, c * (n - c) / n, delta, alpha)  # as choose_test scores it
         if best is None or cal > best[0]:
             best = (cal, name)
     if best is None:
