@@ -161,7 +161,8 @@ def leaderboard(grid, summ: dict[str, Any], meta: dict[str, Any], verdicts: dict
 
 
 #: the markers of the generated block in experiments/README.md (tests/test_bench_verdicts.py)
-BLOCK_START, BLOCK_END = "<!-- fl-split bench verdicts: generated, do not edit -->", "<!-- end of fl-split bench verdicts -->"
+BLOCK_START = "<!-- fl-split bench verdicts: generated, do not edit -->"
+BLOCK_END = "<!-- end of fl-split bench verdicts -->"
 
 
 def verdict_block(grid, summ: dict[str, Any], judged: dict[str, Any]) -> str:
@@ -208,7 +209,8 @@ def verdict_block(grid, summ: dict[str, Any], judged: dict[str, Any]) -> str:
                              + ("below each other defence" if lead["separated"] else "not below each other defence")
                              + f", difference to each: {vs})")
             lines.append(f"* **{ds}, ε = {eps:g}** — " + ". ".join(parts) + ".")
-    sep = [f"{x['defence']} on {x['attack']} ({x['dataset']}, ε = {x['epsilon']:g})" for x in leaders if x["separated"]]
+    sep = [f"{x['defence']} on {x['attack']} ({x['dataset']}, ε = {x['epsilon']:g})"
+           for x in leaders if x["separated"]]
     counts = {w: sum(1 for v in verdicts.values() if v["verdict"] == w) for w in order}
     lines += ["", "In all: " + ", ".join(f"{w} {n}" for w, n in counts.items() if n) + f" of {len(verdicts)} defended "
               f"cells; the lowest advantage is below each other defence in {len(sep)} of {len(leaders)} (dataset, ε, "

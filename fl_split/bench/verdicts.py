@@ -139,7 +139,8 @@ def constant_prediction(config: dict[str, Any]) -> float | None:
         return None
     train, test = split_ids(ds, cfg.test_fraction, cfg.seed, cfg.limit)
     y_train, y_test = ds.labels[positions_of(ds.ids, train)], ds.labels[positions_of(ds.ids, test)]
-    top = np.argsort(-np.bincount(y_train, minlength=ds.num_classes), kind="stable")[:10 if ds.metric == "hit@10" else 1]
+    k = 10 if ds.metric == "hit@10" else 1
+    top = np.argsort(-np.bincount(y_train, minlength=ds.num_classes), kind="stable")[:k]
     return float(np.isin(y_test, top).mean())
 
 
@@ -270,7 +271,8 @@ def _cell_verdict(res: dict[str, Any]) -> tuple[str, str]:
         return UNINFORMATIVE, (f"would read '{verdict}', but the model is not usable (keeps "
                                f"{res.get('usable_share', float('nan')):.0%} of the undefended gain over the "
                                "constant prediction): it learned nothing, so it proves nothing about the defence")
-    note = "" if res["seeds"] >= PUBLISHED_SEEDS else f"{res['seeds']} seeds (the published table has ≥ {PUBLISHED_SEEDS})"
+    note = ("" if res["seeds"] >= PUBLISHED_SEEDS
+            else f"{res['seeds']} seeds (the published table has ≥ {PUBLISHED_SEEDS})")
     return verdict, note
 
 

@@ -8,13 +8,17 @@ does so with false-positive rate ``FPR`` and false-negative rate ``FNR`` bounds 
 
     ε ≥ max( log((1 − δ − FNR)/FPR), log((1 − δ − FPR)/FNR) ).
 
-With Clopper–Pearson upper bounds on ``FPR`` and ``FNR`` (each at ``1 − α/2``, so both hold with
-probability ``≥ 1 − α``) the bound holds with confidence ``1 − α``. A lower bound above the
-ledger's epsilon for the same releases means the claim is wrong: a bug, reported as a violation.
+Issue 37 bounds the ratio behind it once, not each rate: trial ``i`` of each record form a pair,
+and given the discordant pairs the count favouring one record is exactly binomial (McNemar's
+conditional test), whose Clopper–Pearson bound on the odds ratio gives ε
+(:func:`paired_lower_bound`); issue 26's two separate bounds (``FPR`` and ``FNR`` each at
+``1 − α/2``) remain for the regions where one record's rate is near 1. Either holds with confidence
+``1 − α``; ``α`` is shared among an audit's rows (Bonferroni, :func:`run_audit`). A lower bound above
+the ledger's epsilon for the same releases means the claim is wrong: a bug, reported as a violation.
 
 **Analysis apart from state** (design principle 5): :func:`clopper_pearson`,
-:func:`epsilon_lower_bound`, :func:`paired_lower_bound`, :func:`choose_test` are pure functions of counts and statistics;
-the runner (:func:`audit_mechanism`, :func:`audit_dpsgd`) produces those from real releases.
+:func:`epsilon_lower_bound`, :func:`paired_lower_bound`, :func:`choose_test` are pure functions of
+counts and statistics; the runner (:func:`audit_mechanism`, :func:`audit_dpsgd`) produces those from real releases.
 
 **The real code path.** Mechanisms come from :mod:`fl_split.privacy.factory`
 (``forward_mechanism`` / ``backward_mechanism`` of a :class:`~fl_split.config.RunConfig`, iteration by
@@ -30,14 +34,14 @@ log-likelihood ratio ``log p₁(y)/p₀(y)`` of the release, summed over the ``k
 independent given the record). It is exact for Laplace (discrete, on its grid), Gaussian,
 randomized response and R3eLU (activation and discrete-Laplace parts, either allocation); DP-SGD
 uses the projection of the step on ``e₁`` (the Gaussian shift's sufficient statistic). The
-threshold is chosen on a calibration half of the trials and the rates are counted on the other half,
-so the selection does not bias the bound.
+threshold, side and bound are chosen on a calibration quarter of the trials (:func:`choose_test`)
+and the errors are counted on the rest, so the selection does not bias the bound.
 
 **A plug-in is not trusted** (privacy principle 11; ``docs/accounting.md``, "A plug-in is audited
 independently"). For a plug-in defence the audit picks its own canaries from the public
 configuration (:func:`public_canary_pair`: opposite corners of the input box the cut activation and
 the clip bound declare) and its own statistic (:func:`select_statistic`: the best on the calibration
-half of a few fixed statistics that read nothing from the plug-in). A plug-in's own ``canary_pair`` /
+quarter of a few fixed statistics that read nothing from the plug-in). A plug-in's own ``canary_pair`` /
 ``log_likelihood_ratio`` run as a second test, each test at ``α/2``; the row is flagged if either
 test's bound exceeds the claim.
 """
@@ -454,7 +458,7 @@ def log_likelihood_ratio(mech: Mechanism, y: torch.Tensor, x0: torch.Tensor, x1:
 #: names of the audit's own statistics for a plug-in (:func:`independent_statistics`)
 STAT_PROJECTION = "projection on the canary difference"
 STAT_CLIPPED = "clipped projection on the canary difference"
-STAT_FITTED = "linear, fitted on the calibration half"
+STAT_FITTED = "linear, fitted on the calibration quarter"
 #: what the independent test's canaries are, for the JSON
 PUBLIC_CANARY = "the audit's own: opposite corners of the public input box (cut activation, clip bound)"
 
@@ -502,9 +506,9 @@ def independent_statistics(y0: torch.Tensor, y1: torch.Tensor, x0: torch.Tensor,
     * :data:`STAT_CLIPPED` ``Σ clamp((y − m)·sign(x1 − x0), ±|x1 − x0|/2)``, ``m`` the midpoint:
       the likelihood ratio of any additive i.i.d. Laplace noise;
     * :data:`STAT_FITTED` ``⟨y, w⟩`` with ``w = (ȳ₁ − ȳ₀)/v`` per element, means and pooled
-      variance from the **calibration half** (the first ``N//2`` rows) only, cross-fitted inside it
-      (each calibration quarter scored with the other's weights): a release that is rescaled,
-      permuted or noised unequally per element.
+      variance from the **calibration quarter** (the first :func:`calibration_size` rows) only,
+      cross-fitted inside it (each half of those rows scored with the other's weights): a release
+      that is rescaled, permuted or noised unequally per element.
 
     The first two need ``d' = d`` (the release in the input's space) and are left out otherwise.
     """
@@ -525,9 +529,9 @@ def independent_statistics(y0: torch.Tensor, y1: torch.Tensor, x0: torch.Tensor,
     def fitted(y: torch.Tensor, wa: torch.Tensor, wb: torch.Tensor, w: torch.Tensor, q: int, h: int) -> torch.Tensor:
         return torch.cat([y[:q] @ wb, y[q:h] @ wa, y[h:] @ w])
 
-    # cross-fitted on the calibration half: its rows get the weights fitted on the calibration rows of
+    # cross-fitted on the calibration quarter: its rows get the weights fitted on the calibration rows of
     # the other quarter (so the choice between statistics sees an honest score), the evaluation half
-    # the weights fitted on the whole calibration half
+    # the weights fitted on the whole calibration quarter
     h0, h1 = calibration_size(y0.shape[0]), calibration_size(y1.shape[0])
     q0, q1 = h0 // 2, h1 // 2
     if q0 >= 1 and q1 >= 1:
@@ -538,11 +542,11 @@ def independent_statistics(y0: torch.Tensor, y1: torch.Tensor, x0: torch.Tensor,
 
 
 def select_statistic(cands: dict[str, tuple[np.ndarray, np.ndarray]], delta: float, alpha: float) -> dict[str, Any]:
-    """Choose a statistic on the calibration half, count its errors on the other half.
+    """Choose a statistic on the calibration quarter, count its errors on the rest.
 
-    The choice: the largest Clopper–Pearson bound on the calibration half, each statistic at its own
-    best threshold there. Returns :func:`audit_statistics` of the chosen statistic plus
-    ``statistic`` (its name) and ``calibration_lower``. The choice sees only the calibration half,
+    The choice: the largest projected bound on the calibration quarter (as :func:`choose_test` scores
+    it), each statistic at its own best test there. Returns :func:`audit_statistics` of the chosen statistic plus
+    ``statistic`` (its name) and ``calibration_lower``. The choice sees only the calibration quarter,
     so the bound stays valid."""
     best: tuple[float, str] | None = None
     for name, (s0, s1) in cands.items():
@@ -699,7 +703,8 @@ def audit_mechanism(mechs: list[Mechanism], trials: int, secret, *, delta: float
     if not plugin:
         x0, x1 = canary_pair(mechs[0])
         stats = audit_statistics(*_llr_totals(mechs, x0, x1, trials, secret, label, progress), delta, alpha)
-        return AuditResult(label, len(mechs), trials - calibration_size(trials), claimed, stats, describe=mechs[0].describe())
+        return AuditResult(label, len(mechs), trials - calibration_size(trials), claimed, stats,
+                           describe=mechs[0].describe())
     # a plug-in: the independent test always, the plug-in's own pair and ratio in addition
     if public_pair is None:
         raise ValueError("audit_mechanism: a plug-in is audited with the audit's own canaries: pass public_pair "
@@ -719,7 +724,8 @@ def audit_mechanism(mechs: list[Mechanism], trials: int, secret, *, delta: float
                       "statistic": "the plug-in's log_likelihood_ratio()" if has_ratio else STAT_PROJECTION,
                       "alpha": a, "stats": st})
     top = max(tests, key=lambda t: float(t["stats"]["lower"]))  # the first (independent) on a tie
-    return AuditResult(label, len(mechs), trials - calibration_size(trials), claimed, top["stats"], describe=mechs[0].describe(),
+    return AuditResult(label, len(mechs), trials - calibration_size(trials), claimed, top["stats"],
+                       describe=mechs[0].describe(),
                        statistic=f"{top['test']}: {top['statistic']}", tests=tests)
 
 
