@@ -116,6 +116,8 @@ def test_transcript_no_single_view_holds_a_guests_release():
     # the report states the assumption: k and the honest shares
     mech = res["parties"]["guest-1"]["mechanism"]
     assert (mech["name"], mech["collusion"], mech["honest_shares"]) == ("skellam-share", 0, 3)
+    said = res["privacy"]["guest-1"]["assumptions"]
+    assert any("colludes with at most k = 0 of the other guests" in a and "3 honest shares" in a for a in said)
 
 
 def test_collusion_all_charges_the_same_epsilon_as_each_guest_noising_alone():

@@ -42,6 +42,8 @@ def party_privacy_report(*, role: str, ledger, mechanism: Mechanism, update: dic
     out: dict[str, Any] = {"mechanism": desc, "private_randomness": randomness,
                            "release_diagnostics": mechanism.public_diagnostics()}
     extra = list(extra_assumptions or [])
+    if hasattr(mechanism, "assumptions"):  # what the mechanism's own guarantee rests on (secure merge: k)
+        extra.extend(mechanism.assumptions())
     if aggregates:
         extra.append(AGGREGATES_ASSUMPTION)
     from fl_split.privacy.plugin import is_plugin_mechanism

@@ -412,6 +412,19 @@ class SkellamShare(Mechanism):
                                                                  self.mu * self.guests
                                                                  / honest_shares(self.guests, self.collusion))}
 
+    def assumptions(self) -> list[str]:
+        """What this guest's guarantee rests on, for its privacy report (docs/threat-model.md, "Secure merge")."""
+        h = honest_shares(self.guests, self.collusion)
+        masks = (f"secure merge: the host receives this guest's cut-layer output only inside the sum of the "
+                 f"{self.guests} guests' masked releases (pairwise ChaCha20 masks from X25519 keys under pinned "
+                 f"identities; hidden computationally)")
+        if self.sigma <= 0:
+            return [masks + "; no noise, no epsilon claimed"]
+        return [masks, f"distributed noise: this guest's epsilon is accounted against the Skellam noise of {h} "
+                       f"honest share{'s' if h != 1 else ''} (sum variance (sigma*B/c)^2, sigma {self.sigma:g}); it "
+                       f"holds if the host colludes with at most k = {self.collusion} of the other guests "
+                       f"(--secure-merge-collusion)"]
+
     def public_diagnostics(self) -> dict:
         if self.sigma <= 0:
             return {}
