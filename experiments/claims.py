@@ -138,7 +138,7 @@ def table(rows: list[dict]) -> str:
         was = c.get("verdict_uncorrected")
         if c["verdict"] == V.NOT_APPLICABLE:
             return f"**{V.NOT_APPLICABLE}**: the defence does not touch the channel the attack reads"
-        return f"**{esc(c['verdict'])}**" + (f" (alone: {esc(was)}; not after the correction)" if was else "")
+        return f"**{esc(c['verdict'])}**" + (f" (alone: {esc(was)}; not after Holm)" if was else "")
 
     m = sum("p_holm" in c for c in rows)
     lines = ["| # | experiment | source | claim | paper | ours | verdict | p / Holm p | seeds | rule |",

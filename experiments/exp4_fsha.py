@@ -73,7 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-long", action="store_true", help="skip the longer no-defence run")
     ap.add_argument("--sweep-only", action="store_true",
                     help="run only the σ sweep of 4c-σ / 4d-σ and merge it with the folder's earlier runs")
+    ap.add_argument("--add-seeds", action="store_true",
+                    help="with --sweep-only: train the sweep at the --seeds runs.csv lacks and add them to the "
+                         "earlier runs (seeds declared in experiments/claims.py SEED_PLAN before the run); the "
+                         "committed seeds are kept, run.json records the addition")
     args = ap.parse_args(argv)
+    if args.add_seeds and not args.sweep_only:
+        raise SystemExit(f"{NAME}: --add-seeds adds seeds to the σ sweep; give --sweep-only with it")
     C.setup()
     if args.quick:
         args.seeds = args.seeds[:1]
@@ -88,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     runs, curves = C.runs_or_train(out, args) or [], {}
     grids = {}
+    have = ({(r["config"], int(r["seed"])) for r in C.read_runs(out.dir / "runs.csv")}
+            if args.add_seeds and (out.dir / "runs.csv").exists() else set())
     for label, kw in ([] if args.from_runs else configs):
-        for seed in args.seeds:
-            grid = out.dir / f"grid_{_slug(label)}.png" if seed == args.seeds[0] else None
+        for seed in [x for x in args.seeds if (label, x) not in have]:
+            grid = out.dir / f"grid_{_slug(label)}.png" if seed == args.seeds[0] and not args.add_seeds else None
             r = C.run_fsha(seed, dict(fsha_every=50, **({"grid": str(grid)} if grid else {})), **{**base, **kw})
             d = r["details"]
             runs.append({"config": label, "seed": seed, "iterations": d["iterations"], "mse": r["value"],
@@ -104,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         rs = [x for x in runs if x["config"] == label]
         C.progress(NAME, t0, label, "mse", C.fmt_ms([x["mse"] for x in rs], 4), "ssim", C.fmt_ms([x["ssim"] for x in rs]),
                    "baseline", C.fmt_ms([x["baseline_mse"] for x in rs], 4))
-    if args.sweep_only:
+    if args.add_seeds:  # the committed runs, then the added seeds
+        added = sorted({int(r["seed"]) for r in runs})
+        runs = C.read_runs(out.dir / "runs.csv") + runs
+    elif args.sweep_only:
         runs, _ = C.merge_earlier(out, runs, "config", [c for c, _ in configs])
     if args.from_runs or args.sweep_only:  # every configuration the runs hold, in the scripts' order
         order = [c for c, _ in [*CONFIGS, *SWEEP]] + [f"no defence, {LONG_EPOCHS} epochs"]
@@ -136,8 +147,14 @@ def main(argv: list[str] | None = None) -> int:
                         for c in claims))
     out.md("table.md", text)
     out.claims(claims)
-    plot(out, grids, curves, summary, "fsha_mse_curve_sweep.png" if args.sweep_only else "fsha_mse_curve.png")
+    if not args.add_seeds:  # the committed figures stay those of the committed seeds
+        plot(out, grids, curves, summary, "fsha_mse_curve_sweep.png" if args.sweep_only else "fsha_mse_curve.png")
     print(text)
+    if args.add_seeds:
+        out.record_addition({"why": "seeds declared before the run (experiments/claims.py SEED_PLAN: 4c-σ, 4d-σ) "
+                                    "added to the σ sweep; the committed seeds kept", "configs": [c for c, _ in SWEEP],
+                             "seeds": added})
+        return 0
     out.finish({"base": base, "configs": {k: v for k, v in configs}})
     return 0
 
@@ -397,6 +414,17 @@ def make_claims(summary, runs) -> list[dict]:
                                    "exp2's committed runs; uninformative if none): holds if broken at every such ε, "
                                    "partly if broken at some and alive at others, does not hold if alive at one and "
                                    f"broken at none, else inconclusive; {RULE_TESTS}" + PREMISE_RULE, p=p4e))
+    # each claim rests on the seeds every configuration it reads has (the σ sweep has more, issue 37)
+    def n_of(*labels: str) -> int:
+        return min(len({r["seed"] for r in runs if r["config"] == lab}) for lab in labels if lab in by)
+
+    sweep = [f"noise σ={sg:g}{x}" for sg in SWEEP_SIGMAS for x in ("", " + mask p=0.2", " + scale λ=0.2")]
+    reads = {"4a": ["no defence"], "4b": ["no defence", "noise σ=0.7"], "4c": ["no defence", "noise + mask p=0.2"],
+             "4d": ["no defence", "noise σ=0.7", "noise + scale λ=0.2"], "4c-σ": sweep, "4d-σ": sweep,
+             "4e": ["no defence", "R3eLU ε=0.1", "R3eLU ε=1", "R3eLU ε=4"]}
+    for c in claims:
+        if any(lab in by for lab in reads.get(c["id"], [])):
+            c["n"] = n_of(*reads[c["id"]])
     return claims
 
 
