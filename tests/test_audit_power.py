@@ -9,10 +9,11 @@ log-ratios; DP-SGD: the projection of each step on its canary's coordinate, 1024
 **False alarms.** Each bound holds with confidence ``1 − α`` (α = 0.05, Clopper–Pearson on both error
 rates), so a correctly accounted mechanism is flagged with probability at most 5 % per row; the seeds
 are fixed, so each outcome here is deterministic, and the correct rows sit well below their claims
-(Laplace 1.27 of 1.94, DP-SGD 4.7 of 10.0 measured), not at the edge. **Power.** The mis-accounted
-rows are flagged with the margins measured over 4 seeds each (Laplace ε = 4: bounds 1.10–1.56 against
-the false claim 0.91; DP-SGD: 4.58–5.14 against 4.38); the smallest flagged factors per mechanism
-and width are in docs/accounting.md ("Detection power").
+(issue 37's paired test: Laplace 1.26 of 1.93, DP-SGD 4.5 of 10.0 measured), not at the edge.
+**Power.** The mis-accounted rows are flagged (Laplace ε = 4: 1.26 against the false claim 0.91;
+DP-SGD 4.49 against 4.38; issue 26's test gave 1.10–1.56 and 4.58–5.14 over 4 seeds); the smallest
+flagged factors per mechanism and width are in docs/accounting.md ("Detection power"), the default
+ε = 1 at width 64 in "At the defaults" (the last tests here).
 """
 
 from __future__ import annotations
