@@ -352,3 +352,18 @@ def test_host_alone_baseline_sees_only_the_host(isolated_logging):
         C.train_host_alone(0, dataset="credit", host_features=False)
     with pytest.raises(ValueError, match="undefended"):
         C.train_host_alone(0, dataset="credit", defense="laplace")
+
+
+def test_committed_rr_results_carry_the_exact_accounting():
+    """The committed RR rows of experiment 6 (one release per record) are charged what the ledger charges now,
+    the exact binomial PLD (the issue's 256-bit row: 62.79, not the old 65.14), and keep the old value beside."""
+    from experiments import common as C
+    from experiments.reaccount import rr_release_epsilon
+
+    assert rr_release_epsilon(256, 128.0) == pytest.approx(62.79, abs=0.01)
+    rows = [r for r in C.read_runs(C.RESULTS / "exp6_rr_vs_laplace" / "runs.csv") if r["mechanism"] == "rr"]
+    assert rows
+    for r in rows:
+        now = rr_release_epsilon(int(r["width"]), float(r["epsilon_per_record"]))
+        assert float(r["accounted_epsilon"]) == pytest.approx(now, rel=1e-5)
+        assert float(r["charged_accounted_epsilon"]) >= float(r["accounted_epsilon"])
