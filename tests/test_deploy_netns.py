@@ -5,7 +5,9 @@ has its own network stack and its own copy of its kit; the SuperLink is reached 
 (``link.fl-split.test``, mapped in each namespace's ``/etc/netns/NS/hosts``), the host's data plane
 by IP. The kits are written in one place and copied to one folder per organisation; every step is
 that organisation's ``sh run.sh STEP`` run inside its namespace (``ip netns exec``), and only the
-files of :data:`fl_split.kit.SENDS` move between the folders. docs/deploy.md, "Across machines".
+files of :data:`fl_split.kit.SENDS` move between the folders. The whole lifecycle runs from the kits
+without a hand edit: train and save, a party killed and rejoined, a run interrupted by a killed party
+and resumed, a predict on new rows. docs/deploy.md, "Across machines" and "After the first run".
 
 Needs root and ``ip netns``; skipped with the reason otherwise. Every namespace, link, hosts file
 and process it makes is removed, also on failure.
@@ -22,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from fl_split.kit import COORDINATOR, deliver, update_kit
@@ -30,9 +34,11 @@ PARTIES = ["host", "guest-1", "guest-2"]
 ORGS = [COORDINATOR] + PARTIES
 ADDRESS = {COORDINATOR: "10.77.0.1", "host": "10.77.0.2", "guest-1": "10.77.0.3", "guest-2": "10.77.0.4"}
 LINK_NAME = "link.fl-split.test"
-SMALL = ["--dataset", "digits", "--guests", "2", "--epochs", "2", "--limit", "150", "--seed", "3",
-         "--defense", "gaussian", "--batch-size", "32"]
-KIT_FLAGS = [a for i, a in enumerate(SMALL) if "--guests" not in SMALL[max(i - 1, 0):i + 1]]  # --parties says it
+EPOCHS = 6
+#: the job: each organisation's own raw table (breast-cancer's columns, partly overlapping IDs), aligned by PSI;
+#: one Flower message per epoch, so that a party killed after its first epoch interrupts the training itself
+JOB = ["--epochs", str(EPOCHS), "--seed", "3", "--defense", "gaussian", "--batch-size", "32", "--align", "psi",
+       "--id-column", "ID", "--label-column", "Y", "--node-timeout", "60", "--epochs-per-message", "1"]
 TAG = f"fls{os.getpid() % 100000}"
 
 
@@ -151,41 +157,62 @@ def _ok(out: subprocess.CompletedProcess, what: str) -> str:
     return out.stdout + out.stderr
 
 
+def _wait_for(path: Path, text: str, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while text not in path.read_text(errors="replace"):
+        assert time.monotonic() - t0 < timeout, f"{what}: no {text!r} after {timeout} s\n" + \
+            path.read_text(errors="replace")[-2000:]
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
 @pytest.mark.slow
 def test_kits_across_network_namespaces(tmp_path):
-    """Four organisations, four network stacks: ``init`` everywhere, the public files exchanged, the
-    host ``sign``s, the coordinator ``start``s its SuperLink on 0.0.0.0 (named by DNS) and
-    ``register``s, every party ``start``s its SuperNode, the coordinator ``run``s the job to
-    completion; the SuperLink's certificate names the DNS name and 127.0.0.1 (Flower's SuperExec).
-    Then guest-2's machine loses power (every process of its namespace SIGKILLed) and its
-    ``sh run.sh start`` rejoins, and a second run completes; each party's log shows its epochs, its
-    own ε and the run's end."""
+    """Four organisations, four network stacks: ``init`` everywhere (fingerprints printed), the public
+    files exchanged, the host ``sign``s, the coordinator ``start``s its SuperLink on 0.0.0.0 (named by
+    DNS) and ``register``s, every party ``start``s its SuperNode on its own table, and then, with no
+    file edited: ``run --save-model`` completes (PSI, gaussian) and each party saved its part; guest-2's
+    machine loses power and its ``start`` rejoins; a new ``run`` is interrupted by killing guest-2 after
+    its first epoch (the run fails, and each operator is told), guest-2 starts again and ``run --resume``
+    completes the interrupted run from its checkpoints; ``predict`` scores every party's new rows and the
+    host's predictions join back on its own ID column. Each party's log shows its epochs, its own ε
+    and how each run ended."""
     from cryptography import x509
 
-    from fl_split.cli import build_parser, config_from_args
-    from fl_split.party_files import export_parties
+    from tests.test_own_data import write_party_tables
 
     env = dict(os.environ, PYTHON=sys.executable, FLWR_TELEMETRY_ENABLED="0")
     env.pop("FLWR_HOME", None)
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    all_ids = np.sort(pd.read_csv(write_party_tables(tables)["host"]).ID.to_numpy())
+    keep = {p: all_ids[all_ids % k != 0] for p, k in (("host", 13), ("guest-1", 7), ("guest-2", 11))}
+    paths = write_party_tables(tables, keep=keep)
     gen = tmp_path / "written-here"
     out = subprocess.run([sys.executable, "-m", "fl_split.cli", "deploy", "kit", "--out", str(gen),
-                          "--parties", ",".join(PARTIES), *KIT_FLAGS, "--superlink", f"{LINK_NAME}:9093",
-                          "--dataplane", f"{ADDRESS['host']}:9300"], capture_output=True, text=True, timeout=120)
+                          "--parties", ",".join(PARTIES), *JOB, "--data", ";".join(f"{p}={v}" for p, v in paths.items()),
+                          "--superlink", f"{LINK_NAME}:9093", "--dataplane", f"{ADDRESS['host']}:9300"],
+                         capture_output=True, text=True, timeout=120)
     _ok(out, "deploy kit")
     orgs = tmp_path / "orgs"  # each organisation's machine: its own copy of its own kit
     for org in ORGS:
         shutil.copytree(gen / org, orgs / org)
     kits = {org: orgs / org for org in ORGS}
-    cfg = config_from_args(build_parser().parse_args(["train", *SMALL]))
-    tables = tmp_path / "tables"
-    export_parties(cfg, tables, "npz")
-    for party in PARTIES:  # each organisation's own table, in its own folder
-        shutil.copyfile(tables / f"{party}.npz", kits[party] / f"{party}.npz")
-        update_kit(kits[party], data_path=f"{party}.npz")
+    new_ids = np.concatenate([all_ids[::9], [10 ** 9 + 7]])  # new rows: some known IDs, and one only the host has
+    for party in PARTIES:  # each organisation's own table and new rows, in its own folder
+        frame = pd.read_csv(paths[party])
+        frame.to_csv(kits[party] / "mine.csv", index=False)
+        extra = frame.iloc[:1].assign(ID=10 ** 9 + 7) if party == "host" else frame.iloc[:0]  # the host's alone
+        pd.concat([frame[frame.ID.isin(new_ids)], extra]).to_csv(kits[party] / "new-rows.csv", index=False)
+        update_kit(kits[party], data_path="mine.csv")  # the one edit README.txt asks for (step 0)
     sh = ["/bin/sh", "run.sh"]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    timings = {}
     with Network() as net:
         for org in ORGS:
-            _ok(net.run(org, [*sh, "init"], kits[org], env), f"{org} init")
+            said = _ok(net.run(org, [*sh, "init"], kits[org], env), f"{org} init")
+            assert "fingerprint outbox/" in said, said
         deliver(orgs, PARTIES)
         _ok(net.run("host", [*sh, "sign"], kits["host"], env), "host sign")
         deliver(orgs, PARTIES)
@@ -194,47 +221,87 @@ def test_kits_across_network_namespaces(tmp_path):
         assert LINK_NAME in san.get_values_for_type(x509.DNSName)
         assert "127.0.0.1" in [str(a) for a in san.get_values_for_type(x509.IPAddress)]
 
-        logs = tmp_path / "logs"
-        logs.mkdir()
         net.spawn(COORDINATOR, [*sh, "start"], kits[COORDINATOR], logs / "superlink.log", env)
         _wait_listening(net, "host", LINK_NAME, 9093, env)
         _ok(net.run(COORDINATOR, [*sh, "register"], kits[COORDINATOR], env), "register")
         for party in PARTIES:
             net.spawn(party, [*sh, "start"], kits[party], logs / f"{party}.log", env)
+        results = kits[COORDINATOR] / "results.json"
+
+        # 1. train and save: every party's own part in its own kit
         t0 = time.monotonic()
-        run = _ok(net.run(COORDINATOR, [*sh, "run"], kits[COORDINATOR], env, timeout=900), "run")
-        first = time.monotonic() - t0
+        run = _ok(net.run(COORDINATOR, [*sh, "run", "--save-model"], kits[COORDINATOR], env, timeout=900), "run")
+        timings["first run"] = time.monotonic() - t0
         assert "completed" in run, run[-2000:]
-        results = json.loads((kits[COORDINATOR] / "results.json").read_text())
-        assert results["final"]["value"] > 0.15 and len(results["history"]) == 2
+        first = json.loads(results.read_text())
+        assert first["final"]["value"] > 0.6 and len(first["history"]) == EPOCHS
+        for party in PARTIES:
+            assert (kits[party] / "model" / party).is_dir(), party
 
-        # guest-2's machine loses power; its operator starts it again: it rejoins and a run completes
-        net.kill_all("guest-2")
-        time.sleep(1)
-        t1 = time.monotonic()
-        net.spawn("guest-2", [*sh, "start"], kits["guest-2"], logs / "guest-2-again.log", env)
-        while "SuperNode ID:" not in (logs / "guest-2-again.log").read_text(errors="replace"):
-            assert time.monotonic() - t1 < 60, (logs / "guest-2-again.log").read_text(errors="replace")[-2000:]
-            time.sleep(0.5)
-        rejoin = time.monotonic() - t1
-        assert rejoin < 45, f"guest-2 rejoined after {rejoin:.0f} s"
-        (kits[COORDINATOR] / "results.json").unlink()
-        run = _ok(net.run(COORDINATOR, [*sh, "run"], kits[COORDINATOR], env, timeout=900), "run after rejoin")
+        # 2. guest-2's machine loses power; its operator starts it again: it rejoins
+        def restart_guest2(name: str) -> float:
+            net.kill_all("guest-2")
+            time.sleep(1)
+            net.spawn("guest-2", [*sh, "start"], kits["guest-2"], logs / f"{name}.log", env)
+            return _wait_for(logs / f"{name}.log", "SuperNode ID:", 60, name)
+
+        timings["rejoin"] = restart_guest2("guest-2-again")
+        assert timings["rejoin"] < 45, f"guest-2 rejoined after {timings['rejoin']:.0f} s"
+
+        # 3. a new run, interrupted: guest-2 killed after serving its first epoch; the run fails
+        results.unlink()
+        runner = net.spawn(COORDINATOR, [*sh, "run"], kits[COORDINATOR], logs / "interrupted.log", env)
+        _wait_for(logs / "guest-2-again.log", f"guest-2: epoch 1/{EPOCHS} served", 300, "guest-2 epoch 1")
+        timings["rejoin 2"] = restart_guest2("guest-2-third")
+        assert runner.wait(timeout=300) != 0, (logs / "interrupted.log").read_text(errors="replace")[-2000:]
+        assert not results.exists()
+        stopped = (logs / "interrupted.log").read_text(errors="replace")
+        assert " failed" in stopped or " stopped" in stopped, stopped[-2000:]
+        assert "N/A" not in stopped.splitlines()[-1], stopped[-2000:]
+
+        # 4. resume it from every party's checkpoints: the same run's epochs, completed
+        t0 = time.monotonic()
+        run = _ok(net.run(COORDINATOR, [*sh, "run", "--resume"], kits[COORDINATOR], env, timeout=900), "resume")
+        timings["resume"] = time.monotonic() - t0
         assert "completed" in run, run[-2000:]
-        again = json.loads((kits[COORDINATOR] / "results.json").read_text())  # fresh noise: no private seed
-        assert len(again["history"]) == 2 and again["final"]["value"] > 0.15
-        rejoined = (logs / "guest-2-again.log").read_text(errors="replace")
-        print(f"first run {first:.0f} s; rejoin {rejoin:.0f} s; rejoin and second run {time.monotonic() - t1:.0f} s")
+        resumed = json.loads(results.read_text())
+        assert len(resumed["history"]) == EPOCHS and resumed["final"]["value"] > 0.6
+        ck = resumed["checkpoint"]  # it went on from a round inside the training, not from its end
+        assert ck["resumed_from_round"] < ck["last_round"], ck
+        labels = sorted(p.name for p in (kits[COORDINATOR] / "checkpoints").iterdir())
+        assert len(labels) == 2, labels  # the first run's and the interrupted-then-resumed one's
+        for party in PARTIES:  # every party: one folder per run, named by the run's identity
+            runs = [p.name for p in (kits[party] / "checkpoints").iterdir() if p.is_dir()
+                    and len(p.name) == 32 and set(p.name) <= set("0123456789abcdef")]
+            assert len(runs) == 2, (party, runs)
 
-    for party in PARTIES:  # each operator saw its own run: its epochs, its own ε, the run's end
-        for name in [party] + (["guest-2-again"] if party == "guest-2" else []):
-            text = (logs / f"{name}.log").read_text(errors="replace")
-            if party == "host":  # its epoch lines (public aggregates), then its own ε (no ledger under --defense gaussian)
-                assert "host: epoch 1: train loss" in text and "host: epoch 2: train loss" in text, text[-2000:]
-                assert "host: epochs 1-2/2 played; ε" in text, text[-2000:]
-            else:
-                for e in (1, 2):
-                    assert f"{party}: epoch {e}/2 served; ε " in text, f"{name}: {text[-2000:]}"
-            assert f"{party}: run " in text and " completed: ε" in text, f"{name}: {text[-2000:]}"
-    assert "refused to activate" not in (logs / "guest-2.log").read_text(errors="replace")
+        # 5. predict on every party's new rows; the host's predictions join back on its own IDs
+        t0 = time.monotonic()
+        said = _ok(net.run(COORDINATOR, [*sh, "predict"], kits[COORDINATOR], env, timeout=600), "predict")
+        timings["predict"] = time.monotonic() - t0
+        shared = set(new_ids)
+        for party in PARTIES:
+            shared &= set(pd.read_csv(kits[party] / "new-rows.csv").ID)
+        summary = json.loads((kits[COORDINATOR] / "predict-summary.json").read_text())
+        assert summary["records"] == len(shared) and f"{len(shared)} rows scored" in said, said[-2000:]
+        pred = pd.read_csv(kits["host"] / "predictions.csv")
+        host_new = pd.read_csv(kits["host"] / "new-rows.csv")
+        joined = host_new.merge(pred, on="ID", how="inner", validate="one_to_one")
+        assert sorted(joined.ID) == sorted(shared) and 10 ** 9 + 7 not in set(pred.ID)
+        assert not (kits[COORDINATOR] / "predictions.csv").exists()  # the predictions stay at the host
+        for g in ("guest-1", "guest-2"):
+            assert (kits[g] / "model" / g / "inference-ledger.npz").exists(), g
+    print("; ".join(f"{k} {v:.0f} s" for k, v in timings.items()))
+
+    for party in PARTIES:  # each operator saw its own runs: its epochs, its own ε, each run's end
+        text = "".join((logs / f"{n}.log").read_text(errors="replace") for n in
+                       ([party] if party != "guest-2" else ["guest-2", "guest-2-again", "guest-2-third"]))
+        if party == "host":
+            assert "host: epoch 1: train loss" in text and f"host: epoch {EPOCHS}: train loss" in text, text[-2000:]
+        else:
+            for e in range(1, EPOCHS + 1):
+                assert f"{party}: epoch {e}/{EPOCHS} served; ε " in text, f"{party}: {text[-2000:]}"
+        assert f"{party}: run " in text and " completed: ε" in text, f"{party}: {text[-2000:]}"
+        if party != "guest-2":  # the interrupted run's end reached the parties still up
+            assert " failed" in text or " stopped" in text, f"{party}: {text[-3000:]}"
     assert not (Path("/etc/netns").exists() and list(Path("/etc/netns").glob(f"{TAG}-*")))

@@ -372,6 +372,13 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
             return _reply(message, facts=R.dumps(facts_json), **extra)
         if mtype == R.MSG_CHECKPOINTS:  # a resume: which rounds this party can restore
             return _reply(message, held=R.dumps(_held_rounds(context, role, req)))
+        if mtype == R.MSG_STOPPED:  # the run failed elsewhere: this operator is told why, with its own ε
+            try:
+                own = _own_epsilon(_restore(context, role, handoff)[0])
+            except Exception:  # noqa: BLE001 - set up out of the run, or failed before its set-up
+                own = "no release of this party in it"
+            _operator(role, f"run {context.run_id} stopped: {' '.join(str(req.get('reason', '')).split())}; {own}")
+            return _reply(message)
         if mtype == MSG_ALIGN:
             from fl_split.flower.alignment import handle_align
 
@@ -698,7 +705,7 @@ def client_app_for(handler):
 
     app = ClientApp()
     for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_EPOCH,
-                  R.MSG_CHECKPOINTS, MSG_ALIGN, MSG_PREDICT):
+                  R.MSG_CHECKPOINTS, R.MSG_STOPPED, MSG_ALIGN, MSG_PREDICT):
         category, action = mtype.split(".")
         getattr(app, category)(action)(handler)
     return app

@@ -42,6 +42,7 @@ MSG_HOST_TRAIN = "train.host"    # the host trains on the released activations
 MSG_HOST_EVAL = "evaluate.host"  # the host evaluates the test split
 MSG_EPOCH = "train.epoch"        # direct data plane: every party plays / serves whole epochs
 MSG_CHECKPOINTS = "query.checkpoints"  # a resume: the rounds each party holds a checkpoint of
+MSG_STOPPED = "query.stopped"    # the run failed elsewhere: the coordinator tells each party why
 
 
 class FederationError(FlSplitError):

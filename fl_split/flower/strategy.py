@@ -129,21 +129,26 @@ class VerticalSplitStrategy:
     def run(self, grid: Grid, write_out: bool = False) -> dict[str, Any]:
         """Train and evaluate; returns the results dictionary (see README, "Results JSON")."""
         transport = self.configure(grid)
-        if self.cfg.data_plane == "direct":
-            from fl_split.flower.direct import coordinate_direct
+        try:
+            if self.cfg.data_plane == "direct":
+                from fl_split.flower.direct import coordinate_direct
 
-            results = coordinate_direct(self.cfg, self.plan, transport, transport.setup_replies.get("host"),
-                                        timeline=self.timeline, checkpoints=self.checkpoints)
-        else:
-            from fl_split.engine import coordinate
-            from fl_split.flower.direct import epoch_line
+                results = coordinate_direct(self.cfg, self.plan, transport, transport.setup_replies.get("host"),
+                                            timeline=self.timeline, checkpoints=self.checkpoints)
+            else:
+                from fl_split.engine import coordinate
+                from fl_split.flower.direct import epoch_line
 
-            self._mark("training_start")
-            # each epoch is logged as its evaluation round ends (`flwr run --stream` shows it then),
-            # as the direct data plane logs it when its control message returns
-            results = coordinate(self.cfg, self.plan, transport, "flower",
-                                 on_epoch=lambda row, _: log.info("%s", epoch_line(row, self.plan.metric)))
-            self._mark("training_end")
+                self._mark("training_start")
+                # each epoch is logged as its evaluation round ends (`flwr run --stream` shows it then),
+                # as the direct data plane logs it when its control message returns
+                results = coordinate(self.cfg, self.plan, transport, "flower",
+                                     on_epoch=lambda row, _: log.info("%s", epoch_line(row, self.plan.metric)))
+                self._mark("training_end")
+        except Exception as exc:  # every party still up hears how the run ended, then the error goes on
+            if hasattr(transport, "tell_stopped"):
+                transport.tell_stopped(f"{type(exc).__name__}: {exc}", getattr(exc, "party", None))
+            raise
         self._mark("reports_done")
         if self.alignment is not None:
             results["alignment"] = self.alignment

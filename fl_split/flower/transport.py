@@ -177,6 +177,24 @@ class FlowerTransport:
         rep = self.exchange({"host": (R.MSG_HOST_EVAL, req)}, round_)["host"]
         return R.loads(str(rep["metrics"]))
 
+    def tell_stopped(self, reason: str, failed: str | None = None, wait: float = 5.0) -> None:
+        """Best effort, after the run failed: tell every party but the one that ``failed`` why
+        (``query.stopped``, the failure's one line — what the coordinator itself prints), so that each
+        operator's terminal shows how the run ended (docs/deploy.md, "What each operator sees"). Waits
+        at most ``wait`` seconds for the replies and never raises: a party that is down does not hear it."""
+        try:
+            msgs = [Message(R.content(reason=" ".join(str(reason).split())[:2000]), dst_node_id=node,
+                            message_type=R.MSG_STOPPED, group_id="0")
+                    for party, node in self.nodes.items() if party != failed]
+            pending = set(self.grid.push_messages(msgs))
+            deadline = time.monotonic() + wait
+            while pending and time.monotonic() < deadline:
+                for msg in self.grid.pull_messages(list(pending)):
+                    pending.discard(msg.metadata.reply_to_message_id)
+                time.sleep(self.poll)
+        except Exception:  # noqa: BLE001 - the run's own error is what the caller raises
+            pass
+
     def reports(self, absent=()):
         """Every party's report but those of the guests the run went on without (``absent``,
         ``--on-guest-failure pad``): their nodes failed, and their ledgers are their own (as in the
