@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -276,9 +277,9 @@ def write_kits(cfg: RunConfig, out: str | os.PathLike, parties: list[str], super
             # every run checkpoints into its own folder (sh run.sh run: a new one; run --resume: the last)
             text = text.replace('checkpoint-dir = ""', f'checkpoint-dir = "checkpoints/{RUN_LABEL}"')
             if node_tables:  # say that the dataset's keys are not what this job trains on
-                text = text.replace('\ndataset = ', '\n# data = "node-tables": each party trains on its own table (its '
-                                    'kit.toml data-path);\n# dataset and its options (limit, columns, padding) are '
-                                    'not used\ndataset = ', 1)
+                text = re.sub(r"(?m)^dataset = ", '# data = "node-tables": each party trains on its own table (its '
+                              'kit.toml data-path);\n# dataset and its options (limit, columns, padding) are '
+                              'not used\ndataset = ', text, count=1)
             write_private(kit / "run-config.toml", text.encode("utf-8"))
         else:
             conf = {"party": name, "fl-split-version": package_version(), "role": "host" if name == "host" else "guest"}

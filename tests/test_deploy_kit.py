@@ -472,3 +472,23 @@ def test_init_sign_and_fingerprints_print_what_the_standard_tools_print(tmp_path
     assert got["ca.crt"] == printed[(COORDINATOR, "outbox", "ca.crt")]
     assert got["dataplane-ca.crt"] == printed[("host", "outbox", "dataplane-ca.crt")]
     assert got["guest-1.crt"] == signed["guest-1.crt"]
+
+
+def test_a_node_tables_job_says_its_dataset_is_unused(tmp_path):
+    """A job on the parties' own tables (``--data host=…;guest-1=…``) names ``node-tables`` and says,
+    above the ``dataset`` key every run-config carries, that the dataset's options are not used."""
+    import tomllib
+
+    cfg = RunConfig(data="host=h.csv;guest-1=g1.csv;guest-2=g2.csv", id_column="ID", label_column="Y", guests=2,
+                    engine="flower")
+    kits = write_kits(cfg, tmp_path / "kits", PARTIES, "127.0.0.1:9093", "127.0.0.1:9300")
+    text = (kits[COORDINATOR] / "run-config.toml").read_text()
+    job = tomllib.loads(text)
+    assert job["data"] == "node-tables" and job["checkpoint-dir"] == "checkpoints/{run}"
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("dataset = "))
+    before = lines[at - 2:at]
+    assert before[0].startswith("# data = \"node-tables\": each party trains on its own table"), before
+    assert "are not used" in before[1], before
+    for party in PARTIES:  # each names its own table in its own kit.toml; nothing of h.csv travels
+        assert tomllib.loads((kits[party] / "kit.toml").read_text())["data-path"] == ""
