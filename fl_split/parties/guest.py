@@ -90,7 +90,7 @@ class GuestParty(_Party):
                 raise ProtocolError(f"{self.name}: {key} requested again (round {round_}); refused: it was released "
                                     f"{n} time{'s' if n != 1 else ''} and --max-test-requests {self.max_test_requests} "
                                     f"allows no more (each repeat is another noisy copy of the same records)")
-        if (self.secure_identity is not None or self.mechanisms().name == "skellam-share") and \
+        if (self.secure_identity is not None or getattr(self.mechanisms(), "name", "") == "skellam-share") and \
                 (self.secure is None or not self.secure.ready):  # before anything is charged or computed
             raise ProtocolError(f"{self.name}: secure merge: a release before the key agreement; refused (a "
                                 f"share is charged against the honest shares' sum and never leaves unmasked)")
