@@ -169,7 +169,8 @@ def _verify(public: bytes, signature: bytes, data: bytes) -> bool:
             curve = {33: ec.SECP256R1(), 49: ec.SECP384R1()}.get(len(public))
             if curve is None:
                 return False
-            ec.EllipticCurvePublicKey.from_encoded_point(curve, public).verify(signature, data, ec.ECDSA(hashes.SHA256()))
+            key = ec.EllipticCurvePublicKey.from_encoded_point(curve, public)
+            key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
         return True
     except (InvalidSignature, ValueError):
         return False
@@ -190,6 +191,7 @@ class KeyAnnouncement:
     signature: bytes
 
     def to_bytes(self) -> bytes:
+        """The frame ``SK1 | len·guest | len·session | len·public | len·signature`` (2-byte lengths)."""
         name = self.guest.encode("utf-8")
         out = b"SK1" + len(name).to_bytes(2, "little") + name
         for part in (self.session, self.public, self.signature):
@@ -198,6 +200,7 @@ class KeyAnnouncement:
 
     @classmethod
     def from_bytes(cls, blob: object) -> "KeyAnnouncement":
+        """Parse :meth:`to_bytes`; anything else raises :class:`ProtocolError` (a peer's bytes never crash)."""
         if not isinstance(blob, (bytes, bytearray)) or bytes(blob[:3]) != b"SK1":
             raise ProtocolError("secure merge: a key announcement is not an SK1 frame")
         blob, pos, parts = bytes(blob), 3, []
@@ -263,8 +266,8 @@ class MaskingGuest:
         from cryptography.hazmat.primitives import serialization as ser
 
         pub = self._eph.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
-        return KeyAnnouncement(self.name, self.session, pub, _sign(self._identity, _signed(self.session, self.name, pub))
-                               ).to_bytes()
+        signature = _sign(self._identity, _signed(self.session, self.name, pub))
+        return KeyAnnouncement(self.name, self.session, pub, signature).to_bytes()
 
     def agree(self, announcements: list[bytes]) -> None:
         """Check every peer's announcement (its session, its signature under its pinned identity) and
@@ -378,7 +381,8 @@ class SkellamShare(Mechanism):
         self.active = self.guests
         #: the variance (integer units) the honest shares sum to
         self.mu = (self.sigma * self.scale / self.clip) ** 2
-        wrap = wrap_probability(self.guests, self.scale, self.mu * self.guests / honest_shares(self.guests, self.collusion))
+        all_shares = self.mu * self.guests / honest_shares(self.guests, self.collusion)
+        wrap = wrap_probability(self.guests, self.scale, all_shares)
         if wrap > MAX_WRAP:
             raise ConfigError("sigma", self.sigma, f"a noise whose sum stays on the ring Z_2^{RING_BITS} (wrap-around "
                               f"probability <= {MAX_WRAP:g} per element)",
@@ -389,6 +393,8 @@ class SkellamShare(Mechanism):
         return self.mu / honest_shares(self.active, min(self.collusion, self.active - 1))
 
     def release(self, t: torch.Tensor, gen: torch.Generator | None) -> Release:
+        """Fixed point of ``t`` plus this guest's share ``Sk(μ/(G_active − k))`` (float64 integers, unmasked:
+        the guest masks them before they leave)."""
         inside = (t.detach().abs() <= self.clip)
         enc = encode(t, self.clip, self.scale)
         mu = self.share_mu()
@@ -404,6 +410,7 @@ class SkellamShare(Mechanism):
         return grad if inside is None else grad * inside.to(grad.dtype)
 
     def describe(self) -> dict:
+        """Public parameters, the collusion assumption, and the rounding and wrap-around bounds."""
         return {"name": self.name, "width": self.width, "sigma": self.sigma, "bound": self.clip,
                 "scale": self.scale, "ring_bits": RING_BITS, "guests": self.guests, "collusion": self.collusion,
                 "honest_shares": honest_shares(self.guests, self.collusion), "mu": self.mu,
@@ -426,6 +433,7 @@ class SkellamShare(Mechanism):
                        f"(--secure-merge-collusion)"]
 
     def public_diagnostics(self) -> dict:
+        """The noise of the sum the host sees (σ/√(G − k) per share); empty without noise."""
         if self.sigma <= 0:
             return {}
         sd = self.sigma / math.sqrt(honest_shares(self.guests, self.collusion))
@@ -439,6 +447,7 @@ class SkellamShare(Mechanism):
                            why=f"secure merge: masked elements of Z_2^{RING_BITS}")
 
     def privacy_cost(self) -> PrivacyCost | None:
+        """``d`` composed ``SkellamDpEvent(μ, 2B)``: one record's release against the honest shares' sum."""
         if self.sigma <= 0:
             return None
         from dp_accounting import dp_event as dpe
