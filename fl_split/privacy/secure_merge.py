@@ -433,7 +433,7 @@ class SkellamShare(Mechanism):
                        f"(--secure-merge-collusion)"]
 
     def public_diagnostics(self) -> dict:
-        """The noise of the sum the host sees (σ/√(G − k) per share); empty without noise."""
+        """Each share's noise, σ/√(G − k) per element, and the SNR bound against it; empty without noise."""
         if self.sigma <= 0:
             return {}
         sd = self.sigma / math.sqrt(honest_shares(self.guests, self.collusion))
