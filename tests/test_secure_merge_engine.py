@@ -220,3 +220,20 @@ def test_a_share_never_leaves_unmasked():
     with pytest.raises(ProtocolError, match="before the key agreement"):
         guest.release([BatchKey("train", 1, 1)], 2)
     assert len(guest.ledger) == 0 and guest.released["batches"] == 0  # nothing charged, nothing left
+
+
+def test_the_avg_merge_feeds_the_top_the_mean_of_the_guests_outputs():
+    """--merge avg: what the host's top receives from the masked releases is (Σ_g h_g)/G, to the fixed
+    point's precision (G·c/(2B)/G per element), the same input as a plain avg merge."""
+    eng = LocalEngine(_cfg(merge="avg"), PS)
+    sm.rekey(eng.guests, list(eng.guests))
+    key = BatchKey("train", 1, 0)
+    acts = {g: open_message(p.release([key], 1, in_process=True)[0]).tensor for g, p in eng.guests.items()}
+    seen = []
+    top = eng.host.top
+    eng.host.top = lambda z: seen.append(z.detach().clone()) or top(z)
+    with torch.no_grad():
+        eng.host._forward(key, acts, train=False)
+        plain = sum(p.bottom(p.rows(key)) for p in eng.guests.values()) / 3
+    clip, scale = eng.host.secure_merge
+    assert (seen[0] - plain).abs().max().item() <= clip / (2 * scale) + 1e-5
