@@ -289,7 +289,10 @@ def write_kits(cfg: RunConfig, out: str | os.PathLike, parties: list[str], super
                          "clientappio-port": (clientappio_ports or {}).get(name, 9094),
                          "data-path": "", "checkpoint-dir": f"checkpoints/{RUN_PLACEHOLDER}",
                          "model-dir": "model", "init-from": "", "predict-data-path": "new-rows.csv",
-                         "private-seed-file": "", "clientapp": "warm"})
+                         "private-seed-file": "", "clientapp": "warm",
+                         # its own training limits (docs/threat-model.md "What each party controls"): a
+                         # job can only tighten them; budget "" = the job's, max-test-requests 1 = the default
+                         "budget": "", "max-test-requests": 1})
             if name == "host":
                 conf["guests"] = [p for p in parties if p != "host"]
                 conf["predict-out"] = "predictions.csv"
@@ -379,6 +382,9 @@ def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_
                   "  checkpoint-dir); when the coordinator resumes after a failure, restart your SuperNode (sh run.sh",
                   "  start) and it goes on from there. A run with --save-model saves your part into model/" + name + "/;",
                   "  a run with --init-from starts from it (kit.toml init-from, else model-dir).",
+                  "Your own limits (the coordinator's job can lower them, never raise them): kit.toml budget (the ε",
+                  "  your ledger may reach in a run; \"\" = the job's) and max-test-requests (how often you release",
+                  "  one test batch; default 1).",
                   "Predict: put your new rows at new-rows.csv (kit.toml predict-data-path: same columns as your",
                   "  training table, read when the coordinator runs sh run.sh predict; no restart)"
                   + (";\n  the predictions are written to predictions.csv (kit.toml predict-out) with your own ID column."
@@ -590,14 +596,16 @@ def _start_args(kit: Path, conf: dict[str, Any]) -> list[str]:
     for key in ("predict-data-path", "predict-out"):  # read when a prediction job comes (sh run.sh predict)
         if str(conf.get(key, "") or "").strip():
             items.append(f"{key}={_literal(_path(kit, str(conf[key]).strip()))}")
-    for key in ("inference-budget", "max-queries-per-id"):  # a guest's own inference limits
+    # its own limits: a guest's inference limits, every party's training budget and test-request cap
+    for key in ("inference-budget", "max-queries-per-id", "budget", "max-test-requests"):
         value = str(conf.get(key, "") or "").strip()
         if value:
+            number = key.endswith("budget")
             try:
-                items.append(f"{key}={float(value)!r}" if key == "inference-budget" else f"{key}={int(value)}")
+                items.append(f"{key}={float(value)!r}" if number else f"{key}={int(value)}")
             except ValueError:
-                raise KitConfigError(key, conf[key], "a number > 0" if key == "inference-budget"
-                                     else "a whole number >= 1", reason=f"edit {kit / KIT_FILE}") from None
+                raise KitConfigError(key, conf[key], "a number > 0" if number else "a whole number >= 1",
+                                     reason=f"edit {kit / KIT_FILE}") from None
     if conf.get("model-dir"):  # --save-model: this party's own part goes to model-dir/<party>/
         items.append(f"model-dir={_literal(private_dir(_path(kit, conf['model-dir'])))}")
     if conf.get("init-from"):  # --init-from: this party's own part is read from init-from/<party>/ (else model-dir)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from fl_split.config import RunConfig
+from fl_split.errors import ConfigError
 from tests.services import pids_with_env
 from fl_split.kit import COORDINATOR, deliver, update_kit, write_kits
 
@@ -202,6 +203,7 @@ def test_a_kit_holds_no_path_of_the_machine_that_wrote_it(tmp_path):
     host = tomllib.loads((tmp_path / "kits" / "host" / "kit.toml").read_text())
     assert (host["model-dir"], host["checkpoint-dir"], host["fl-split-version"], host["predict-out"]) == (
         "model", "checkpoints/{run}", _pyproject_version(), "predictions.csv")
+    assert (host["budget"], host["max-test-requests"]) == ("", 1)  # its own limits (docs/threat-model.md)
     moved = tmp_path / "elsewhere" / "coordinator"
     shutil.copytree(tmp_path / "kits" / COORDINATOR, moved)
     resolved, results = _job(moved)
@@ -492,3 +494,26 @@ def test_a_node_tables_job_says_its_dataset_is_unused(tmp_path):
     assert "are not used" in before[1], before
     for party in PARTIES:  # each names its own table in its own kit.toml; nothing of h.csv travels
         assert tomllib.loads((kits[party] / "kit.toml").read_text())["data-path"] == ""
+
+
+def test_start_hands_each_partys_own_limits_to_its_supernode(tmp_path):
+    """kit.toml's own limits reach the SuperNode's node config as the node reads them
+    (:func:`fl_split.flower.node.own_limits`, :func:`fl_split.flower.predicting.guest_limits`), and a bad
+    one is named as a kit.toml key."""
+    from fl_split.kit import _start_args
+
+    kits = _initialised(tmp_path)
+    out = _step(kits["host"], "sign")
+    assert out.returncode == 0, out.stderr
+    deliver(tmp_path / "kits", PARTIES)
+    (kits["guest-1"] / "mine.csv").write_text("ID,a\n1,2\n")
+    update_kit(kits["guest-1"], data_path="mine.csv", budget="8", max_queries_per_id=2, inference_budget="3.5")
+    from fl_split.kit import read_kit
+
+    args = _start_args(kits["guest-1"], read_kit(kits["guest-1"]))
+    node = args[args.index("--node-config") + 1].split(" ")
+    for item in ("budget=8.0", "max-test-requests=1", "inference-budget=3.5", "max-queries-per-id=2"):
+        assert item in node, node
+    update_kit(kits["guest-1"], budget="lots")
+    with pytest.raises(ConfigError, match=r"^kit.toml budget: got 'lots'"):
+        _start_args(kits["guest-1"], read_kit(kits["guest-1"]))

@@ -449,7 +449,43 @@ def _coordinator_config(config_json: str, context: Context) -> RunConfig:
 
     values = R.loads(config_json)
     check_node_plugins(values, dict(context.node_config))
-    return RunConfig.from_mapping(values)
+    return own_limits(RunConfig.from_mapping(values), dict(context.node_config))
+
+
+#: a deployment node's own training limits (node-config key: the run option); a job can only tighten them
+OWN_LIMITS = {"budget": "budget", "max-test-requests": "max_test_requests"}
+
+
+def own_limits(cfg: RunConfig, node_config: dict) -> RunConfig:
+    """The run configuration with this **deployment** node's own limits applied: its node config's
+    ``budget`` (the ε its ledger may reach; absent: the job's) and ``max-test-requests`` (how often it
+    releases one test batch; absent: the CLI's default, 1). The job's values apply only where they are
+    tighter: a coordinator can lower a party's limits, never raise them (docs/threat-model.md, "What
+    each party controls"). A simulation's nodes are one user's: the run's options as they are."""
+    if "role" not in node_config:
+        return cfg
+    own: dict[str, float | int] = {}
+    for key, name in OWN_LIMITS.items():
+        raw = str("" if node_config.get(key) is None else node_config[key]).strip()
+        if not raw:
+            continue
+        try:
+            own[name] = float(raw) if name == "budget" else int(raw)
+            if not own[name] > 0 or (name == "budget" and own[name] == float("inf")):
+                raise ValueError
+        except ValueError:
+            raise FederationError(f"node-config: {key}={raw!r}; allowed: "
+                                  + ("a number > 0 (or unset: the job's)" if name == "budget"
+                                     else "a whole number >= 1 (unset: 1)")) from None
+    from fl_split.config import AUTO
+
+    job_budget = None if cfg.budget == AUTO else float(cfg.budget)
+    budgets = [b for b in (job_budget, own.get("budget")) if b is not None]
+    tests = min(int(cfg.max_test_requests), int(own.get("max_test_requests", RunConfig().max_test_requests)))
+    try:
+        return cfg.replace(budget=min(budgets) if budgets else AUTO, max_test_requests=tests)
+    except ConfigError:  # a run that charges nothing (no defence, no DP-SGD): no budget can bind
+        return cfg.replace(max_test_requests=tests)
 
 
 def _role_capacity(role: NodeRole) -> dict[str, str]:
