@@ -83,10 +83,6 @@ import numpy as np
 
 from fl_split.errors import ConfigError, DataError
 
-#: in a deployment node's ``checkpoint-dir`` (and a kit's job): replaced by the run's identity, so every
-#: run of a long-lived SuperNode checkpoints into its own folder (docs/deploy.md, "After the first run")
-RUN_PLACEHOLDER = "{run}"
-
 if TYPE_CHECKING:
     from fl_split.config import RunConfig
     from fl_split.privacy.ledger import LedgerEntry

@@ -24,6 +24,9 @@ from fl_split.errors import ConfigError
 
 #: Sentinel spelled in configs for "let fl_split choose" (Flower run-config has no null).
 AUTO = "auto"
+#: in a deployment node's ``checkpoint-dir`` (and a kit's job): replaced by the run's identity, so every
+#: run of a long-lived SuperNode checkpoints into its own folder (docs/deploy.md, "After the first run")
+RUN_PLACEHOLDER = "{run}"
 
 MERGE_OPS = ("concat", "sum", "avg", "max", "min", "mul")
 #: options that decide what a party's data file contains (``fl-split export-parties``); a run must

@@ -51,8 +51,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fl_split.checkpoint import RUN_PLACEHOLDER
-from fl_split.config import RunConfig
+from fl_split.config import RUN_PLACEHOLDER, RunConfig
 from fl_split.deploy import DeploymentError, LocalDeployment, checkpoint_dir_of, free_port
 from fl_split.errors import ConfigError, FlSplitError, KitConfigError
 from fl_split.secure_files import PRIVATE_UMASK, private_dir, write_private

@@ -42,8 +42,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message
 
-from fl_split.checkpoint import RUN_PLACEHOLDER
-from fl_split.config import RunConfig
+from fl_split.config import RUN_PLACEHOLDER, RunConfig
 from fl_split.errors import ConfigError, ProtocolError
 from fl_split.flower import records as R
 from fl_split.flower.alignment import MSG_ALIGN
