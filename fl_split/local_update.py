@@ -17,6 +17,7 @@ A policy owns the (possibly wrapped) modules and the optimizer; the party calls
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -137,6 +138,24 @@ def quiet_input_grad_warning() -> None:
     _QUIET_FILTER = warnings.filters[0]
 
 
+_FIRST_STEP = threading.Lock()
+_stepped = False
+
+
+def _first_step_locked(step) -> None:
+    """Run an optimizer's ``step``, the process's first one under a lock: torch imports ``torch._dynamo`` on an
+    optimizer's first step, and two parties stepping first in threads of one process (the inline Flower grid,
+    the direct data plane's guests) could both import it at once and fail ("partially initialized module
+    'torch._dynamo'")."""
+    global _stepped
+    if _stepped:
+        step()
+        return
+    with _FIRST_STEP:
+        step()
+        _stepped = True
+
+
 class LocalUpdate:
     """Base policy: the modules are trained by :attr:`optimizer` (see subclasses)."""
 
@@ -162,7 +181,7 @@ class LocalUpdate:
         backward_through(out, grad)
 
     def step(self, gen: torch.Generator | None = None) -> None:
-        self.optimizer.step()
+        _first_step_locked(self.optimizer.step)
 
     def describe(self) -> dict:
         return {"name": self.name}
@@ -226,7 +245,7 @@ class OptimizerUpdate(LocalUpdate):
         opt = self.optimizer
         if (self._update is None or opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks
                 or _optim._global_optimizer_pre_hooks or _optim._global_optimizer_post_hooks):
-            opt.step()
+            _first_step_locked(opt.step)
             return
         with torch.no_grad():
             self._update(opt)
@@ -304,7 +323,7 @@ class DpSgdUpdate(LocalUpdate):
         if gen is None:
             raise ValueError("DP-SGD needs the party's private generator for its noise")
         self.optimizer.generator = gen
-        self.optimizer.step()
+        _first_step_locked(self.optimizer.step)
 
     def undo_step(self, snap: tuple) -> None:
         """As :meth:`LocalUpdate.undo_step`; Opacus' clipped sums are dropped and its per-sample
