@@ -10,7 +10,7 @@ rows and labels — its own features flattened and standardised with its own tra
 when the host holds no features, the label prior (class frequencies, or the training mean). It uses
 only data the host holds: nothing is sent, nothing is released, no ε is spent, and no model, optimizer,
 draw counter or generator of the party is touched (its fit is deterministic, full-batch L-BFGS from
-zeros), so an honest run's numbers are those of a run without it.
+zeros, :func:`lbfgs`), so an honest run's numbers are those of a run without it.
 
 :func:`verdict` compares, at each evaluation, the joint model's per-record test errors (the complement of the
 task's headline metric: a wrong class, a next-item miss, the squared error) with the baseline's on the same
@@ -41,8 +41,8 @@ LOST = 0.5
 L2 = 1e-3
 #: training rows the baseline is fitted on at most (a fixed, public subsample beyond that)
 MAX_ROWS = 20_000
-#: L-BFGS iterations of the logistic fit at most
-MAX_ITER = 100
+#: L-BFGS iterations of the logistic fit at most (:func:`lbfgs`)
+MAX_ITER = 50
 
 
 def per_record_error(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -58,6 +58,52 @@ def per_record_error(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Ten
         k = min(HIT_AT, out.shape[1])
         return 1.0 - (out.topk(k, dim=1).indices == y.long()[:, None]).any(dim=1).double()
     return (out.argmax(dim=1) != y.long()).double()
+
+
+def lbfgs(f, theta: torch.Tensor, iters: int | None = None, memory: int = 10) -> torch.Tensor:
+    """Minimise the smooth convex ``f(θ) -> (value, gradient)`` from ``theta`` by L-BFGS (Nocedal & Wright,
+    *Numerical Optimization*, Algorithm 7.4, two-loop recursion) with a backtracking Armijo line search.
+    Written out rather than ``torch.optim.LBFGS``: no optimizer state, and no first use of torch's optimizer
+    machinery from a party's thread (its lazy import of ``torch._dynamo`` is not thread-safe)."""
+    iters = MAX_ITER if iters is None else iters
+    value, grad = f(theta)
+    ss: list[torch.Tensor] = []
+    ys: list[torch.Tensor] = []
+    for _ in range(iters):
+        if float(grad.abs().max()) < 1e-7:
+            break
+        q, alphas = grad.clone(), []
+        for s_, y_ in zip(reversed(ss), reversed(ys)):
+            a = float(s_ @ q) / float(y_ @ s_)
+            alphas.append(a)
+            q -= a * y_
+        if ys:
+            q *= float(ss[-1] @ ys[-1]) / float(ys[-1] @ ys[-1])
+        for (s_, y_), a in zip(zip(ss, ys), reversed(alphas)):
+            q += s_ * (a - float(y_ @ q) / float(y_ @ s_))
+        step, slope = 1.0, -float(grad @ q)
+        if slope >= 0:  # not a descent direction: restart from the gradient
+            ss.clear()
+            ys.clear()
+            q, slope = grad.clone(), -float(grad @ grad)
+        while True:
+            new = theta - step * q
+            new_value, new_grad = f(new)
+            if new_value <= value + 1e-4 * step * slope or step < 1e-10:
+                break
+            step *= 0.5
+        s_, y_ = new - theta, new_grad - grad
+        if float(y_ @ s_) > 1e-12:
+            ss.append(s_)
+            ys.append(y_)
+            if len(ss) > memory:
+                ss.pop(0)
+                ys.pop(0)
+        converged = abs(value - new_value) <= 1e-12 * max(1.0, abs(value))
+        theta, value, grad = new, new_value, new_grad
+        if converged:
+            break
+    return theta
 
 
 class HostAlone:
@@ -96,21 +142,16 @@ class HostAlone:
             return None, prior
         n, d = x.shape
         onehot = F.one_hot(y.long().reshape(-1), self.k).double()
-        w = torch.zeros(d, self.k, dtype=torch.float64)
-        b = prior.clone()
-        w.grad, b.grad = torch.zeros_like(w), torch.zeros_like(b)
-        opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=MAX_ITER, history_size=10, line_search_fn="strong_wolfe")
 
-        def closure() -> torch.Tensor:  # the gradient by hand: no autograd graph per evaluation
+        def loss_grad(theta: torch.Tensor) -> tuple[float, torch.Tensor]:  # the gradient by hand: no autograd
+            w, b = theta[:d * self.k].reshape(d, self.k), theta[d * self.k:]
             logp = torch.log_softmax(x @ w + b, dim=1)
             g = (logp.exp() - onehot) / n
-            w.grad.copy_(x.T @ g + L2 * w)
-            b.grad.copy_(g.sum(0))
-            return -(logp * onehot).sum() / n + 0.5 * L2 * (w * w).sum()
+            loss = -float((logp * onehot).sum()) / n + 0.5 * L2 * float((w * w).sum())
+            return loss, torch.cat([(x.T @ g + L2 * w).reshape(-1), g.sum(0)])
 
-        with torch.no_grad():
-            opt.step(closure)
-        return w, b
+        theta = lbfgs(loss_grad, torch.cat([torch.zeros(d * self.k, dtype=torch.float64), prior]))
+        return theta[:d * self.k].reshape(d, self.k), theta[d * self.k:]
 
     @torch.no_grad()
     def outputs(self, x: torch.Tensor | None, n: int) -> torch.Tensor:
@@ -121,7 +162,7 @@ class HostAlone:
         return z @ self.weight + self.bias
 
     def errors(self, x: torch.Tensor | None, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(per-record errors, outputs, the label prior's per-record errors)`` of the baseline on ``x``, labels ``y``."""
+        """``(per-record errors, outputs, the label prior's per-record errors)`` on ``x`` with labels ``y``."""
         out = self.outputs(x, len(y))
         y = y.detach().cpu()
         return (per_record_error(self.task, out, y), out,
@@ -164,3 +205,7 @@ def apply_quality(results: dict[str, Any]) -> dict[str, Any]:
     if degraded:
         results["status_detail"] = f"the host's verdict: {quality.get('reason', '')}"
     return results
+
+
+__all__ = ["HostAlone", "L2", "LOST", "MAX_ITER", "MAX_ROWS", "Z", "apply_quality", "lbfgs", "per_record_error",
+           "verdict"]

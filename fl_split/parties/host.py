@@ -454,8 +454,8 @@ class HostParty(_Party):
             row["zero_filled"] = {}
             for g in active:
                 gen = gen_of()
-                errors = [per_record_error(self.task, self._forward(k, {a: msgs[a][i] for a in active}, False, g,
-                                                                    gen)[0], y) for i, (k, y) in enumerate(zip(keys, ys))]
+                errors = [per_record_error(self.task, self._forward(k, {a: msgs[a][i] for a in active}, False, g, gen)[0],
+                                           y) for i, (k, y) in enumerate(zip(keys, ys))]
                 row["zero_filled"][g] = float(torch.cat(errors).mean())
         self.quality.append(row)
 
@@ -479,7 +479,8 @@ class HostParty(_Party):
             f"epoch {last['epoch']}: the joint model's test error {last['joint_error']:.4g} ({last['metric']} "
             f"{_num(last['joint_metric'])}) is above the host-alone baseline's {last['baseline_error']:.4g} "
             f"({last['baseline']}: {_num(last['baseline_metric'])}) by {last['z']:.3g} standard errors over "
-            f"{last['records']} test records (degraded above {BASELINE_Z:g}){lost}{zero}" if status == "degraded" else "")
+            f"{last['records']} test records (degraded above {BASELINE_Z:g}){lost}{zero}"
+            if status == "degraded" else "")
         out["epochs"] = [dict(q) for q in self.quality]  # a non-finite number: null with a reason (fl_split/results.py)
         return out
 
@@ -514,6 +515,8 @@ class HostParty(_Party):
             "cache": {name: {"x": c["x"], "filled": torch.from_numpy(self._cached[name])}
                       for name, c in self._cache.items()},
             "absent": json.dumps(self.absent),
+            # the verdicts so far (the baseline itself is refitted, deterministically, when first needed)
+            "quality": json.dumps(self.quality),
         }
 
     def import_state(self, state: dict[str, Any]) -> None:
@@ -531,3 +534,4 @@ class HostParty(_Party):
         self._cached = {name: np.asarray(torch.as_tensor(c["filled"]).numpy(), dtype=bool)
                         for name, c in state["cache"].items()}
         self.absent = {str(g): int(r) for g, r in json.loads(state.get("absent", "{}")).items()}
+        self.quality = json.loads(state.get("quality", "[]"))

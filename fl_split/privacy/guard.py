@@ -167,15 +167,42 @@ def label_matrix(task: str, num_classes: int) -> Callable[[torch.Tensor], torch.
     return encode
 
 
+class _Labelled:
+    """One batch's releases and labels for the label agreement, its moments computed when first asked for (only
+    the batches a check compares are: most training batches leave the window unread)."""
+
+    __slots__ = ("x", "y", "encode", "_value")
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, encode: Callable) -> None:
+        self.x, self.y, self.encode, self._value = x, y, encode, False
+
+    def value(self) -> tuple | None:
+        """``(Xᵀ Y, ‖X‖², ‖Y‖², n, X, Y)`` of the batch's releases ``X`` and encoded labels ``Y``, both centred
+        within the batch (a permutation keeps the batch's means, so only the within-batch covariance can tell,
+        and it has expectation 0 under one); None where the labels are not judged."""
+        if self._value is False:
+            z = self.encode(self.y)
+            x = self.x
+            if z is None or len(z) != len(x) or len(x) < 2:
+                self._value = None
+            else:
+                xc, zc = x - x.mean(0), z.to(x.device).double()
+                zc = zc - zc.mean(0)
+                self._value = (xc.T @ zc, float((xc * xc).sum()), float((zc * zc).sum()), int(x.shape[0]), xc, zc)
+            self.x = self.y = None
+        return self._value
+
+
 def _cross(moments: list[tuple]) -> tuple[torch.Tensor, float, int] | None:
     """The within-batch cross-covariance ``C = Σ_b Σ_i (x − x̄_b)(y − ȳ_b)ᵀ / n`` of releases and labels from
     per-batch moments, its expected energy were each batch's records randomly permuted,
     ``E‖C‖² = Σ_b ‖x − x̄_b‖² ‖y − ȳ_b‖² / (n_b − 1) / n²`` (exact for a permutation of the batch), and ``n``."""
-    if not moments or any(m[4] is None for m in moments):
+    lab = [m[4].value() if m[4] is not None else None for m in moments]
+    if not lab or any(v is None for v in lab):
         return None
-    n = sum(m[4][3] for m in moments)
-    c = sum(m[4][0] for m in moments) / n
-    null = sum(m[4][1] * m[4][2] / (m[4][3] - 1) for m in moments) / n ** 2
+    n = sum(v[3] for v in lab)
+    c = sum(v[0] for v in lab) / n
+    null = sum(v[1] * v[2] / (v[3] - 1) for v in lab) / n ** 2
     return c, float(null), n
 
 
@@ -205,7 +232,8 @@ def label_agreement(train: list[tuple], test: list[tuple]) -> dict[str, float]:
         return out
     out["label_expected"] = signal / math.sqrt((signal + null_tr) * (signal + null_te))
     d = c_te / norm_te
-    var = sum(float(((m[4][4] @ d) @ m[4][5].T).square().sum()) / (m[4][3] - 1) for m in train) / n_tr ** 2
+    batches = [m[4].value() for m in train]
+    var = sum(float(((v[4] @ d) @ v[5].T).square().sum()) / (v[3] - 1) for v in batches) / n_tr ** 2
     # over the chance norm √N_train, not the observed one: both are what a permutation leaves unchanged, so
     # whether the check is judged cannot depend on whether the guest permutes
     out["label_null_sd"] = math.sqrt(var / null_tr) if null_tr > 0 else math.inf
@@ -237,15 +265,7 @@ class TrainTestGuard:
 
     def _moments(self, t: torch.Tensor, y: torch.Tensor | None = None) -> tuple:
         x = t.detach().reshape(t.shape[0], -1).double()
-        labelled = None
-        if y is not None and self.encode is not None:
-            z = self.encode(y.detach())
-            if z is not None and len(z) == len(x) and len(x) >= 2:
-                # centred within the batch: a permutation of the batch's records keeps its means, so only
-                # the within-batch covariance can tell (and has expectation 0 under it)
-                xc, zc = x - x.mean(0), z.to(x.device).double()
-                zc = zc - zc.mean(0)
-                labelled = (xc.T @ zc, float((xc * xc).sum()), float((zc * zc).sum()), int(x.shape[0]), xc, zc)
+        labelled = _Labelled(x, y.detach(), self.encode) if y is not None and self.encode is not None else None
         return x.sum(0), (x * x).sum(0), float(torch.linalg.vector_norm(x, dim=1).sum()), int(x.shape[0]), labelled
 
     def record_train(self, guest: str, t: torch.Tensor, y: torch.Tensor | None = None) -> None:
@@ -485,7 +505,7 @@ class LossJumpAlarm:
         self._last_round = len(losses)
 
 
-__all__ = ["DEGENERATE", "LABEL_JUDGE", "LABEL_MAX_CLASSES", "LABEL_RHO_MIN", "LABEL_MARGIN", "LABEL_Z", "LOSS_BLAME", "LOSS_FACTOR", "LOSS_HISTORY", "LOSS_K", "LOSS_REPEAT", "LOSS_WARMUP",
-           "LOSS_WINDOW", "LossJumpAlarm",
+__all__ = ["DEGENERATE", "LABEL_JUDGE", "LABEL_MAX_CLASSES", "LABEL_RHO_MIN", "LABEL_MARGIN", "LABEL_Z", "LOSS_BLAME",
+           "LOSS_FACTOR", "LOSS_HISTORY", "LOSS_K", "LOSS_REPEAT", "LOSS_WARMUP", "LOSS_WINDOW", "LossJumpAlarm",
            "NORM_RATIO", "PoisoningDetected", "RECENT", "RHO_MIN", "SPREAD_SE", "TrainTestGuard", "label_agreement",
            "label_matrix"]
