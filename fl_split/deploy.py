@@ -707,6 +707,10 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
     and SIGINT are turned into KeyboardInterrupt at its next wait while it runs. ``private_seed``: a
     :class:`~fl_split.seeding.PrivateSeed` (each node gets its own, see the module docstring).
     Runs under umask 077; the work directory and everything in it are owner-only afterwards."""
+    if cfg.secure_merge:  # before anything is written or started
+        from fl_split.flower.strategy import _secure_merge_deployment
+
+        raise _secure_merge_deployment()
     if private_seed is not None:
         from fl_split.seeding import PrivateSeed
 

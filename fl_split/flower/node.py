@@ -237,6 +237,13 @@ def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None,
         party = make_host(plan, data, private_seed=private_seed, secret=secret)
     else:
         party = make_guest(plan, data, role.party, private_seed=private_seed, secret=secret)
+    if plan.cfg.secure_merge:  # as fl_split.privacy.secure_merge.setup_parties (the roster: at setup)
+        from fl_split.privacy import secure_merge as sm
+
+        if role.role == "host":
+            party.secure_merge = sm.fixed_point_of(plan.cfg)
+        else:
+            party.secure_identity = sm.identity_from_seed(party.secret.derive_bytes("secure-merge identity"))
     return party, facts
 
 
@@ -364,6 +371,13 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
                 facts_json = facts.without_labels().to_json()  # a guest's: the coordinator checks them
                 return _reply(message, facts=R.dumps(facts_json), **extra)
             context.state.config_records.pop(OUT, None)  # a set-up in the run rebuilds the party
+            if cfg.secure_merge and role.role == "guest":  # pinned here, never from a coordinator message
+                from fl_split.privacy.secure_merge import roster_from_seed
+
+                if role.mode != "simulation":
+                    raise ConfigError("secure-merge", True, "off in a deployment", reason="a deployment node cannot "
+                                      "pin the other guests' identities yet (docs/flower.md, \"Secure merge\")")
+                party.secure_roster = roster_from_seed(seed, cfg.guests)
             if cfg.checkpoint_dir:
                 _checkpoint_setup(context, role, party, cfg, req, seed)
             _save(context, party, config_json)
@@ -396,6 +410,19 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
             blobs = party.step(R.blob_list(req, "owed"), keys, round_)
             _save(context, party, config_json)
             return _reply(message, blobs=blobs)
+        if mtype == R.MSG_SECURE_ANNOUNCE:  # --secure-merge: a new session (fl_split/privacy/secure_merge.py)
+            _expect(role, "guest", mtype)
+            members = R.loads(str(req["members"]))
+            if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+                raise ProtocolError(f"{role.party}: secure merge: the session's members are not a list of names")
+            announcement = party.secure_announce(bytes(R.blob_list(req, "session")[0]), members)
+            _save(context, party, config_json)
+            return _reply(message, announcement=[announcement])
+        if mtype == R.MSG_SECURE_AGREE:  # every member's signed key, checked against the pinned roster
+            _expect(role, "guest", mtype)
+            party.secure_agree(R.blob_list(req, "announcements"))
+            _save(context, party, config_json)
+            return _reply(message)
         if mtype == R.MSG_HOST_TRAIN:
             _expect(role, "host", mtype)
             acts = {g: R.blob_list(req, f"acts.{g}") for g in party.guests}
@@ -740,7 +767,7 @@ def client_app_for(handler):
 
     app = ClientApp()
     for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_EPOCH,
-                  R.MSG_CHECKPOINTS, R.MSG_STOPPED, MSG_ALIGN, MSG_PREDICT):
+                  R.MSG_CHECKPOINTS, R.MSG_STOPPED, MSG_ALIGN, MSG_PREDICT, R.MSG_SECURE_ANNOUNCE, R.MSG_SECURE_AGREE):
         category, action = mtype.split(".")
         getattr(app, category)(action)(handler)
     return app

@@ -43,6 +43,8 @@ MSG_HOST_EVAL = "evaluate.host"  # the host evaluates the test split
 MSG_EPOCH = "train.epoch"        # direct data plane: every party plays / serves whole epochs
 MSG_CHECKPOINTS = "query.checkpoints"  # a resume: the rounds each party holds a checkpoint of
 MSG_STOPPED = "query.stopped"    # the run failed elsewhere: the coordinator tells each party why
+MSG_SECURE_ANNOUNCE = "query.secure_announce"  # --secure-merge: a guest's signed key for a new session
+MSG_SECURE_AGREE = "query.secure_agree"        # --secure-merge: every member's announcement, relayed
 
 
 class FederationError(FlSplitError):

@@ -167,6 +167,23 @@ class FlowerTransport:
         rep = self.exchange(reqs, round_)
         return {g: R.blob_list(rep[g], "blobs") for g in self.guests}
 
+    def secure_rekey(self, members: list[str]) -> bytes:
+        """``--secure-merge``: a new session among ``members`` in two exchanges — each member's signed
+        X25519 key (``query.secure_announce``), then every announcement to every member
+        (``query.secure_agree``), which checks each against the identity it pinned itself
+        (fl_split/privacy/secure_merge.py, :func:`~fl_split.privacy.secure_merge.rekey`). The coordinator
+        only relays: a key it changed fails the signature check. Returns the session id (fresh random)."""
+        import os
+
+        session = os.urandom(16)
+        who = R.dumps(list(members))
+        rep = self.exchange({g: (R.MSG_SECURE_ANNOUNCE, R.content(session=[session], members=who))
+                             for g in members}, None)
+        announcements = [R.blob_list(rep[g], "announcement")[0] if R.blob_list(rep[g], "announcement") else b""
+                         for g in members]
+        self.exchange({g: (R.MSG_SECURE_AGREE, R.content(announcements=list(announcements))) for g in members}, None)
+        return session
+
     def host_train(self, keys, acts, round_):
         req = R.content(round=round_, keys=R.keys_to_json(keys), **{f"acts.{g}": list(acts[g]) for g in self.guests})
         rep = self.exchange({"host": (R.MSG_HOST_TRAIN, req)}, round_)["host"]

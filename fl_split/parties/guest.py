@@ -324,6 +324,9 @@ class GuestParty(_Party):
             "pending": [[list(k.as_tuple()), p.round, p.version, p.ctx] for k, p in sorted(self._pending.items())],
             "importance": self.importance.state_dict() if self.importance is not None else None,
             "diagnostics": self.diagnostics.state_dict(),
+            **({} if self.secure_identity is None else  # --secure-merge: the pinned roster, the session
+               {"secure": {"roster": {g: k.hex() for g, k in sorted(self.secure_roster.items())},
+                           "session": None if self.secure is None else self.secure.state_dict()}}),
         }
 
     def import_state(self, state: dict[str, Any]) -> None:
@@ -335,3 +338,13 @@ class GuestParty(_Party):
         if self.importance is not None:
             self.importance.load_state_dict(state["importance"])
         self.diagnostics.load_state_dict(state["diagnostics"])
+        if state.get("secure") is not None and self.secure_identity is not None:
+            from fl_split.privacy.secure_merge import MaskingGuest, SkellamShare
+
+            self.secure_roster = {str(g): bytes.fromhex(k) for g, k in state["secure"]["roster"].items()}
+            session = state["secure"]["session"]
+            self.secure = None if session is None else MaskingGuest.from_state(self.name, self.secure_identity,
+                                                                               self.secure_roster, session)
+            mech = self.mechanisms()
+            if self.secure is not None and isinstance(mech, SkellamShare):  # as secure_announce set it
+                mech.active = len(self.secure.members)

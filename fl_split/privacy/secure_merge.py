@@ -306,6 +306,26 @@ class MaskingGuest:
     def ready(self) -> bool:
         return self._pairs is not None
 
+    def state_dict(self) -> dict:
+        """What a Flower node keeps between messages (``context.state``, beside the party's secret):
+        the session, its members, the ephemeral key, the agreed pair keys and the nonces used."""
+        from cryptography.hazmat.primitives import serialization as ser
+
+        eph = self._eph.private_bytes(ser.Encoding.Raw, ser.PrivateFormat.Raw, ser.NoEncryption())
+        return {"session": self.session.hex(), "members": list(self.members), "ephemeral": eph.hex(),
+                "pairs": None if self._pairs is None else {g: k.hex() for g, k in sorted(self._pairs.items())},
+                "used": sorted(n.hex() for n in self._used)}
+
+    @classmethod
+    def from_state(cls, name: str, identity, roster: dict[str, bytes], state: dict) -> "MaskingGuest":
+        """:meth:`state_dict` back (the same session: its used nonces are still refused)."""
+        out = cls(name, identity, roster, bytes.fromhex(state["session"]), list(state["members"]),
+                  bytes.fromhex(state["ephemeral"]))
+        pairs = state.get("pairs")
+        out._pairs = None if pairs is None else {str(g): bytes.fromhex(k) for g, k in pairs.items()}
+        out._used = {bytes.fromhex(n) for n in state["used"]}
+        return out
+
     def mask(self, values: np.ndarray, round_: int, key: tuple, fresh: bool = True) -> np.ndarray:
         """``values`` (integers, any sign) plus this guest's masks for ``(round, batch)``, on the ring.
         The same ``(round, batch)`` twice in a session is refused: a repeated mask would leave the
@@ -475,6 +495,36 @@ def setup_parties(host, guests: dict) -> None:
         g.secure_roster = dict(roster)
     mech = next(iter(guests.values())).mechanisms()
     host.secure_merge = (float(mech.clip), int(mech.scale))
+
+
+def roster_from_seed(private_seed, guests: int) -> dict[str, bytes]:
+    """The pinned roster of a Flower simulation: every guest's public identity recomputed from the
+    run's private seed, as :func:`setup_parties` derives it from each guest's secret (the secrets are
+    ``HKDF(seed, party)``), so no coordinator message can change it. A per-party seed (a deployment
+    node's own) cannot give the other guests' identities: :class:`ProtocolError`."""
+    from fl_split.seeding import PartySecret, PrivateSeedError
+
+    if private_seed is None:
+        raise ProtocolError("secure merge: a Flower simulation pins every guest's identity from the run's private "
+                            "seed (--private-seed-file); without one no roster can be pinned (the coordinator "
+                            "relays the keys and must not choose them)")
+    try:
+        secrets_ = {f"guest-{i}": PartySecret.from_private_seed(private_seed, f"guest-{i}")
+                    for i in range(1, int(guests) + 1)}
+    except PrivateSeedError as exc:
+        raise ProtocolError(f"secure merge: the other guests' identities cannot be pinned from this node's own "
+                            f"seed ({exc})") from None
+    return {g: public_identity(identity_from_seed(s.derive_bytes("secure-merge identity")))
+            for g, s in secrets_.items()}
+
+
+def fixed_point_of(cfg) -> tuple[float, int]:
+    """``(clip, scale)`` of the guests' releases under ``cfg`` (what the host decodes with), from the
+    same factory that builds a guest's :class:`SkellamShare`."""
+    from fl_split.privacy.factory import forward_mechanism
+
+    mech = forward_mechanism(cfg, 1)
+    return float(mech.clip), int(mech.scale)
 
 
 def rekey(guests: dict, members: list[str], relay=None) -> bytes:

@@ -1,0 +1,186 @@
+"""``--merge sum|avg --secure-merge`` on the Flower relay (``--engine flower --data-plane flower``): the
+same numbers as the local engine, the Flower message transcript, a coordinator that substitutes a key,
+and the combinations still refused (docs/flower.md, "Secure merge"; docs/threat-model.md, "Secure merge")."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fl_split.config import RunConfig
+from fl_split.engine import LocalEngine
+from fl_split.errors import ConfigError, PartyError
+from fl_split.flower import records as R
+from fl_split.flower.strategy import VerticalSplitStrategy
+from fl_split.privacy import secure_merge as sm
+from fl_split.protocol import open_message
+from tests.test_flower import PS, InlineGrid, _simulation_nodes, _strip
+
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
+
+
+def _cfg(**kw) -> RunConfig:
+    base = dict(dataset="digits", guests=3, merge="sum", epochs=1, batch_size=64, limit=300, progress=False,
+                host_features=False, secure_merge=True, seed=3, device="cpu", engine="flower", data_plane="flower",
+                defense="gaussian", sigma=0.7, secure_merge_collusion="0")
+    base.update(kw)
+    return RunConfig(**base)
+
+
+class RecordingGrid(InlineGrid):
+    """An :class:`InlineGrid` keeping every message a node receives and every reply the coordinator
+    receives; ``tamper(message)`` may change a message before its node sees it (a dishonest coordinator)."""
+
+    def __init__(self, *a, tamper=None, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.received: list[tuple[int, str, dict]] = []
+        self.answers: list[tuple[int, str, dict]] = []
+        self.tamper = tamper
+
+    def _answer(self, m):
+        if self.tamper is not None:
+            self.tamper(m)
+        node, mtype = m.metadata.dst_node_id, m.metadata.message_type
+        if R.REQUEST in m.content.config_records:
+            self.received.append((node, mtype, dict(m.content.config_records[R.REQUEST])))
+        reply = super()._answer(m)
+        if R.REPLY in reply.content.config_records:
+            self.answers.append((node, mtype, dict(reply.content.config_records[R.REPLY])))
+        return reply
+
+
+def _local_truth(cfg: RunConfig) -> tuple[dict, dict[str, list[torch.Tensor]]]:
+    """The local engine's run of ``cfg`` and each guest's true releases (fixed point + noise share)."""
+    truth: dict[str, list[torch.Tensor]] = {}
+    eng = LocalEngine(cfg.replace(engine="local"), PS)
+    for g, party in eng.guests.items():
+        mech = party.mechanisms()
+        real = mech.release
+
+        def spy(t, gen, real=real, g=g):
+            rel = real(t, gen)
+            truth.setdefault(g, []).append(rel.value.detach().clone())
+            return rel
+
+        mech.release = spy
+    return eng.run(), truth
+
+
+def test_flower_relay_equals_the_local_engine_and_no_view_holds_a_guests_release():
+    """The relay with secure merge and distributed noise (σ = 0.7, k = 0) gives the local engine's
+    results exactly (same seeds and private seed; each message handled by a fresh process, so the
+    session survives ``context.state``). In the Flower transcript, each guest's release reaches the host
+    uniform on the ring and uncorrelated with its true value (fixed point + share), equal to the truth
+    only in the sum; the coordinator relays only signed X25519 public keys."""
+    cfg = _cfg()
+    local, truth = _local_truth(cfg)
+    grid = RecordingGrid(_simulation_nodes(4), fresh_process=True)
+    got = VerticalSplitStrategy(cfg).run(grid)
+    assert got["stopped_reason"] == "completed"
+    assert _strip(got) == _strip(local)
+    host_node = grid.ids[0]
+    train = [req for node, mtype, req in grid.received if node == host_node and mtype == R.MSG_HOST_TRAIN]
+    guests = ["guest-1", "guest-2", "guest-3"]
+    views = {g: np.concatenate([open_message(req[f"acts.{g}"][0]).tensor.reshape(-1).double().numpy()
+                                for req in train]) for g in guests}
+    true = {g: torch.cat(truth[g][:len(train)]).reshape(-1).numpy() for g in guests}
+    n = len(views["guest-1"])
+    assert n > 5000
+    for g in guests:
+        counts = np.bincount(views[g].astype(np.int64) >> (sm.RING_BITS - 5), minlength=32)
+        chi2 = float(((counts - n / 32) ** 2 / (n / 32)).sum())
+        assert chi2 < 80, (g, chi2)  # 31 d.o.f.: P(chi2 > 80) < 1e-5 for a uniform view
+        assert abs(np.corrcoef(views[g], true[g])[0, 1]) < 5 / math.sqrt(n)
+        assert not np.array_equal(sm.centred(views[g].astype(np.int64)), true[g].astype(np.int64))
+    total = sm.centred(sm.to_ring(sum(v.astype(np.int64) for v in views.values())))
+    assert np.array_equal(total, sum(t.astype(np.int64) for t in true.values()))
+    # the guests' releases reach the coordinator as the same masked frames (no other copy)
+    steps = [rep for node, mtype, rep in grid.answers if mtype == R.MSG_STEP]
+    for rep in steps:
+        for blob in rep.get("blobs", []):
+            v = open_message(blob).tensor.reshape(-1).double().numpy()
+            assert v.min() >= 0 and v.max() < sm.RING and np.array_equal(v, np.round(v))
+    # the key agreement: one session, each guest announced one signed public key, relayed unchanged
+    anns = [rep["announcement"][0] for _, mtype, rep in grid.answers if mtype == R.MSG_SECURE_ANNOUNCE]
+    parsed = [sm.KeyAnnouncement.from_bytes(a) for a in anns]
+    assert sorted(a.guest for a in parsed) == guests and len({a.session for a in parsed}) == 1
+    agree = [req for _, mtype, req in grid.received if mtype == R.MSG_SECURE_AGREE]
+    assert len(agree) == 3 and all(sorted(req["announcements"]) == sorted(anns) for req in agree)
+    assert got["parties"]["guest-1"]["mechanism"]["honest_shares"] == 3
+
+
+def test_a_coordinator_that_substitutes_a_key_is_refused():
+    """The coordinator replaces guest-2's announcement with a key of its own, signed by an identity of
+    its own: every guest that checks it refuses (it is not signed by guest-2's pinned identity) before
+    any release; the run stops with that line."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    mine = ed25519.Ed25519PrivateKey.generate()
+
+    def tamper(m):
+        if m.metadata.message_type != R.MSG_SECURE_AGREE:
+            return
+        rec = m.content.config_records[R.REQUEST]
+        out = []
+        for blob in rec["announcements"]:
+            a = sm.KeyAnnouncement.from_bytes(blob)
+            if a.guest == "guest-2":
+                forged = sm.MaskingGuest("guest-2", mine, {"guest-2": sm.public_identity(mine)}, a.session,
+                                         ["guest-2"], bytes(range(32)))
+                blob = forged.announce()
+            out.append(blob)
+        rec["announcements"] = out
+
+    grid = RecordingGrid(_simulation_nodes(4), tamper=tamper)
+    with pytest.raises(PartyError) as err:
+        VerticalSplitStrategy(_cfg(defense="none")).run(grid)
+    assert "guest-2's key is not signed by guest-2's pinned identity" in str(err.value)
+    assert R.MSG_STEP not in grid.types  # nothing was released
+
+
+def test_a_node_without_the_private_seed_pins_no_roster():
+    """A simulated guest without the run's private seed cannot pin its peers' identities: its setup
+    fails with one line (the coordinator is never asked for them)."""
+    from fl_split.flower.node import handle
+
+    grid = InlineGrid(_simulation_nodes(4), app=lambda message, context: handle(message, context, None))
+    with pytest.raises(PartyError) as err:
+        VerticalSplitStrategy(_cfg(defense="none")).run(grid)
+    assert "pins every guest's identity from the run's private seed" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("kw, key, why", [
+    (dict(data_plane="direct"), "data-plane", "the direct data plane does not carry it yet"),
+    (dict(on_guest_failure="pad"), "on-guest-failure", "pad runs on the direct data plane"),
+])
+def test_flower_combinations_still_refused_are_one_line(kw, key, why):
+    """The direct data plane (a deployment's default) and ``pad`` (which on the relay would need a
+    re-keyed redo of the round) stay refused in one line, before any node is contacted."""
+    from fl_split.flower.strategy import check_options
+
+    with pytest.raises(ConfigError) as err:
+        check_options(_cfg(**kw))
+    text = str(err.value)
+    assert text.startswith(f"--{key}: got ") and why in text and "\n" not in text
+
+
+def test_deployment_nodes_and_deploy_local_are_refused_before_anything_starts(tmp_path):
+    """``fl-split deploy local`` refuses at once (nothing written), and a coordinator whose nodes are
+    deployment SuperNodes refuses before any party is set up."""
+    from fl_split.deploy import deploy_local
+
+    with pytest.raises(ConfigError) as err:
+        deploy_local(_cfg(), tmp_path / "work")
+    assert str(err.value).startswith("--secure-merge: got ") and "off in a deployment" in str(err.value)
+    assert not (tmp_path / "work").exists()
+    nodes = [{"role": "host", "data-path": "h.npz"}] + [{"role": "guest", "guest-index": i, "data-path": f"g{i}.npz"}
+                                                      for i in (1, 2, 3)]
+    grid = InlineGrid(nodes)
+    with pytest.raises(ConfigError) as err:
+        VerticalSplitStrategy(_cfg()).run(grid)
+    assert "off in a deployment" in str(err.value)
+    assert R.MSG_SETUP not in grid.types
