@@ -497,7 +497,7 @@ class RunConfig:
         if self.engine == "flower" and self.data_plane != "flower":
             raise ConfigError("data-plane", self.data_plane, "flower with --secure-merge --engine flower",
                               reason="the key agreement travels in the coordinator's relay messages; the direct "
-                                     "data plane does not carry it yet (docs/flower.md, \"Secure merge\")")
+                                     "data plane does not carry it yet (docs/flower.md, \"Secure merge on Flower\")")
         if self.secure_merge_collusion != "all" and int(self.secure_merge_collusion) >= self.guests:
             raise ConfigError("secure-merge-collusion", self.secure_merge_collusion,
                               f"'all' or an integer k with 0 <= k <= {self.guests - 1}",

@@ -1,6 +1,7 @@
 """``--merge sum|avg --secure-merge`` on the Flower relay (``--engine flower --data-plane flower``): the
 same numbers as the local engine, the Flower message transcript, a coordinator that substitutes a key,
-and the combinations still refused (docs/flower.md, "Secure merge"; docs/threat-model.md, "Secure merge")."""
+and the combinations still refused (docs/flower.md, "Secure merge on Flower"; docs/threat-model.md,
+"Secure merge")."""
 
 from __future__ import annotations
 
@@ -109,6 +110,13 @@ def test_flower_relay_equals_the_local_engine_and_no_view_holds_a_guests_release
     assert sorted(a.guest for a in parsed) == guests and len({a.session for a in parsed}) == 1
     agree = [req for _, mtype, req in grid.received if mtype == R.MSG_SECURE_AGREE]
     assert len(agree) == 3 and all(sorted(req["announcements"]) == sorted(anns) for req in agree)
+    # what the coordinator receives in the key agreement: the announcement alone, then nothing
+    for _, mtype, rep in grid.answers:
+        if mtype == R.MSG_SECURE_ANNOUNCE:
+            assert set(rep) - {"worker"} == {"announcement"} and len(rep["announcement"]) == 1
+        elif mtype == R.MSG_SECURE_AGREE:
+            assert set(rep) - {"worker"} == set()
+    assert all(len(a.public) == 32 for a in parsed)
     assert got["parties"]["guest-1"]["mechanism"]["honest_shares"] == 3
 
 

@@ -54,7 +54,7 @@ def check_options(cfg: RunConfig) -> None:
 
 
 def _secure_merge_deployment():
-    """The one line refusing ``--secure-merge`` on deployment nodes (docs/flower.md, "Secure merge")."""
+    """The one line refusing ``--secure-merge`` on deployment nodes (docs/flower.md, "Secure merge on Flower")."""
     from fl_split.errors import ConfigError
 
     return ConfigError("secure-merge", True, "off in a deployment (fl-split deploy local, SuperNodes with a role)",
