@@ -16,8 +16,9 @@ and, with ``--old PATH``, a copy of an older ``ledger.py`` loaded from that path
 With ``--train-rows N`` (e.g. 300000) it also generates two Parquet tables of N rows under a
 temporary folder (integer IDs; the host 10 columns and the label, one guest 10 columns, rows
 shuffled) and times one ``fl-split train`` epoch (batch 1024, local engine) with ``--defense none``
-and ``--defense gaussian``, ``--train-repeats`` times interleaved: the results' ``time_s`` and the
-ratio of the medians.
+and each of ``--defenses`` (default ``gaussian``; e.g. ``gaussian laplace rr``), ``--train-repeats``
+times interleaved: the results' ``time_s``, the CPU seconds of the same training loop (``CPU_WRAPPER``)
+and, per defence, the ratios of the medians to ``none``'s (``ratios``, ``cpu_ratios``).
 
 Run: ``python experiments/bench_ledger_scale.py [--old /tmp/ledger_old.py] [--sizes 10000 100000 1000000]
 [--train-rows 300000]``; prints a table and writes ``experiments/results/bench_ledger_scale.json``.
@@ -96,15 +97,36 @@ def measure(mod, n: int, batch: int, batches: int, id_kind: str) -> dict:
     return out
 
 
-def train_epochs(rows: int, repeats: int) -> dict:
-    """One ``fl-split train`` epoch on own Parquet tables of ``rows`` rows, none vs gaussian."""
+#: ``fl-split train`` in this interpreter, with the CPU seconds of its training loop (``engine.coordinate``,
+#: what ``time_s`` times; every thread of the process: the local engine runs the parties in it) written to ``argv[1]``: on
+#: a shared machine the wall ``time_s`` stretches with the other jobs' load, the CPU time far less
+CPU_WRAPPER = """
+import sys, time
+from pathlib import Path
+from fl_split import cli, engine
+inner = engine.coordinate
+def timed(*a, **k):
+    t = time.process_time()
+    try:
+        return inner(*a, **k)
+    finally:
+        Path(sys.argv[1]).write_text(repr(time.process_time() - t))
+engine.coordinate = timed
+raise SystemExit(cli.main(sys.argv[2:]))
+"""
+
+
+def train_epochs(rows: int, repeats: int, defenses: tuple[str, ...] = ("gaussian",)) -> dict:
+    """One ``fl-split train`` epoch on own Parquet tables of ``rows`` rows, none vs each of ``defenses``
+    (interleaved: one run of each per repeat)."""
     import pandas as pd
 
     rng = np.random.default_rng(0)
     ids = rng.permutation(rows).astype(np.int64)
     x = rng.normal(size=(rows, 20)).round(4)
     y = (x[:, 0] + x[:, 10] + 0.5 * rng.normal(size=rows) > 0).astype(int)
-    times: dict[str, list[float]] = {"none": [], "gaussian": []}
+    times: dict[str, list[float]] = {d: [] for d in ("none", *defenses)}
+    cpu: dict[str, list[float]] = {d: [] for d in times}
     with tempfile.TemporaryDirectory() as tmp:
         host, guest = Path(tmp) / "host.parquet", Path(tmp) / "guest.parquet"
         pd.DataFrame({"id": ids, **{f"h{i}": x[:, i] for i in range(10)}, "y": y}).to_parquet(host)
@@ -113,16 +135,22 @@ def train_epochs(rows: int, repeats: int) -> dict:
         for _ in range(repeats):
             for defense in times:
                 out = Path(tmp) / f"{defense}.json"
-                subprocess.run([sys.executable, "-m", "fl_split.cli", "train", "--data", f"host={host}",
+                cpu_file = Path(tmp) / f"{defense}.cpu"
+                subprocess.run([sys.executable, "-c", CPU_WRAPPER, str(cpu_file), "train", "--data", f"host={host}",
                                 "--data", f"guest-1={guest}", "--id-column", "id", "--label-column", "y",
                                 "--epochs", "1", "--batch-size", "1024", "--defense", defense, "--no-progress",
                                 "--no-run-dir", "--private-seed", "1", "--insecure-private-seed", "--out", str(out)],
                                check=True, capture_output=True)
                 times[defense].append(json.loads(out.read_text())["time_s"])
-                print(f"train {rows:,} rows --defense {defense}: {times[defense][-1]:.2f} s "
-                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+                cpu[defense].append(float(cpu_file.read_text()))
+                print(f"train {rows:,} rows --defense {defense}: {times[defense][-1]:.2f} s, CPU "
+                      f"{cpu[defense][-1]:.2f} s (load {os.getloadavg()[0]:.1f})", flush=True)
     med = {d: statistics.median(t) for d, t in times.items()}
-    return {"rows": rows, "time_s": times, "median_s": med, "ratio": med["gaussian"] / med["none"]}
+    ratios = {d: med[d] / med["none"] for d in defenses}
+    med_cpu = {d: statistics.median(t) for d, t in cpu.items()}
+    return {"rows": rows, "time_s": times, "median_s": med, "ratios": ratios,
+            "ratio": ratios.get("gaussian", max(ratios.values())), "cpu_s": cpu, "median_cpu_s": med_cpu,
+            "cpu_ratios": {d: med_cpu[d] / med_cpu["none"] for d in defenses}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=100)
     ap.add_argument("--train-rows", type=int, default=0, help="also time one fl-split train epoch at this many rows")
     ap.add_argument("--train-repeats", type=int, default=3)
+    ap.add_argument("--defenses", nargs="+", default=["gaussian"], choices=["gaussian", "laplace", "rr"],
+                    help="defences timed against --defense none with --train-rows")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_ledger_scale.json"))
     args = ap.parse_args(argv)
     modules = [("after", current)] + ([("before", load_module(args.old))] if args.old else [])
@@ -157,9 +187,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"N={n}: epsilon differs: {eps}")
     train = None
     if args.train_rows:
-        train = train_epochs(args.train_rows, args.train_repeats)
-        print(f"train epoch, median: none {train['median_s']['none']:.2f} s, gaussian "
-              f"{train['median_s']['gaussian']:.2f} s, ratio {train['ratio']:.2f}")
+        train = train_epochs(args.train_rows, args.train_repeats, tuple(args.defenses))
+        print(f"train epoch, median: none {train['median_s']['none']:.2f} s; " + "; ".join(
+            f"{d} {train['median_s'][d]:.2f} s, ratio {r:.2f} (CPU {train['cpu_ratios'][d]:.2f})"
+            for d, r in train["ratios"].items()))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                                           "batch": args.batch, "batches": args.batches, "rows": rows,
