@@ -458,6 +458,21 @@ def test_permutation_from_round_10_is_refused_by_the_label_check_in_the_first_ep
     assert "\n" not in text and engine.host.history == []  # the evaluation was refused: nothing recorded
 
 
+def test_permutation_under_one_round_per_epoch_is_refused_at_the_deferred_comparison():
+    """One relay round per epoch: the label agreement runs where the train-vs-test check does, at the next
+    epoch's first round against the kept test releases (released by the same model). Epoch 1's releases come
+    from a barely trained bottom, so here it is judged, and refused, at epoch 3's round (seed 1)."""
+    engine = LocalEngine(_cfg("none", epochs=3, batches_per_round="epoch"), private_seed=PrivateSeed.legacy(1),
+                         transport=lambda t: PoisoningGuest(t, "permute", start=1))
+    with pytest.raises(ReleaseOutOfRange) as err:
+        engine.run()
+    e, text = err.value, str(err.value)
+    assert (e.sender, e.receiver, e.what) == ("guest-1", "host", "activations")
+    assert text.startswith("host refused guest-1's activations for train[epoch 3]") and "label check" in text
+    assert "compared with the test releases of test[epoch 2], from the same model" in text
+    assert len(engine.host.history) == 2  # epochs 1 and 2 evaluated; nothing of epoch 3 trained
+
+
 def test_permutation_from_round_10_pad_zero_fills_the_guest_and_goes_on():
     engine = LocalEngine(_cfg("none", epochs=2, seed=1, on_guest_failure="pad"), private_seed=PrivateSeed.legacy(1),
                          transport=lambda t: PoisoningGuest(t, "permute"))
