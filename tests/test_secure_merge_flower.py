@@ -70,6 +70,21 @@ def _local_truth(cfg: RunConfig) -> tuple[dict, dict[str, list[torch.Tensor]]]:
     return eng.run(), truth
 
 
+def _no_view_holds_a_release(views: dict[str, np.ndarray], true: dict[str, np.ndarray]) -> None:
+    """Each guest's view at the host is uniform on the ring (χ²) and uncorrelated with the guest's true
+    release; only the views' sum on the ring equals the true releases' sum."""
+    n = len(views["guest-1"])
+    assert n > 5000
+    for g in views:
+        counts = np.bincount(views[g].astype(np.int64) >> (sm.RING_BITS - 5), minlength=32)
+        chi2 = float(((counts - n / 32) ** 2 / (n / 32)).sum())
+        assert chi2 < 80, (g, chi2)  # 31 d.o.f.: P(chi2 > 80) < 1e-5 for a uniform view
+        assert abs(np.corrcoef(views[g], true[g])[0, 1]) < 5 / math.sqrt(n)
+        assert not np.array_equal(sm.centred(views[g].astype(np.int64)), true[g].astype(np.int64))
+    total = sm.centred(sm.to_ring(sum(v.astype(np.int64) for v in views.values())))
+    assert np.array_equal(total, sum(t.astype(np.int64) for t in true.values()))
+
+
 def test_flower_relay_equals_the_local_engine_and_no_view_holds_a_guests_release():
     """The relay with secure merge and distributed noise (σ = 0.7, k = 0) gives the local engine's
     results exactly (same seeds and private seed; each message handled by a fresh process, so the
@@ -88,16 +103,7 @@ def test_flower_relay_equals_the_local_engine_and_no_view_holds_a_guests_release
     views = {g: np.concatenate([open_message(req[f"acts.{g}"][0]).tensor.reshape(-1).double().numpy()
                                 for req in train]) for g in guests}
     true = {g: torch.cat(truth[g][:len(train)]).reshape(-1).numpy() for g in guests}
-    n = len(views["guest-1"])
-    assert n > 5000
-    for g in guests:
-        counts = np.bincount(views[g].astype(np.int64) >> (sm.RING_BITS - 5), minlength=32)
-        chi2 = float(((counts - n / 32) ** 2 / (n / 32)).sum())
-        assert chi2 < 80, (g, chi2)  # 31 d.o.f.: P(chi2 > 80) < 1e-5 for a uniform view
-        assert abs(np.corrcoef(views[g], true[g])[0, 1]) < 5 / math.sqrt(n)
-        assert not np.array_equal(sm.centred(views[g].astype(np.int64)), true[g].astype(np.int64))
-    total = sm.centred(sm.to_ring(sum(v.astype(np.int64) for v in views.values())))
-    assert np.array_equal(total, sum(t.astype(np.int64) for t in true.values()))
+    _no_view_holds_a_release(views, true)
     # the guests' releases reach the coordinator as the same masked frames (no other copy)
     steps = [rep for node, mtype, rep in grid.answers if mtype == R.MSG_STEP]
     for rep in steps:
@@ -161,17 +167,49 @@ def test_a_node_without_the_private_seed_pins_no_roster():
     assert "\n" not in str(err.value)
 
 
+def test_the_direct_data_plane_equals_the_local_engine():
+    """The direct data plane (the default): the coordinator agrees the session over Flower before the
+    first ``train.epoch``, the guests' masked releases travel over the data plane, and the results
+    equal the local engine's; every training release the host receives in its data-plane frames passes
+    the same transcript checks as the relay's."""
+    from fl_split.dataplane.host import HostDataPlane
+
+    cfg = _cfg(data_plane="direct", sigma=1.0)
+    local, truth = _local_truth(cfg)
+    seen: list[dict[str, list[bytes]]] = []
+    real = HostDataPlane.guest_step
+
+    def spy(self, owed, keys, round_):
+        out = real(self, owed, keys, round_)
+        if all(k.phase == "train" for k in keys):
+            seen.append({g: list(b) for g, b in out.items()})
+        return out
+
+    grid = RecordingGrid(_simulation_nodes(4))
+    HostDataPlane.guest_step = spy
+    try:
+        got = VerticalSplitStrategy(cfg).run(grid)
+    finally:
+        HostDataPlane.guest_step = real
+    assert got["stopped_reason"] == "completed"
+    assert _strip(got) == _strip(local)
+    guests = ["guest-1", "guest-2", "guest-3"]
+    views = {g: np.concatenate([open_message(r[g][0]).tensor.reshape(-1).double().numpy() for r in seen])
+             for g in guests}
+    _no_view_holds_a_release(views, {g: torch.cat(truth[g][:len(seen)]).reshape(-1).numpy() for g in guests})
+    order = [t for t in grid.types if t in (R.MSG_SECURE_ANNOUNCE, R.MSG_SECURE_AGREE, R.MSG_EPOCH)]
+    assert order[:6] == [R.MSG_SECURE_ANNOUNCE] * 3 + [R.MSG_SECURE_AGREE] * 3 and R.MSG_EPOCH in order
+
+
 @pytest.mark.parametrize("kw, key, why", [
-    (dict(data_plane="direct"), "data-plane", "the direct data plane does not carry it yet"),
-    (dict(on_guest_failure="pad"), "on-guest-failure", "pad runs on the direct data plane"),
+    (dict(on_guest_failure="pad"), "on-guest-failure", "only the local engine does yet"),
+    (dict(checkpoint_dir="ckpt", data_plane="direct"), "checkpoint-dir", "a resumed Flower run's new session is not built yet"),
 ])
 def test_flower_combinations_still_refused_are_one_line(kw, key, why):
-    """The direct data plane (a deployment's default) and ``pad`` (which on the relay would need a
-    re-keyed redo of the round) stay refused in one line, before any node is contacted."""
-    from fl_split.flower.strategy import check_options
-
+    """``pad`` (the guests left would re-key mid-round) and checkpoints (a resume's new session) stay
+    refused on Flower in one line, before any node is contacted."""
     with pytest.raises(ConfigError) as err:
-        check_options(_cfg(**kw))
+        _cfg(**kw)
     text = str(err.value)
     assert text.startswith(f"--{key}: got ") and why in text and "\n" not in text
 

@@ -521,6 +521,11 @@ class HostDataPlane:
             raise GuestFailure(round_, failed, out)
         return out
 
+    def secure_rekey(self, members: list[str]) -> None:
+        """``--secure-merge``: nothing here. The coordinator agreed the run's session with the guests
+        over Flower before the first ``train.epoch`` (:meth:`fl_split.flower.transport.FlowerTransport.secure_rekey`);
+        a guest outside it refuses to release."""
+
     def host_train(self, keys, acts, round_):
         return self._local.host_train(keys, acts, round_)
 

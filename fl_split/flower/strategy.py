@@ -147,6 +147,8 @@ class VerticalSplitStrategy:
             if self.cfg.data_plane == "direct":
                 from fl_split.flower.direct import coordinate_direct
 
+                if self.cfg.secure_merge:  # the run's session, before any epoch (the relay's: in coordinate)
+                    transport.secure_rekey(list(transport.guests))
                 results = coordinate_direct(self.cfg, self.plan, transport, transport.setup_replies.get("host"),
                                             timeline=self.timeline, checkpoints=self.checkpoints)
             else:
