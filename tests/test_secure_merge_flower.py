@@ -155,6 +155,20 @@ def test_a_coordinator_that_substitutes_a_key_is_refused():
     assert R.MSG_STEP not in grid.types  # nothing was released
 
 
+def test_a_session_without_every_guest_is_refused():
+    """A coordinator that leaves guests out of the session (guest-1 alone would mask towards nobody:
+    its release would reach the host unmasked) is refused by the guest before it announces a key."""
+    def tamper(m):
+        if m.metadata.message_type == R.MSG_SECURE_ANNOUNCE:
+            m.content.config_records[R.REQUEST]["members"] = R.dumps(["guest-1"])
+
+    grid = RecordingGrid(_simulation_nodes(4), tamper=tamper)
+    with pytest.raises(PartyError) as err:
+        VerticalSplitStrategy(_cfg(defense="none")).run(grid)
+    assert "secure merge: a session of ['guest-1']; refused" in str(err.value)
+    assert R.MSG_SECURE_AGREE not in grid.types and R.MSG_STEP not in grid.types
+
+
 def test_a_node_without_the_private_seed_pins_no_roster():
     """A simulated guest without the run's private seed cannot pin its peers' identities: its setup
     fails with one line (the coordinator is never asked for them)."""

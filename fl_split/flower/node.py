@@ -413,9 +413,15 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
         if mtype == R.MSG_SECURE_ANNOUNCE:  # --secure-merge: a new session (fl_split/privacy/secure_merge.py)
             _expect(role, "guest", mtype)
             members = R.loads(str(req["members"]))
-            if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
-                raise ProtocolError(f"{role.party}: secure merge: the session's members are not a list of names")
-            announcement = party.secure_announce(bytes(R.blob_list(req, "session")[0]), members)
+            session = R.blob_list(req, "session")
+            if not isinstance(members, list) or sorted(map(str, members)) != sorted(party.secure_roster):
+                # (no guest is ever dropped on Flower: a session of fewer guests would leave this one's
+                # release masked only towards them, or unmasked)
+                raise ProtocolError(f"{role.party}: secure merge: a session of {members!r}; refused (every guest "
+                                    f"of the run, {sorted(party.secure_roster)}, must be in it)")
+            if len(session) != 1 or not 16 <= len(session[0]) <= 64:
+                raise ProtocolError(f"{role.party}: secure merge: a session id of 16 to 64 bytes expected")
+            announcement = party.secure_announce(bytes(session[0]), [str(m) for m in members])
             _save(context, party, config_json)
             return _reply(message, announcement=[announcement])
         if mtype == R.MSG_SECURE_AGREE:  # every member's signed key, checked against the pinned roster
