@@ -44,15 +44,18 @@ keeps every mean and norm above, but its releases no longer belong to their reco
 the records' labels. The same check therefore also compares, per guest, the within-batch cross-covariance
 of the releases with the host's labels, ``C = Σ_b Σ_i (x − x̄_b)(y − ȳ_b)ᵀ / n`` (centred per batch: a
 permutation keeps each batch's means, which carry the batch's label mix; ``y``: one-hot classes, the 0/1
-class or the standardised target; :func:`label_matrix`), of the last :data:`RECENT` training batches with that of
-the epoch's test releases: their correlation (cosine, :func:`label_agreement`) is near 1 for an honest
-guest and near 0 for a permuted one (zero-mean noise, independent of the labels, changes ``C``'s spread,
-not its expectation; a scale cancels). It is judged only where the test releases carry the labels well
-above chance: ``‖C_test‖²`` against its chance level (its expectation were each batch's records permuted,
-:func:`_cross`) predicts the correlation
-an honest guest would show, and a prediction below :data:`LABEL_JUDGE` (Gaussian σ = 0.7, Laplace ε = 50:
-releases mostly noise) skips it; a judged correlation below :data:`LABEL_RHO_MIN` is refused like the
-others. A guest holds no labels, so it cannot reorder its records and keep this agreement.
+class or the standardised target; :func:`label_matrix`), of the last :data:`RECENT` training batches with
+that of the epoch's test releases: their correlation (cosine, :func:`label_agreement`) is near 1 for an
+honest guest and near 0 for a permuted one (zero-mean noise, independent of the labels, changes ``C``'s
+spread, not its expectation; a scale cancels). Refused below ``max(LABEL_RHO_MIN, LABEL_Z × σ₀)``, σ₀ the
+correlation's standard deviation were each training batch's records permuted (exact for the projection on
+the test direction). Judged only where the test releases carry the labels well above chance: ``‖C_test‖²``
+against its chance level (:func:`_cross`) predicts the correlation an honest guest would show, which must
+reach :data:`LABEL_JUDGE` and the threshold + :data:`LABEL_MARGIN` (Gaussian σ = 0.7, Laplace ε = 50:
+releases mostly noise, and binary tasks, whose label covariance lies in one or two directions: skipped).
+Both the prediction and σ₀ are computed from quantities a permutation leaves unchanged, so a permuting
+guest cannot make itself unjudged. A guest holds no labels, so it cannot reorder its records and keep this
+agreement.
 
 The checks start once the guest made :data:`RECENT` training releases (a bottom with batch
 normalisation releases its first test batches through running statistics still far off).
