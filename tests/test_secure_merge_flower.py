@@ -171,7 +171,14 @@ def test_a_session_without_every_guest_is_refused():
 
 def test_a_node_without_the_private_seed_pins_no_roster():
     """A simulated guest without the run's private seed cannot pin its peers' identities: its setup
-    fails with one line (the coordinator is never asked for them)."""
+    fails with one line (the coordinator is never asked for them); the in-process simulation refuses
+    before Ray starts."""
+    from fl_split.flower import FlowerEngine
+
+    with pytest.raises(ConfigError) as err:
+        FlowerEngine(_cfg()).run()
+    text = str(err.value)
+    assert text.startswith("--private-seed-file: got ") and "pins the other guests' identities" in text
     from fl_split.flower.node import handle
 
     grid = InlineGrid(_simulation_nodes(4), app=lambda message, context: handle(message, context, None))
@@ -217,7 +224,8 @@ def test_the_direct_data_plane_equals_the_local_engine():
 
 @pytest.mark.parametrize("kw, key, why", [
     (dict(on_guest_failure="pad"), "on-guest-failure", "only the local engine does yet"),
-    (dict(checkpoint_dir="ckpt", data_plane="direct"), "checkpoint-dir", "a resumed Flower run's new session is not built yet"),
+    (dict(checkpoint_dir="ckpt", data_plane="direct"), "checkpoint-dir",
+     "a resumed Flower run's new session is not built yet"),
 ])
 def test_flower_combinations_still_refused_are_one_line(kw, key, why):
     """``pad`` (the guests left would re-key mid-round) and checkpoints (a resume's new session) stay

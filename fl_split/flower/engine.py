@@ -314,6 +314,10 @@ class FlowerEngine:
                 raise ConfigError(bad[0].replace("_", "-"), getattr(c, bad[0]), repr(getattr(self.cfg, bad[0])),
                                   reason="every run of a series shares the simulation's federation")
             self.check(c)
+            if c.secure_merge and self.private_seed is None and self.client_app is None:  # before Ray starts
+                raise ConfigError("private-seed-file", "", "a private seed file with --secure-merge --engine flower",
+                                  reason="each simulated guest pins the other guests' identities from the run's "
+                                         "private seed (docs/flower.md, \"Secure merge on Flower\")")
         # --device auto: resolved once, here, by the rule of every engine; the parties get the result
         cfgs = [for_simulation(c) for c in cfgs]
         if not self.cfg.ray_address:  # --num-cpus auto: this machine's CPUs shared by the G + 1 ClientApps

@@ -375,8 +375,9 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
                 from fl_split.privacy.secure_merge import roster_from_seed
 
                 if role.mode != "simulation":
-                    raise ConfigError("secure-merge", True, "off in a deployment", reason="a deployment node cannot "
-                                      "pin the other guests' identities yet (docs/flower.md, \"Secure merge on Flower\")")
+                    raise ConfigError("secure-merge", True, "off in a deployment",
+                                      reason="a deployment node cannot pin the other guests' identities yet "
+                                             "(docs/flower.md, \"Secure merge on Flower\")")
                 party.secure_roster = roster_from_seed(seed, cfg.guests)
             if cfg.checkpoint_dir:
                 _checkpoint_setup(context, role, party, cfg, req, seed)
