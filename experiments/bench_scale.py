@@ -18,11 +18,11 @@ epoch, batch 1024, one subprocess per run:
   gradients between the parties);
 * **PSI** (``--psi-sizes``): ``fl_split.psi.align_by_psi`` on two parties of ``n`` random 62-bit IDs,
   half shared (``experiments/bench_psi.py``'s measurement: its own process, time, CPU seconds, peak
-  RSS, bytes sent).
+  RSS as ``VmHWM``, bytes sent).
 
 ``--plan`` lists the runs without running anything. Results (with the exact command) go to
 ``--out`` (default ``experiments/results/bench_scale.json``); ``--plot PNG`` draws epoch time and the
-defended / undefended ratio against rows from that file (``--from`` reads an existing one).
+defended / undefended ratio against rows from that file (``--from`` reads existing ones, merged).
 
 Run: ``python experiments/bench_scale.py --sizes 100000 1000000 --engines local flower deploy``
 """
@@ -173,11 +173,24 @@ def one_run(engine: str, defense: str, flags: list[str], work: Path, seed: Path,
 
 
 def psi_run(n: int) -> dict:
-    """``experiments/bench_psi.py``'s measurement of ``align_by_psi`` at ``n`` IDs per party."""
+    """``experiments/bench_psi.py``'s measurement of ``align_by_psi`` at ``n`` IDs per party, its peak
+    memory read as ``VmHWM`` (:class:`PeakRss`): the child's ``ru_maxrss`` keeps the high-water mark
+    of this (parent) process across ``exec``, so after the tables of a large size it reads this one's."""
     sys.path.insert(0, str(ROOT / "experiments"))
-    from bench_psi import ours
+    from bench_psi import OURS
 
-    return ours(n, None)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", OURS, str(ROOT), str(n)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    rss = PeakRss(proc.pid)
+    out, err = proc.communicate()
+    mem = rss.stop()
+    if proc.returncode:
+        raise SystemExit(f"PSI at n={n} failed:\n{err[-3000:]}")
+    row = json.loads(out.strip().splitlines()[-1])
+    row.pop("peak_rss_mb", None)
+    row.update(peak_rss_mib=mem["max_mib"], process_seconds=round(time.perf_counter() - t0, 2))
+    return row
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -229,7 +242,7 @@ def plot(doc: dict, png: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000], help="rows per party (none: PSI only)")
     ap.add_argument("--guests", type=int, default=1, choices=[1, 2])
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     ap.add_argument("--defenses", nargs="+", choices=DEFENSES, default=list(DEFENSES))
@@ -241,12 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", action="store_true", help="list the runs and exit")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--plot", help="PNG to draw from the results")
-    ap.add_argument("--from", dest="source", help="plot (and summarise) this results file instead of running")
+    ap.add_argument("--from", dest="source", nargs="+",
+                    help="plot (and summarise) these results files, their runs merged, instead of running")
     args = ap.parse_args(argv)
     if "none" not in args.defenses:
         ap.error("--defenses must include none (every ratio is to it)")
     if args.source:
-        doc = json.loads(Path(args.source).read_text())
+        docs = [json.loads(Path(f).read_text()) for f in args.source]
+        doc = {"from": args.source, "commands": [d.get("command") for d in docs],
+               "runs": [r for d in docs for r in d["runs"]], "psi": [r for d in docs for r in d.get("psi", [])]}
         doc["summary"] = summarise(doc["runs"])
         if args.plot:
             plot(doc, Path(args.plot))
@@ -293,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.psi_sizes:
             r = {"n_per_party": n, **psi_run(n)}
             doc["psi"].append(r)
-            print(f"[PSI {n:,} x {n:,}] {r['seconds']:.1f} s, CPU {r['cpu_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB "
+            print(f"[PSI {n:,} x {n:,}] {r['seconds']:.1f} s, CPU {r['cpu_s']:.1f} s, peak RSS {r['peak_rss_mib']:.0f} MiB "
                   f"(after imports {r['rss_before_mb']:.0f}), {r['bytes'] / 2**20:.1f} MiB sent", flush=True)
             Path(args.out).write_text(json.dumps(doc, indent=1))
     finally:
