@@ -397,6 +397,11 @@ class LocalDeployment:
         self.results_path.unlink(missing_ok=True)
         for old in self.workdir.glob("superlink.db*"):  # an earlier version's SuperLink state (its runs' messages)
             old.unlink()
+        if self.cfg.secure_merge:  # the guests' public identities, pinned by each guest from its node config
+            from fl_split.privacy.secure_merge import roster_from_seed
+
+            roster = roster_from_seed(self.private_seed, self.cfg.guests)
+            write_private(self.roster_file, json.dumps({g: k.hex() for g, k in roster.items()}).encode("ascii"))
         for party in self.parties:
             seed_file = self.seed_file(party)
             seed_file.unlink(missing_ok=True)
@@ -404,6 +409,11 @@ class LocalDeployment:
                 private_dir(seed_file.parent)
                 write_private(seed_file, self.private_seed.for_party(party).file_text().encode("ascii"))
         self._mark("prepared")
+
+    @property
+    def roster_file(self) -> Path:
+        """``--secure-merge``: every guest's public identity (docs/deploy.md, "Secure merge")."""
+        return self.workdir / "secure-merge-roster.json"
 
     def seed_file(self, party: str) -> Path:
         """``party``'s own private seed file (0600, in its node's own 0700 directory)."""
@@ -505,6 +515,8 @@ class LocalDeployment:
             items.append(f"psi-max-peer-ids={_literal(self.cfg.psi_max_peer_ids.strip())}")
         if self.private_seed is not None:  # the path only: the seed itself is never on a command line
             items.append(f"private-seed-file={_literal(self.seed_file(party))}")
+        if self.cfg.secure_merge and role == "guest":
+            items.append(f"secure-merge-roster={_literal(self.roster_file)}")
         items += self.model_items(party)
         return " ".join(items)
 
@@ -707,10 +719,11 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
     and SIGINT are turned into KeyboardInterrupt at its next wait while it runs. ``private_seed``: a
     :class:`~fl_split.seeding.PrivateSeed` (each node gets its own, see the module docstring).
     Runs under umask 077; the work directory and everything in it are owner-only afterwards."""
-    if cfg.secure_merge:  # before anything is written or started
-        from fl_split.flower.strategy import _secure_merge_deployment
-
-        raise _secure_merge_deployment()
+    if cfg.secure_merge and (private_seed is None or getattr(deployment, "FROM_KITS", False)):
+        # before anything is written or started: the roster is derived from the private seed
+        raise ConfigError("secure-merge", True, "with --private-seed-file in fl-split deploy local (not with "
+                          "--from-kits)", reason="each guest pins the others' identities from a roster deploy "
+                          "local derives from the private seed (docs/deploy.md, \"Secure merge\")")
     if private_seed is not None:
         from fl_split.seeding import PrivateSeed
 

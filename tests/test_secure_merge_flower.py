@@ -236,19 +236,45 @@ def test_flower_combinations_still_refused_are_one_line(kw, key, why):
     assert text.startswith(f"--{key}: got ") and why in text and "\n" not in text
 
 
-def test_deployment_nodes_and_deploy_local_are_refused_before_anything_starts(tmp_path):
-    """``fl-split deploy local`` refuses at once (nothing written), and a coordinator whose nodes are
-    deployment SuperNodes refuses before any party is set up."""
-    from fl_split.deploy import deploy_local
+def _deployment_nodes(tmp_path, cfg: RunConfig, roster: bool = True) -> list[dict]:
+    """Deployment node configs as ``fl-split deploy local`` writes them: each party's own file and own
+    seed, every guest the path of the public roster (relay data plane: no data-plane settings)."""
+    import json
 
+    from fl_split.party_files import export_parties
+    from fl_split.secure_files import write_private
+
+    files = export_parties(cfg.replace(engine="local"), tmp_path)
+    path = tmp_path / "roster.json"
+    path.write_text(json.dumps({g: k.hex() for g, k in sm.roster_from_seed(PS, cfg.guests).items()}))
+    nodes = []
+    for p in ["host"] + [f"guest-{i}" for i in range(1, cfg.guests + 1)]:
+        seed = write_private(tmp_path / f"{p}.seed", PS.for_party(p).file_text().encode())
+        node = {"role": "host"} if p == "host" else {"role": "guest", "guest-index": int(p.split("-")[1])}
+        node.update({"data-path": str(files[p]), "private-seed-file": str(seed)})
+        if roster and p != "host":
+            node["secure-merge-roster"] = str(path)
+        nodes.append(node)
+    return nodes
+
+
+def test_deployment_nodes_pin_the_roster_from_their_own_node_config(tmp_path):
+    """Deployment nodes (each its own party file and seed file, as deploy local writes them): each guest
+    pins the roster from its own node-config file (per-party seeds cannot give the others' identities),
+    and the results equal the local engine's; a guest without the file fails its setup in one line, and
+    ``fl-split deploy local`` without a private seed refuses before writing anything."""
+    from fl_split.deploy import deploy_local
+    from fl_split.flower.node import handle
+
+    cfg = _cfg(defense="none", guests=2)
+    app = lambda message, context: handle(message, context, None)  # noqa: E731 - seeds from the node configs
+    got = VerticalSplitStrategy(cfg).run(InlineGrid(_deployment_nodes(tmp_path / "a", cfg), app=app,
+                                                    fresh_process=True))
+    assert _strip(got) == _strip(LocalEngine(cfg.replace(engine="local"), PS).run())
+    with pytest.raises(PartyError) as err:
+        VerticalSplitStrategy(cfg).run(InlineGrid(_deployment_nodes(tmp_path / "b", cfg, roster=False), app=app))
+    assert "has no pinned roster of the guests' identities" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConfigError) as err:
         deploy_local(_cfg(), tmp_path / "work")
-    assert str(err.value).startswith("--secure-merge: got ") and "off in a deployment" in str(err.value)
+    assert str(err.value).startswith("--secure-merge: got ") and "with --private-seed-file" in str(err.value)
     assert not (tmp_path / "work").exists()
-    nodes = [{"role": "host", "data-path": "h.npz"}] + [{"role": "guest", "guest-index": i, "data-path": f"g{i}.npz"}
-                                                      for i in (1, 2, 3)]
-    grid = InlineGrid(nodes)
-    with pytest.raises(ConfigError) as err:
-        VerticalSplitStrategy(_cfg()).run(grid)
-    assert "off in a deployment" in str(err.value)
-    assert R.MSG_SETUP not in grid.types

@@ -372,13 +372,18 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
                 return _reply(message, facts=R.dumps(facts_json), **extra)
             context.state.config_records.pop(OUT, None)  # a set-up in the run rebuilds the party
             if cfg.secure_merge and role.role == "guest":  # pinned here, never from a coordinator message
-                from fl_split.privacy.secure_merge import roster_from_seed
+                from fl_split.privacy.secure_merge import read_roster, roster_from_seed
 
-                if role.mode != "simulation":
-                    raise ConfigError("secure-merge", True, "off in a deployment",
-                                      reason="a deployment node cannot pin the other guests' identities yet "
-                                             "(docs/flower.md, \"Secure merge on Flower\")")
-                party.secure_roster = roster_from_seed(seed, cfg.guests)
+                if role.mode == "simulation":
+                    party.secure_roster = roster_from_seed(seed, cfg.guests)
+                else:  # the node's own file of public identities (docs/deploy.md, "Secure merge")
+                    path = str(dict(context.node_config).get("secure-merge-roster", "") or "").strip()
+                    if not path:
+                        raise ConfigError("secure-merge", True, "with a node-config secure-merge-roster on every "
+                                          "guest", reason=f"{role.party} has no pinned roster of the guests' "
+                                          f"identities (docs/flower.md, \"Secure merge on Flower\")")
+                    party.secure_roster = read_roster(os.path.expanduser(path), cfg.guests, role.party,
+                                                      party.secure_identity)
             if cfg.checkpoint_dir:
                 _checkpoint_setup(context, role, party, cfg, req, seed)
             _save(context, party, config_json)

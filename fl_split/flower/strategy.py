@@ -53,15 +53,6 @@ def check_options(cfg: RunConfig) -> None:
                                  "of the round are lost with a failed guest; pad runs on the direct data plane")
 
 
-def _secure_merge_deployment():
-    """The one line refusing ``--secure-merge`` on deployment nodes (docs/flower.md, "Secure merge on Flower")."""
-    from fl_split.errors import ConfigError
-
-    return ConfigError("secure-merge", True, "off in a deployment (fl-split deploy local, SuperNodes with a role)",
-                       reason="the guests pin each other's identities from the simulation's private seed; a "
-                              "deployment's roster of SuperNode keys is not built yet")
-
-
 class VerticalSplitStrategy:
     """Coordinates one vertical split-learning run over a Flower :class:`Grid`.
 
@@ -94,11 +85,6 @@ class VerticalSplitStrategy:
         self.transport = discover(grid, self.cfg, self.poll_interval, on_registered=lambda: self._mark("nodes_registered"))
         self._mark("roles_answered")
         log.info("federation: %s", ", ".join(f"{p} = node {n}" for p, n in self.transport.nodes.items()))
-        if self.cfg.secure_merge:  # before any party is set up: nothing built, nothing charged
-            from fl_split.flower import records as R
-
-            if any(R.loads(str(r["role"])).get("mode") != "simulation" for r in self.transport.role_replies.values()):
-                raise _secure_merge_deployment()
         if self.fit_resources:
             host_role = self.transport.role_replies.get("host")
             self.cfg, line = fit_data_plane(self.cfg, host_role.get("capacity") if host_role is not None else None)

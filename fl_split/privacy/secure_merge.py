@@ -518,6 +518,29 @@ def roster_from_seed(private_seed, guests: int) -> dict[str, bytes]:
             for g, s in secrets_.items()}
 
 
+def read_roster(path: str, guests: int, own: str, own_identity) -> dict[str, bytes]:
+    """A deployment guest's pinned roster from its own node-config file (``secure-merge-roster``: JSON
+    ``{"guest-i": hex public identity}``, public, written by whoever set the nodes up — ``fl-split
+    deploy local`` — never sent by the coordinator). Every guest of the run must be listed, and this
+    guest's own entry must be its own identity; anything else: :class:`ProtocolError` in one line."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+        roster = {str(g): bytes.fromhex(str(k)) for g, k in dict(raw).items()}
+    except (OSError, ValueError, TypeError) as exc:
+        raise ProtocolError(f"{own}: secure-merge-roster {path!r} is not a JSON object of hex public identities "
+                            f"({type(exc).__name__})") from None
+    want = [f"guest-{i}" for i in range(1, int(guests) + 1)]
+    if sorted(roster) != sorted(want):
+        raise ProtocolError(f"{own}: secure-merge-roster {path!r} lists {sorted(roster)}, the run's guests are {want}")
+    if roster[own] != public_identity(own_identity):
+        raise ProtocolError(f"{own}: secure-merge-roster {path!r} does not pin this guest's own identity (a roster "
+                            f"of another run or other seeds)")
+    return roster
+
+
 def fixed_point_of(cfg) -> tuple[float, int]:
     """``(clip, scale)`` of the guests' releases under ``cfg`` (what the host decodes with), from the
     same factory that builds a guest's :class:`SkellamShare`."""
