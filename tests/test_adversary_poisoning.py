@@ -519,7 +519,7 @@ def test_a_consistent_liar_collapsing_the_model_ends_degraded_never_completed(ca
     last = q["epochs"][-1]
     assert q["status"] == "degraded" and q["degraded_epochs"] == [1]
     assert last["joint_metric"] < 0.3 and last["baseline_metric"] > 0.6 and last["baseline"] == "host features"
-    assert last["z"] > Z and last["lost"] >= LOST and last["joint_error"] > last["baseline_error"]
+    assert last["z"] > Z and last["lost"] >= LOST and last["joint_error"] > last["baseline_error"] and last["baseline_degraded"]
     assert last["joint_error"] == pytest.approx(1 - last["joint_metric"]) and last["prior_error"] > 0.8
     assert last["joint_metric"] == results["final"]["value"]
     assert set(last["zero_filled"]) == {"guest-1", "guest-2"}
@@ -529,6 +529,24 @@ def test_a_consistent_liar_collapsing_the_model_ends_degraded_never_completed(ca
     print_summary(results)
     said = " ".join(capsys.readouterr().out.split())
     assert "status: degraded: the host's verdict: epoch 1:" in said and "host-alone baseline" in said
+
+
+def test_a_consistent_liar_without_host_features_is_judged_against_a_probe_of_the_releases():
+    """Without host features the host-alone baseline is the label prior, which a collapse to 0.30 still beats;
+    the second reference, a linear model on the releases as received (standardised: the scale cancels), fitted
+    on the last training batches, is far better, so the run ends degraded and names that reference."""
+    from fl_split.parties.baseline import LOST, Z
+
+    engine = LocalEngine(_cfg("none", seed=1, epochs=3, host_features=False), private_seed=PrivateSeed.legacy(1),
+                         transport=lambda t: ConsistentLiar(t, 1000.0))
+    results = engine.run()
+    assert results["stopped_reason"] == "completed" and results["guest_failures"] == []
+    last = results["quality"]["epochs"][-1]
+    assert results["status"] == "degraded" and last["baseline"] == "label prior" and not last["baseline_degraded"]
+    probe = last["probe"]
+    assert probe["degraded"] and probe["z"] > Z and probe["lost"] >= LOST and probe["rows"] >= 8 * 30
+    assert last["joint_metric"] < 0.4 < 0.8 < probe["metric_value"]
+    assert "a linear model on what the host holds" in results["status_detail"]
 
 
 def test_the_detectors_change_nothing_in_an_honest_run():

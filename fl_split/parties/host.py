@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,10 @@ from fl_split.seeding import PartySecret
 if TYPE_CHECKING:
     from fl_split.privacy.ledger import Ledger, LedgerEntry
     from fl_split.tasks import Objective
+
+
+#: the release probe keeps its training rows only up to this many numbers (RECENT batches' features, float32)
+PROBE_MAX_ELEMENTS = 2_000_000
 
 
 def _num(v: Any) -> str:
@@ -115,6 +120,9 @@ class HostParty(_Party):
         self.baseline: HostAlone | None = None
         #: each evaluation's verdict on the joint model against that reference (:func:`verdict`)
         self.quality: list[dict[str, Any]] = []
+        #: the release probe's training rows: the last RECENT training batches' features (the host's, then each
+        #: active guest's release, flattened; float32) and labels, exported with the party's state
+        self._recent_releases: deque = deque(maxlen=RECENT)
 
     @property
     def active_guests(self) -> list[str]:
@@ -127,6 +135,7 @@ class HostParty(_Party):
         if guest not in self.guests:
             raise ProtocolError(f"host: cannot drop {guest!r}; the guests are {self.guests}")
         self.absent.setdefault(guest, int(round_))
+        self._recent_releases.clear()  # the probe's rows held that guest's release
         if self.loss_alarm is not None:  # the loss without that guest is another quantity: a new history
             self.loss_alarm.reset()
 
@@ -184,6 +193,13 @@ class HostParty(_Party):
                 self.trust.record(g, k, t)
                 if k.phase == "train":
                     self.guard.record_train(g, t, self.labels(k))
+        if keys and keys[0].phase == "train" and active and all(len(out[g]) == len(keys) for g in active):
+            for i, k in enumerate(keys[-RECENT:], start=max(len(keys) - RECENT, 0)):
+                x = self._probe_features(k, {g: out[g][i] for g in active}).float()
+                if x.numel() * RECENT > PROBE_MAX_ELEMENTS:  # too large to keep (and to export): no probe
+                    self._recent_releases.clear()
+                    break
+                self._recent_releases.append((x, self.labels(k).detach().cpu()))
         if self.one_shot:
             for g in active:
                 if blobs_by_guest[g]:
@@ -447,7 +463,12 @@ class HostParty(_Party):
         row = {"epoch": epoch, **v, "metric": self.metric, "joint_metric": metrics.get(self.metric),
                "baseline_metric": base_scorer.metrics().get(self.metric),
                "baseline": "host features" if self.baseline.has_features else "label prior"}
-        if v["degraded"] and self.active_guests and self.secure_merge is None:  # (secure merge: only the sum)
+        row["baseline_degraded"] = v["degraded"]
+        probe = self._release_probe(keys, msgs, ys, joint, torch.cat(prior))
+        if probe is not None:
+            row["probe"] = probe
+            row["degraded"] = bool(v["degraded"] or probe["degraded"])
+        if row["degraded"] and self.active_guests and self.secure_merge is None:  # (secure merge: only the sum)
             gen_of = (lambda: torch.Generator(device=self.device).manual_seed(0)) if self.act_postprocess.random \
                 else (lambda: None)
             active = self.active_guests
@@ -459,6 +480,38 @@ class HostParty(_Party):
                 row["zero_filled"][g] = float(torch.cat(errors).mean())
         self.quality.append(row)
 
+    def _probe_features(self, key: BatchKey, releases: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One batch's rows for the release probe: the host's features (if any), then each guest's release, flat."""
+        parts = [self.rows(key).reshape(len(self.schedule.positions(key)), -1)] if self.bottom is not None else []
+        parts += [releases[g].reshape(len(releases[g]), -1) for g in sorted(releases)]
+        return torch.cat([p.detach().double().cpu() for p in parts], 1)
+
+    def _release_probe(self, keys, msgs: dict[str, list[torch.Tensor]], ys: list[torch.Tensor], joint: torch.Tensor,
+                       prior: torch.Tensor) -> dict[str, Any] | None:
+        """The second reference (:class:`~fl_split.parties.baseline.HostAlone` again): a linear model on the host's
+        features and the guests' releases as received, standardised (a consistent scale cancels), fitted on the
+        last RECENT training batches and scored on this evaluation's test releases; its verdict as
+        :func:`verdict`'s, against the label prior. Fitted only where it could matter: the joint model's error at
+        least LOST × the prior's (below that no reference can make it degraded), the guests' own releases held
+        (not under secure merge) and RECENT training batches seen since the last restore. Local, nothing sent."""
+        from fl_split.tasks import Scorer
+
+        active = self.active_guests
+        if (not active or self.secure_merge is not None or len(self._recent_releases) < RECENT
+                or float(joint.mean()) < BASELINE_LOST * float(prior.mean())):
+            return None
+        x = torch.cat([x for x, _ in self._recent_releases]).double()
+        y = torch.cat([y for _, y in self._recent_releases])
+        model = HostAlone(self.task, self.data.num_classes, x, y)
+        scorer = Scorer(self.task, self.data.target_scale)
+        errors = []
+        for i, (k, yk) in enumerate(zip(keys, ys)):
+            out = model.outputs(self._probe_features(k, {g: msgs[g][i] for g in active}).float().double(), len(yk))
+            errors.append(per_record_error(self.task, out, yk))
+            scorer.add(out, yk)
+        v = verdict(joint, torch.cat(errors), prior)
+        return {**v, "metric_value": scorer.metrics().get(self.metric), "rows": len(y)}
+
     def quality_report(self) -> dict[str, Any] | None:
         """The run's verdict for the coordinator: ``{"status": "ok" | "degraded", "reason", …}`` from the last
         evaluation; with ``report_metrics="none"`` the status and the epoch only (the numbers stay here)."""
@@ -469,10 +522,23 @@ class HostParty(_Party):
         out: dict[str, Any] = {"status": status, "epoch": last["epoch"],
                                "degraded_epochs": [q["epoch"] for q in self.quality if q["degraded"]]}
         if self.report_metrics == "none":
-            out["reason"] = ("the joint model's test error is above the host-alone baseline's beyond sampling error"
+            out["reason"] = ("the joint model's test error is above that of a reference the host fitted locally (its own "
+                             "features, or a linear model on the releases it received) beyond sampling error"
                              if status == "degraded" else "")
             return out
         zero = "".join(f"; with {g} zero-filled {v:.4g}" for g, v in sorted(last.get("zero_filled", {}).items()))
+        probe = last.get("probe")
+        if status == "degraded" and probe is not None and probe["degraded"] and not last.get("baseline_degraded"):
+            out["reason"] = (
+                f"epoch {last['epoch']}: the joint model's test error {last['joint_error']:.4g} ({last['metric']} "
+                f"{_num(last['joint_metric'])}) is above that of a linear model on what the host holds (its features, if "
+                f"any, and the releases it received), fitted on its last {probe['rows']} training records, "
+                f"{probe['baseline_error']:.4g} "
+                f"({_num(probe['metric_value'])}) by {probe['z']:.3g} standard errors over {probe['records']} test "
+                f"records (degraded above {BASELINE_Z:g}) and gives back {probe['lost']:.2f} of its gain over the "
+                f"label prior's {probe['prior_error']:.4g} (degraded from {BASELINE_LOST:g}){zero}")
+            out["epochs"] = [dict(q) for q in self.quality]
+            return out
         lost = (f" and gives back {last['lost']:.2f} of their gain over the label prior's {last['prior_error']:.4g} "
                 f"(degraded from {BASELINE_LOST:g})" if math.isfinite(last["lost"]) else "")
         out["reason"] = (
@@ -517,6 +583,10 @@ class HostParty(_Party):
             "absent": json.dumps(self.absent),
             # the verdicts so far (the baseline itself is refitted, deterministically, when first needed)
             "quality": json.dumps(self.quality),
+            "probe_rows": {"x": torch.cat([x for x, _ in self._recent_releases]) if self._recent_releases
+                           else torch.zeros(0), "y": torch.cat([y for _, y in self._recent_releases])
+                           if self._recent_releases else torch.zeros(0),
+                           "sizes": torch.tensor([len(y) for _, y in self._recent_releases], dtype=torch.long)},
         }
 
     def import_state(self, state: dict[str, Any]) -> None:
@@ -535,3 +605,9 @@ class HostParty(_Party):
                         for name, c in state["cache"].items()}
         self.absent = {str(g): int(r) for g, r in json.loads(state.get("absent", "{}")).items()}
         self.quality = json.loads(state.get("quality", "[]"))
+        self._recent_releases = deque(maxlen=RECENT)
+        rows = state.get("probe_rows")
+        if rows is not None and len(rows["sizes"]):
+            xs = torch.split(torch.as_tensor(rows["x"]), [int(n) for n in rows["sizes"]])
+            ys = torch.split(torch.as_tensor(rows["y"]), [int(n) for n in rows["sizes"]])
+            self._recent_releases.extend(zip(xs, ys))
