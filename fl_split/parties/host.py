@@ -193,13 +193,6 @@ class HostParty(_Party):
                 self.trust.record(g, k, t)
                 if k.phase == "train":
                     self.guard.record_train(g, t, self.labels(k))
-        if keys and keys[0].phase == "train" and active and all(len(out[g]) == len(keys) for g in active):
-            for i, k in enumerate(keys[-RECENT:], start=max(len(keys) - RECENT, 0)):
-                x = self._probe_features(k, {g: out[g][i] for g in active}).float()
-                if x.numel() * RECENT > PROBE_MAX_ELEMENTS:  # too large to keep (and to export): no probe
-                    self._recent_releases.clear()
-                    break
-                self._recent_releases.append((x, self.labels(k).detach().cpu()))
         if self.one_shot:
             for g in active:
                 if blobs_by_guest[g]:
@@ -395,6 +388,7 @@ class HostParty(_Party):
             self._train_loss[0] += loss_value * len(y)
             self._train_loss[1] += len(y)
         self._settle(charge, digests, draws)
+        self._keep_probe_rows(keys, {g: msgs[g] for g in active})
         self._done(round_)
         return grads
 
@@ -479,6 +473,18 @@ class HostParty(_Party):
                                            y) for i, (k, y) in enumerate(zip(keys, ys))]
                 row["zero_filled"][g] = float(torch.cat(errors).mean())
         self.quality.append(row)
+
+    def _keep_probe_rows(self, keys, msgs: dict[str, list[torch.Tensor]]) -> None:
+        """Keep the last RECENT batches of an accepted training round as the release probe's training rows (not
+        under secure merge: the host holds no guest's release there, only their sum)."""
+        if self.secure_merge is not None or not msgs:
+            return
+        for i, k in enumerate(keys[-RECENT:], start=max(len(keys) - RECENT, 0)):
+            x = self._probe_features(k, {g: msgs[g][i] for g in msgs}).float()
+            if x.numel() * RECENT > PROBE_MAX_ELEMENTS:  # too large to keep (and to export): no probe
+                self._recent_releases.clear()
+                return
+            self._recent_releases.append((x, self.labels(k).detach().cpu()))
 
     def _probe_features(self, key: BatchKey, releases: dict[str, torch.Tensor]) -> torch.Tensor:
         """One batch's rows for the release probe: the host's features (if any), then each guest's release, flat."""
