@@ -20,8 +20,10 @@ gave back at least :data:`LOST` of what they gain over the label prior (a collap
 an honest run under a heavy defence may sit slightly below the baseline, which is not what this reports).
 Errors, not losses: an honest DP-SGD run on credit was *more* accurate than the baseline (0.80 vs 0.79)
 with a test loss far above it (miscalibration), which a loss comparison called degraded. The run's status
-is ``degraded`` when its last evaluation is (:func:`apply_quality`; ``docs/threat-model.md``, "The consistent
-liar")"""
+is ``degraded`` when its last evaluation is (:func:`apply_quality`; ``docs/threat-model.md``, "Label agreement
+and the host's own baseline"). The host also fits the same model on its features and the guests' releases as
+received (the release probe, :meth:`fl_split.parties.host.HostParty._release_probe`), the reference where it
+holds no features"""
 
 from __future__ import annotations
 
