@@ -385,6 +385,8 @@ def test_cli_attack_writes_json(tmp_path, capsys):
     (["--attack", "fsha", "--one-shot"], "--one-shot"),
     (["--attack", "label-direction", "--one-shot"], "--one-shot"),
     (["--attack", "membership", "--shadow-models", "0"], "--shadow-models"),
+    (["--attack", "reconstruction", "--guests", "2", "--merge", "sum", "--secure-merge", "--defense", "gaussian"],
+     "--secure-merge: got True (under secure merge"),
 ])
 def test_cli_attack_refuses_bad_flags(argv, flag, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
