@@ -120,8 +120,8 @@ class HostParty(_Party):
         self.baseline: HostAlone | None = None
         #: each evaluation's verdict on the joint model against that reference (:func:`verdict`)
         self.quality: list[dict[str, Any]] = []
-        #: the release probe's training rows: the last RECENT training batches' features (the host's, then each
-        #: active guest's release, flattened; float32) and labels, exported with the party's state
+        #: the release probe's training batches: the last RECENT accepted ones, as (key, releases) references, or
+        #: as (features, labels) rows once restored from an export (:meth:`_probe_rows`)
         self._recent_releases: deque = deque(maxlen=RECENT)
 
     @property
@@ -480,11 +480,23 @@ class HostParty(_Party):
         if self.secure_merge is not None or not msgs:
             return
         for i, k in enumerate(keys[-RECENT:], start=max(len(keys) - RECENT, 0)):
-            x = self._probe_features(k, {g: msgs[g][i] for g in msgs}).float()
-            if x.numel() * RECENT > PROBE_MAX_ELEMENTS:  # too large to keep (and to export): no probe
-                self._recent_releases.clear()
-                return
-            self._recent_releases.append((x, self.labels(k).detach().cpu()))
+            # references only: the rows are built when a probe or an export asks (:meth:`_probe_rows`)
+            self._recent_releases.append((k, {g: msgs[g][i].detach() for g in msgs}))
+
+    def _probe_rows(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The release probe's training rows ``[(features float32, labels)]`` per kept batch; none when they
+        would exceed PROBE_MAX_ELEMENTS (nothing kept, nothing exported)."""
+        rows = [(self._probe_features(e[0], e[1]).float(), self.labels(e[0]).detach().cpu())
+                if isinstance(e[1], dict) else e for e in self._recent_releases]
+        if sum(x.numel() for x, _ in rows) > PROBE_MAX_ELEMENTS:
+            return []
+        return rows
+
+    def _export_probe_rows(self) -> dict[str, torch.Tensor]:
+        rows = self._probe_rows()
+        return {"x": torch.cat([x for x, _ in rows]) if rows else torch.zeros(0),
+                "y": torch.cat([y for _, y in rows]) if rows else torch.zeros(0),
+                "sizes": torch.tensor([len(y) for _, y in rows], dtype=torch.long)}
 
     def _probe_features(self, key: BatchKey, releases: dict[str, torch.Tensor]) -> torch.Tensor:
         """One batch's rows for the release probe: the host's features (if any), then each guest's release, flat."""
@@ -506,8 +518,11 @@ class HostParty(_Party):
         if (not active or self.secure_merge is not None or len(self._recent_releases) < RECENT
                 or float(joint.mean()) < BASELINE_LOST * float(prior.mean())):
             return None
-        x = torch.cat([x for x, _ in self._recent_releases]).double()
-        y = torch.cat([y for _, y in self._recent_releases])
+        rows = self._probe_rows()
+        if len(rows) < RECENT:
+            return None
+        x = torch.cat([x for x, _ in rows]).double()
+        y = torch.cat([y for _, y in rows])
         model = HostAlone(self.task, self.data.num_classes, x, y)
         scorer = Scorer(self.task, self.data.target_scale)
         errors = []
@@ -589,10 +604,7 @@ class HostParty(_Party):
             "absent": json.dumps(self.absent),
             # the verdicts so far (the baseline itself is refitted, deterministically, when first needed)
             "quality": json.dumps(self.quality),
-            "probe_rows": {"x": torch.cat([x for x, _ in self._recent_releases]) if self._recent_releases
-                           else torch.zeros(0), "y": torch.cat([y for _, y in self._recent_releases])
-                           if self._recent_releases else torch.zeros(0),
-                           "sizes": torch.tensor([len(y) for _, y in self._recent_releases], dtype=torch.long)},
+            "probe_rows": self._export_probe_rows(),
         }
 
     def import_state(self, state: dict[str, Any]) -> None:
