@@ -17,6 +17,7 @@ A policy owns the (possibly wrapped) modules and the optimizer; the party calls
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -142,18 +143,18 @@ _FIRST_STEP = threading.Lock()
 _stepped = False
 
 
-def _first_step_locked(step) -> None:
-    """Run an optimizer's ``step``, the process's first one under a lock: torch imports ``torch._dynamo`` on an
-    optimizer's first step, and two parties stepping first in threads of one process (the inline Flower grid,
-    the direct data plane's guests) could both import it at once and fail ("partially initialized module
-    'torch._dynamo'")."""
+def _first_step_locked(call) -> None:
+    """Run an optimizer's ``step`` or ``zero_grad`` — under a lock until one has imported ``torch._dynamo``: torch
+    imports it lazily on an optimizer's first such call, and two parties doing so in threads of one process (the
+    inline Flower grid, the direct data plane's guests) could meet a half-imported module and fail ("partially
+    initialized module 'torch._dynamo' has no attribute 'disable'")."""
     global _stepped
     if _stepped:
-        step()
+        call()
         return
     with _FIRST_STEP:
-        step()
-        _stepped = True
+        call()
+        _stepped = "torch._dynamo" in sys.modules
 
 
 class LocalUpdate:
@@ -175,7 +176,7 @@ class LocalUpdate:
         return None
 
     def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        _first_step_locked(lambda: self.optimizer.zero_grad(set_to_none=True))
 
     def backward(self, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         backward_through(out, grad)
