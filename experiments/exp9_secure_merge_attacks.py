@@ -77,7 +77,8 @@ def host_sum(view, phase: str = "train", epoch="last"):
     import torch
 
     from fl_split.attacks.view import Records
-    from fl_split.privacy.secure_merge import decode, fixed_point_of, unmask_sum
+    from fl_split.privacy.factory import fixed_point_of
+    from fl_split.privacy.secure_merge import decode, unmask_sum
 
     guests = [f"guest-{i}" for i in range(1, view.cfg.guests + 1)]
     parts = [view.records("activations", phase, epoch, peer=g) for g in guests]

@@ -25,7 +25,8 @@ def _view(arm: str):
 
 
 def test_secure_feed_is_the_ring_sum_never_guest_1s_part():
-    from fl_split.privacy.secure_merge import RING, fixed_point_of
+    from fl_split.privacy.factory import fixed_point_of
+    from fl_split.privacy.secure_merge import RING
 
     s, view = _view("secure")
     fed = E.HostSumView(view, "guest-1").records("activations", peer="guest-1")

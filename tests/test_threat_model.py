@@ -247,8 +247,11 @@ def test_host_tells_the_coordinator_epoch_aggregates_only(tmp_path):
 EVAL_KEYS = {"epoch", *AGGREGATES}
 #: ``device`` / ``accelerator``: where the party's tensors live (``cpu``, ``cuda:0``; the GPU's name and the
 #: GPU IDs Ray assigned) — facts about its machine, nothing derived from data (issue 10)
+#: ``quality``: the host's verdict on the run against references it fitted on its own data (docs/threat-model.md,
+#: "Label agreement and the host's own baseline"): test-set aggregates like the metrics it declares, and with
+#: ``--report-metrics none`` the status and the epoch only
 REPORT_KEYS = {"role", "optimizer_steps", "mechanism", "mechanisms", "postprocess", "released", "privacy",
-               "device", "accelerator", "allocation"}
+               "device", "accelerator", "allocation", "quality"}
 #: an R3eLU importance allocation is a charged release (issue 16): the released shares and the noise
 #: scales they imply are public, nothing else
 ALLOCATION_KEYS = {"name", "epsilon", "width", "sensitivity_l1", "noise_scale", "grid", "sampler", "signal_free",

@@ -102,11 +102,6 @@ def make_session(cfg: RunConfig, opts: AttackOptions, private_seed: int | None =
     threat model grants public records, with the malicious host if it is one."""
     cfg, _ = attack_defaults(cfg, opts)
     attack = get_attack(opts.attack)
-    if cfg.secure_merge:  # refused before any training: the session's per-guest views are not built for it
-        raise ConfigError("secure-merge", True, "off for fl-split attack",
-                          reason="under secure merge the host holds only the guests' masked parts and their "
-                                 "ring sum, and the attacks read one guest's release; the host's attack on the sum "
-                                 "is measured by experiments/exp9_secure_merge_attacks.py (experiments/README.md, 9b)")
     if cfg.engine == "flower":
         from fl_split.attacks.flower import FlowerSession
 
@@ -128,6 +123,11 @@ def run_attack(cfg: RunConfig, opts: AttackOptions, private_seed: int | None = N
     report, ``training`` (config, plan, history, wire) and ``time_s``."""
     attack = get_attack(opts.attack)
     _, chosen = attack_defaults(cfg, opts)
+    if cfg.secure_merge:  # refused before any training: the attacks read one guest's release
+        raise ConfigError("secure-merge", True, "off for fl-split attack",
+                          reason="under secure merge the host holds only the guests' masked parts and their "
+                                 "ring sum, and the attacks read one guest's release; the host's attack on the sum "
+                                 "is measured by experiments/exp9_secure_merge_attacks.py (experiments/README.md, 9b)")
     if session is None:
         session = make_session(cfg, opts, private_seed)
     else:

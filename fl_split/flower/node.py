@@ -241,7 +241,9 @@ def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None,
         from fl_split.privacy import secure_merge as sm
 
         if role.role == "host":
-            party.secure_merge = sm.fixed_point_of(plan.cfg)
+            from fl_split.privacy.factory import fixed_point_of
+
+            party.secure_merge = fixed_point_of(plan.cfg)
         else:
             party.secure_identity = sm.identity_from_seed(party.secret.derive_bytes("secure-merge identity"))
     return party, facts

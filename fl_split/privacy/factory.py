@@ -265,3 +265,10 @@ def claims_dp(cfg: RunConfig, role: str) -> bool:
         if claims_privacy(cls):
             return True
     return uses_dpsgd(cfg, role)
+
+
+def fixed_point_of(cfg) -> tuple[float, int]:
+    """``(clip, scale)`` of the guests' secure-merge releases under ``cfg`` (what the host decodes with,
+    ``fl_split/privacy/secure_merge.py``), from the factory that builds a guest's ``SkellamShare``."""
+    mech = forward_mechanism(cfg, 1)
+    return float(mech.clip), int(mech.scale)

@@ -541,15 +541,6 @@ def read_roster(path: str, guests: int, own: str, own_identity) -> dict[str, byt
     return roster
 
 
-def fixed_point_of(cfg) -> tuple[float, int]:
-    """``(clip, scale)`` of the guests' releases under ``cfg`` (what the host decodes with), from the
-    same factory that builds a guest's :class:`SkellamShare`."""
-    from fl_split.privacy.factory import forward_mechanism
-
-    mech = forward_mechanism(cfg, 1)
-    return float(mech.clip), int(mech.scale)
-
-
 def rekey(guests: dict, members: list[str], relay=None) -> bytes:
     """A new session among ``members``: each announces a fresh key, the relay (the host's role; ``relay``
     may change what it passes on: tests play a dishonest host) hands every announcement to every member,
