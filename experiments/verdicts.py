@@ -24,6 +24,8 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
+from fl_split.bench.verdicts import holm  # noqa: F401 - one Holm for the claim table and the bench
+
 HOLDS, PARTLY, FAILS = "holds", "partly holds", "does not hold"
 #: a measurement no paper made (an open question answered), and a claim we could not measure
 NEW, NOT_MEASURED = "new", "not measured"
@@ -128,19 +130,6 @@ def within(test: dict, delta: float) -> dict:
     return {"diff": d, "delta": delta, "p_within": p_in, "p_beyond": p_out, "inside": p_in < ALPHA,
             "outside": p_out < ALPHA}
 
-
-def holm(ps: Sequence[float | None]) -> list[float | None]:
-    """Holm–Bonferroni adjusted p-values (Holm 1979): the i-th smallest of the m p-values (i from 0)
-    times m − i, made non-decreasing, capped at 1. Keeping a verdict only where its adjusted p is
-    under α bounds the chance of any false verdict in the table by α, whatever the dependence
-    between the tests. ``None`` / ``nan`` entries are not tests: they stay and do not count in m."""
-    order = sorted((i for i, p in enumerate(ps) if p is not None and p == p), key=lambda i: ps[i])
-    out: list[float | None] = list(ps)
-    run = 0.0
-    for k, i in enumerate(order):
-        run = max(run, min(1.0, (len(order) - k) * float(ps[i])))
-        out[i] = run
-    return out
 
 
 def guard(claim: dict, n: int) -> dict:

@@ -93,8 +93,11 @@ def equivalence(test: dict[str, float], margin: float) -> float:
 
 
 def holm(ps: Sequence[float | None]) -> list[float | None]:
-    """Holm–Bonferroni adjusted p-values (the i-th smallest of m times m − i, made non-decreasing,
-    capped at 1); ``None``/nan entries are not tests and do not count in m."""
+    """Holm–Bonferroni adjusted p-values (Holm 1979): the i-th smallest of the m p-values (i from 0)
+    times m − i, made non-decreasing, capped at 1. Keeping a verdict only where its adjusted p is
+    under α bounds the chance of any false verdict in the table by α, whatever the dependence
+    between the tests. ``None`` / ``nan`` entries are not tests: they stay and do not count in m.
+    (The experiments' claim table uses this one too: experiments/verdicts.py.)"""
     order = sorted((i for i, p in enumerate(ps) if p is not None and p == p), key=lambda i: ps[i])
     out: list[float | None] = list(ps)
     run = 0.0
