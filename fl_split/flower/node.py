@@ -600,6 +600,7 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
             save_party(party, str(ckpt["dir"]), round_, run=str(ckpt["run"]), config=cfg.to_dict(),
                        progress=progress, base=base)
             saved.add(round_)
+    ended = ""  # a guest: how the host ended its data-plane session ("done"; "failed": the host failed)
     try:
         # every party checkpoints itself at each epoch end inside the message (the host after its
         # evaluation round, a guest after serving it), so one message may cover the whole run
@@ -626,7 +627,10 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
         epochs = [e for e in range(first, last + 1) if str(e) in per]
         for e in epochs:
             _operator(role, f"epoch {e}/{cfg.epochs} {done}; {_own_epsilon(party, e)}")
-        if not epochs:
+        if ended not in ("", "done"):  # the host ended the session early: the run stops (its reason is the host's)
+            _operator(role, f"run {context.run_id} stopped in epochs {first}-{last}/{cfg.epochs}: the host ended "
+                            f"its data-plane session ({ended}); {_own_epsilon(party)}")
+        elif not epochs:
             _operator(role, f"epochs {first}-{last}/{cfg.epochs} {done}; {_own_epsilon(party)}")
     return _reply(message, **reply)
 
