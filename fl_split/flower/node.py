@@ -249,6 +249,17 @@ def build_party(cfg: RunConfig, role: NodeRole, private_seed: int | None = None,
     return party, facts
 
 
+def _own_identity(party, role: NodeRole, node_config) -> None:
+    """A deployment guest's own long-term secure-merge identity from its node-config
+    ``secure-merge-identity`` (an owner-only key file its kit made at ``init``), in place of the one
+    derived from its party secret (docs/deploy.md, "Secure merge in a deployment")."""
+    path = str(dict(node_config).get("secure-merge-identity", "") or "").strip()
+    if path and role.role == "guest" and role.mode == "deployment":
+        from fl_split.privacy.secure_merge import read_identity
+
+        party.secure_identity = read_identity(path, role.party)
+
+
 def _node_inputs(cfg: RunConfig, role: NodeRole, state=None, handoff=None):
     """``(PartyData, PublicFacts, RunPlan)`` of this node (cached where the data are read)."""
     if role.role == "guest" and role.guest_index > cfg.guests:
@@ -340,6 +351,8 @@ def _restore(context: Context, role: NodeRole, handoff=None):
     state = unflatten(R.record_to_arrays(context.state.array_records[R.STATE_ARRAYS]), R.loads(str(meta["skeleton"])))
     party, _ = build_party(cfg, role, secret=PartySecret.from_state(state["secret"]), state=context.state,
                            handoff=handoff)
+    if cfg.secure_merge:
+        _own_identity(party, role, context.node_config)
     party.import_state(state)
     return party, str(meta["config"])
 
@@ -379,6 +392,7 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
                 if role.mode == "simulation":
                     party.secure_roster = roster_from_seed(seed, cfg.guests)
                 else:  # the node's own file of public identities (docs/deploy.md, "Secure merge")
+                    _own_identity(party, role, context.node_config)
                     path = str(dict(context.node_config).get("secure-merge-roster", "") or "").strip()
                     if not path:
                         raise ConfigError("secure-merge", True, "with a node-config secure-merge-roster on every "

@@ -541,6 +541,79 @@ def read_roster(path: str, guests: int, own: str, own_identity) -> dict[str, byt
     return roster
 
 
+#: the comment of a kit's public identity line (``ssh-ed25519 KEY fl-split-secure-merge-guest-i``)
+IDENTITY_COMMENT = "fl-split-secure-merge-"
+
+
+def new_identity_pem() -> bytes:
+    """A fresh long-term Ed25519 identity as unencrypted PKCS#8 PEM (a kit's ``keys/secure-merge-<guest>.key``,
+    docs/deploy.md "Secure merge in a deployment"): independent of the party secret, so a kit's runs
+    need no persistent private seed (whose draws would repeat from run to run)."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    return ed25519.Ed25519PrivateKey.generate().private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8,
+                                                              ser.NoEncryption())
+
+
+def public_identity_line(identity, guest: str) -> str:
+    """``identity``'s public key as one OpenSSH line (what a kit sends; ``ssh-keygen -l -f FILE`` prints
+    its SHA-256 fingerprint, the same as ``fl_split.kit.fingerprint``)."""
+    from cryptography.hazmat.primitives import serialization as ser
+
+    key = identity.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH).decode("ascii")
+    return f"{key} {IDENTITY_COMMENT}{guest}\n"
+
+
+def read_identity(path: str, own: str):
+    """A deployment guest's own long-term identity from an owner-only PEM file (node-config
+    ``secure-merge-identity``); a file the group or others can access, or not an Ed25519 key:
+    :class:`ProtocolError` in one line."""
+    import os
+    import stat
+
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    try:
+        fd = os.open(os.path.expanduser(path), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            data = fh.read(1 << 16)
+    except OSError as exc:
+        raise ProtocolError(f"{own}: secure-merge-identity {path!r} cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(mode) or mode & 0o077:  # its private key: a reader could sign as this guest
+        raise ProtocolError(f"{own}: secure-merge-identity {path!r} has mode {stat.S_IMODE(mode):04o}; "
+                            f"allowed: an owner-only regular file (chmod 600)")
+    try:
+        key = ser.load_pem_private_key(data, None)
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"{own}: secure-merge-identity {path!r} is not a PEM private key "
+                            f"({type(exc).__name__})") from None
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise ProtocolError(f"{own}: secure-merge-identity {path!r} holds a {type(key).__name__}, not an Ed25519 key")
+    return key
+
+
+def read_public_identity(path, guest: str) -> bytes:
+    """The raw public identity of ``guest`` from its OpenSSH line (:func:`public_identity_line`);
+    anything but one ``ssh-ed25519`` key: :class:`ProtocolError` in one line naming the file."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    try:
+        with open(path, "rb") as fh:
+            key = ser.load_ssh_public_key(fh.read(1 << 16).strip().split(b"\n")[0])
+    except (OSError, ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise ProtocolError(f"{path}: not {guest}'s public secure-merge identity (one ssh-ed25519 line; "
+                            f"{type(exc).__name__})") from None
+    if not isinstance(key, ed25519.Ed25519PublicKey):
+        raise ProtocolError(f"{path}: not {guest}'s public secure-merge identity (a {type(key).__name__}, "
+                            f"not ssh-ed25519)")
+    return key.public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+
+
 def rekey(guests: dict, members: list[str], relay=None) -> bytes:
     """A new session among ``members``: each announces a fresh key, the relay (the host's role; ``relay``
     may change what it passes on: tests play a dishonest host) hands every announcement to every member,
