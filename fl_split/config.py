@@ -494,14 +494,6 @@ class RunConfig:
                               ("monolithic", self.monolithic, "a monolithic run has no guests")):
             if on:
                 raise ConfigError(flag, True, "off with --secure-merge", reason=why)
-        if self.engine == "flower" and self.on_guest_failure == "pad":
-            raise ConfigError("on-guest-failure", "pad", "stop with --secure-merge --engine flower",
-                              reason="the guests left would agree on new keys mid-round, which only the local "
-                                     "engine does yet (docs/flower.md, \"Secure merge on Flower\")")
-        if self.engine == "flower" and self.checkpoint_dir:
-            raise ConfigError("checkpoint-dir", self.checkpoint_dir, "empty with --secure-merge --engine flower",
-                              reason="a resumed Flower run's new session is not built yet (docs/flower.md, "
-                                     "\"Secure merge on Flower\")")
         if self.secure_merge_collusion != "all" and int(self.secure_merge_collusion) >= self.guests:
             raise ConfigError("secure-merge-collusion", self.secure_merge_collusion,
                               f"'all' or an integer k with 0 <= k <= {self.guests - 1}",

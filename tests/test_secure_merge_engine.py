@@ -140,7 +140,6 @@ def test_collusion_all_charges_the_same_epsilon_as_each_guest_noising_alone():
     (dict(guests=1), "guests", "the sum of one guest is that guest's release"),
     (dict(loss_alarm=True), "loss-alarm", "zero-fills one guest at a time"),
     (dict(one_shot=True), "one-shot", "caches each guest's own release"),
-    (dict(engine="flower", on_guest_failure="pad"), "on-guest-failure", "only the local engine does yet"),
     (dict(secure_merge_collusion="3"), "secure-merge-collusion", "at most the G - 1 = 2 other guests"),
     (dict(defense="gaussian", accountant="rdp"), "accountant", "accounted from their exact distribution"),
 ])

@@ -1,6 +1,6 @@
 """``--merge sum|avg --secure-merge`` on the Flower relay (``--engine flower --data-plane flower``): the
 same numbers as the local engine, the Flower message transcript, a coordinator that substitutes a key,
-and the combinations still refused (docs/flower.md, "Secure merge on Flower"; docs/threat-model.md,
+and the combinations accepted and refused (docs/flower.md, "Secure merge on Flower"; docs/threat-model.md,
 "Secure merge")."""
 
 from __future__ import annotations
@@ -222,18 +222,19 @@ def test_the_direct_data_plane_equals_the_local_engine():
     assert order[:6] == [R.MSG_SECURE_ANNOUNCE] * 3 + [R.MSG_SECURE_AGREE] * 3 and R.MSG_EPOCH in order
 
 
-@pytest.mark.parametrize("kw, key, why", [
-    (dict(on_guest_failure="pad"), "on-guest-failure", "only the local engine does yet"),
-    (dict(checkpoint_dir="ckpt", data_plane="direct"), "checkpoint-dir",
-     "a resumed Flower run's new session is not built yet"),
-])
-def test_flower_combinations_still_refused_are_one_line(kw, key, why):
-    """``pad`` (the guests left would re-key mid-round) and checkpoints (a resume's new session) stay
-    refused on Flower in one line, before any node is contacted."""
+def test_pad_and_checkpoints_are_accepted_on_flower_and_the_relay_still_refuses_checkpoints():
+    """``pad`` (the guests left re-key mid-round and release it again) and checkpoints (a resume agrees a
+    new session) run on Flower (tests/test_secure_merge_flower_pad.py); the relay's general refusal of
+    checkpoints stays, in one line."""
+    from fl_split.flower.strategy import check_options
+
+    check_options(_cfg(on_guest_failure="pad"))  # the relay pads under --secure-merge
+    _cfg(on_guest_failure="pad", data_plane="direct")
+    _cfg(checkpoint_dir="ckpt", data_plane="direct")
     with pytest.raises(ConfigError) as err:
-        _cfg(**kw)
+        _cfg(checkpoint_dir="ckpt")
     text = str(err.value)
-    assert text.startswith(f"--{key}: got ") and why in text and "\n" not in text
+    assert text.startswith("--checkpoint-dir: got ") and "--data-plane flower" in text and "\n" not in text
 
 
 def _deployment_nodes(tmp_path, cfg: RunConfig, roster: bool = True) -> list[dict]:

@@ -47,10 +47,14 @@ class Served:
 
 
 def serve(party: str, step: Callable, address: str, keys: F.LinkKeys, session: str, tls: ClientTLS | None = None,
-          timeout: float = 60.0, connect_timeout: float | None = None, max_frame: int | None = None) -> Served:
+          timeout: float = 60.0, connect_timeout: float | None = None, max_frame: int | None = None,
+          ops: Callable | None = None) -> Served:
     """Serve the host at ``address`` as ``party`` (``keys``: its own private key and the host's public
     key) until the host ends the session; returns what was done. ``max_frame``: the largest frame the
-    host may send (:func:`fl_split.dataplane.limits.largest_frame`)."""
+    host may send (:func:`fl_split.dataplane.limits.largest_frame`). ``ops(op, header, blobs, keys,
+    round)`` answers a STEP frame whose header names an ``op`` (``--secure-merge`` after a guest failed:
+    a new session's key agreement and the round's release again); without it such a frame is an error
+    the guest reports."""
     import grpc
 
     host_key = keys.peer("host", party)
@@ -96,7 +100,7 @@ def serve(party: str, step: Callable, address: str, keys: F.LinkKeys, session: s
         # the host times its guests out; a guest only needs to notice a host that is gone, and
         # waits longer than the host does (the host first waits for every guest to connect, and
         # computes between its frames)
-        return _serve_steps(party, step, link, sealer, opener, 2 * timeout)
+        return _serve_steps(party, step, link, sealer, opener, 2 * timeout, ops)
     except (FrameError, CredentialError) as exc:
         raise PeerFailure("host", None, f"{party} refused the data-plane peer: {exc}") from None
     finally:
@@ -105,7 +109,7 @@ def serve(party: str, step: Callable, address: str, keys: F.LinkKeys, session: s
 
 
 def _serve_steps(party: str, step: Callable, link: "_Stream", sealer: F.Sealer, opener: F.Opener,
-                 timeout: float) -> Served:
+                 timeout: float, ops: Callable | None = None) -> Served:
     link.authenticated()
     served = Served()
     round_ = None
@@ -129,8 +133,14 @@ def _serve_steps(party: str, step: Callable, link: "_Stream", sealer: F.Sealer, 
             keys = F.keys_from_header(frame.header.get("keys"), "the host")
         except FrameError as exc:
             raise PeerFailure("host", round_, f"{party}: {exc}") from None
+        op = frame.header.get("op")
         try:
-            blobs = step(frame.blobs, keys, round_)
+            if op is None:
+                blobs = step(frame.blobs, keys, round_)
+            elif ops is None:
+                raise FrameError(f"{party}: a STEP frame with op {str(op)[:40]!r}, which this session does not serve")
+            else:
+                blobs = ops(str(op), frame.header, frame.blobs, keys, round_)
         except Exception as exc:  # noqa: BLE001 - the party's own error goes back to the host
             served.errors += 1
             link.send(sealer.seal(F.ERROR, F.error_header(exc, party, round_)))

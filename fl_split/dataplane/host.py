@@ -503,10 +503,14 @@ class HostDataPlane:
         self.host = host
         self.endpoint = endpoint
         self.guests = list(endpoint.guests)
+        #: the round of the latest STEP (``None`` before this session's first): a key agreement after it
+        #: is a re-keying after a guest failed (:meth:`secure_rekey`)
+        self._round: int | None = None
 
     def guest_step(self, owed, keys, round_):
         from fl_split.engine import GuestFailure
 
+        self._round = int(round_)
         header = {"round": int(round_), "keys": F.keys_to_header(keys)}
         expected = [g for g in self.guests if g in owed]
         for g in expected:
@@ -522,9 +526,46 @@ class HostDataPlane:
         return out
 
     def secure_rekey(self, members: list[str]) -> None:
-        """``--secure-merge``: nothing here. The coordinator agreed the run's session with the guests
-        over Flower before the first ``train.epoch`` (:meth:`fl_split.flower.transport.FlowerTransport.secure_rekey`);
-        a guest outside it refuses to release."""
+        """``--secure-merge``. Before this session's first round: nothing — the coordinator agreed the
+        run's session with the guests over Flower before the first ``train.epoch``
+        (:meth:`fl_split.flower.transport.FlowerTransport.secure_rekey`); a guest outside it refuses to
+        release. After a guest failed mid-round (``--on-guest-failure pad``): a new session among
+        ``members`` over the data plane, the host relaying as the coordinator does — each member's
+        signed key (STEP ``op: secure-announce``), then every announcement to every member (``op:
+        secure-agree``), which each checks against the identities it pinned itself."""
+        import os
+
+        if self._round is None:
+            return
+        session = os.urandom(16)
+        base = {"round": self._round, "keys": []}
+        anns = self._ask(members, {**base, "op": "secure-announce", "session": session.hex(), "members": list(members)})
+        announcements = [anns[g][0] if anns[g] else b"" for g in members]
+        self._ask(members, {**base, "op": "secure-agree"}, announcements)
+
+    def secure_redo(self, keys, round_: int) -> dict[str, list[bytes]]:
+        """``--secure-merge``, pad: every active guest releases ``keys`` again in the session just agreed
+        (STEP ``op: redo``; a second release, charged in its ledger)."""
+        return self._ask(list(self.endpoint.guests), {"round": int(round_), "keys": F.keys_to_header(keys),
+                                                      "op": "redo"})
+
+    def _ask(self, guests: list[str], header: dict, blobs=()) -> dict[str, list[bytes]]:
+        """One STEP frame with an ``op`` to each of ``guests``; their RELEASE blobs. Any guest that fails
+        here fails the round (:class:`~fl_split.engine.GuestFailure` without releases: the run stops)."""
+        from fl_split.engine import GuestFailure
+
+        round_ = int(header["round"])
+        for g in guests:
+            self.endpoint.send(g, F.STEP, header, blobs)
+        out, failed, errors = self.endpoint.collect(round_, guests)
+        for g in guests:
+            if g in errors and errors[g].header.get("type") == "BudgetExceeded":
+                F.raise_error_frame(errors[g], g, round_)
+        for g, frame in errors.items():
+            failed[g] = f"{str(frame.header.get('type', 'Error'))[:200]}: {str(frame.header.get('message', ''))[:4000]}"
+        if failed:
+            raise GuestFailure(round_, failed, None, note=f"in the secure-merge {header['op']} after a guest failed")
+        return out
 
     def host_train(self, keys, acts, round_):
         return self._local.host_train(keys, acts, round_)

@@ -295,8 +295,39 @@ def guest_epochs(party, cfg: RunConfig, req, role, node_config: dict, state=None
     tls = _client_tls(role, node_config, bool(info.get("tls")))
     # the largest frame the host may send this guest: a STEP with the owed gradients of a round (issue 16)
     max_frame = largest_frame(party.schedule, cfg.batches_per_round, [party.cut_shape])
-    served = serve(party.name, step, address, keys, session, tls, cfg.dataplane_timeout, max_frame=max_frame)
+    served = serve(party.name, step, address, keys, session, tls, cfg.dataplane_timeout, max_frame=max_frame,
+                   ops=_secure_ops(party, cfg, checkpoint, plan)
+                   if cfg.secure_merge and cfg.on_guest_failure == "pad" else None)
     return {"steps": served.steps, "errors": served.errors, "end": served.end_reason}
+
+
+def _secure_ops(party, cfg: RunConfig, checkpoint, plan):
+    """A guest's answers to the host's ``op`` frames (``--secure-merge --on-guest-failure pad``: a guest
+    of the round failed, so the others agree on a new session and release the round again; the host
+    relays the signed keys as the coordinator does; docs/flower.md, "Secure merge on Flower")."""
+    from fl_split.errors import ProtocolError
+    from fl_split.flower.node import secure_announce
+
+    ends = set() if checkpoint is None else {last_round(plan, cfg, e) for e in range(1, cfg.epochs + 1)}
+
+    def ops(op: str, header: dict, blobs: list, keys, round_: int) -> list[bytes]:
+        if op == "secure-announce":
+            try:
+                session = bytes.fromhex(str(header.get("session", "")))
+            except ValueError:
+                raise ProtocolError(f"{party.name}: secure merge: a session id of 16 to 64 bytes expected") from None
+            return [secure_announce(party, session, header.get("members"), cfg.on_guest_failure == "pad")]
+        if op == "secure-agree":
+            party.secure_agree(list(blobs))
+            return []
+        if op == "redo":
+            out = party.redo(keys, round_)
+            if round_ in ends:  # the epoch end's checkpoint was taken before the round was released again
+                checkpoint(round_)
+            return out
+        raise ProtocolError(f"{party.name}: unknown data-plane op {op[:40]!r}")
+
+    return ops
 
 
 # -- the coordinator's side -----------------------------------------------------------------------

@@ -434,21 +434,28 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
             return _reply(message, blobs=blobs)
         if mtype == R.MSG_SECURE_ANNOUNCE:  # --secure-merge: a new session (fl_split/privacy/secure_merge.py)
             _expect(role, "guest", mtype)
-            members = R.loads(str(req["members"]))
             session = R.blob_list(req, "session")
-            if not isinstance(members, list) or sorted(map(str, members)) != sorted(party.secure_roster):
-                # (no guest is ever dropped on Flower: a session of fewer guests would leave this one's
-                # release masked only towards them, or unmasked)
-                raise ProtocolError(f"{role.party}: secure merge: a session of {members!r}; refused (every guest "
-                                    f"of the run, {sorted(party.secure_roster)}, must be in it)")
-            if len(session) != 1 or not 16 <= len(session[0]) <= 64:
+            if len(session) != 1:
                 raise ProtocolError(f"{role.party}: secure merge: a session id of 16 to 64 bytes expected")
-            announcement = party.secure_announce(bytes(session[0]), [str(m) for m in members])
+            announcement = secure_announce(party, bytes(session[0]), R.loads(str(req["members"])),
+                                           _config_of(config_json).on_guest_failure == "pad")
             _save(context, party, config_json)
             return _reply(message, announcement=[announcement])
         if mtype == R.MSG_SECURE_AGREE:  # every member's signed key, checked against the pinned roster
             _expect(role, "guest", mtype)
             party.secure_agree(R.blob_list(req, "announcements"))
+            _save(context, party, config_json)
+            return _reply(message)
+        if mtype == R.MSG_REDO:  # --secure-merge, pad (relay): the round again, in the session just agreed
+            _expect(role, "guest", mtype)
+            if _config_of(config_json).on_guest_failure != "pad":
+                raise ProtocolError(f"{role.party}: a round asked again without --on-guest-failure pad; refused")
+            blobs = party.redo(keys, round_)
+            _save(context, party, config_json)
+            return _reply(message, blobs=blobs)
+        if mtype == R.MSG_DROP:  # pad (relay): the host zero-fills a failed guest from this round on
+            _expect(role, "host", mtype)
+            party.drop_guest(str(req["guest"]), round_)
             _save(context, party, config_json)
             return _reply(message)
         if mtype == R.MSG_HOST_TRAIN:
@@ -478,6 +485,37 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
         # the live object may be half-updated: forget it; context.state still holds the last good state
         _PARTIES.pop(key, None)
         return Message(R.error_record(exc, who, None if round_ < 0 else round_), reply_to=message)
+
+
+def _config_of(config_json: str) -> RunConfig:
+    return RunConfig.from_mapping(R.loads(config_json))
+
+
+def secure_announce(party, session: bytes, members, pad: bool) -> bytes:
+    """A guest's side of a new secure-merge session, after checking who is in it (a relayed request:
+    the coordinator's on the relay and at a run's start, the host's on the direct data plane after a
+    guest failed). Every guest of the run must be in it — a session of fewer guests would leave this
+    one's release masked only towards them, or unmasked — except with ``--on-guest-failure pad``:
+    then the guests of this guest's current session less those the run went on without (a session
+    only shrinks within a run, and this guest stays in it; docs/flower.md, "Secure merge on
+    Flower"). Returns the signed announcement."""
+    name = party.name
+    if not 16 <= len(session) <= 64:
+        raise ProtocolError(f"{name}: secure merge: a session id of 16 to 64 bytes expected")
+    roster = sorted(party.secure_roster)
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members) \
+            or len(set(members)) != len(members):
+        raise ProtocolError(f"{name}: secure merge: a session of {members!r}; refused (a list of guests expected)")
+    if not pad:
+        if sorted(members) != roster:
+            raise ProtocolError(f"{name}: secure merge: a session of {members!r}; refused (every guest of the "
+                                f"run, {roster}, must be in it)")
+    else:
+        current = sorted(party.secure.members) if party.secure is not None else roster
+        if name not in members or not set(members) <= set(current):
+            raise ProtocolError(f"{name}: secure merge: a session of {members!r}; refused (with --on-guest-failure "
+                                f"pad: this guest and guests of its current session {current} only)")
+    return party.secure_announce(session, list(members))
 
 
 def _init_from_here(cfg: RunConfig, role: NodeRole, node_config: dict) -> RunConfig:
@@ -799,7 +837,8 @@ def client_app_for(handler):
 
     app = ClientApp()
     for mtype in (R.MSG_ROLE, R.MSG_SETUP, R.MSG_REPORT, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_EPOCH,
-                  R.MSG_CHECKPOINTS, R.MSG_STOPPED, MSG_ALIGN, MSG_PREDICT, R.MSG_SECURE_ANNOUNCE, R.MSG_SECURE_AGREE):
+                  R.MSG_CHECKPOINTS, R.MSG_STOPPED, MSG_ALIGN, MSG_PREDICT, R.MSG_SECURE_ANNOUNCE, R.MSG_SECURE_AGREE,
+                  R.MSG_REDO, R.MSG_DROP):
         category, action = mtype.split(".")
         getattr(app, category)(action)(handler)
     return app

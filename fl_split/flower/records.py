@@ -45,6 +45,8 @@ MSG_CHECKPOINTS = "query.checkpoints"  # a resume: the rounds each party holds a
 MSG_STOPPED = "query.stopped"    # the run failed elsewhere: the coordinator tells each party why
 MSG_SECURE_ANNOUNCE = "query.secure_announce"  # --secure-merge: a guest's signed key for a new session
 MSG_SECURE_AGREE = "query.secure_agree"        # --secure-merge: every member's announcement, relayed
+MSG_REDO = "train.redo"          # --secure-merge, pad (relay): a guest releases the round again in a new session
+MSG_DROP = "train.drop"          # pad (relay): the host goes on without a failed guest
 
 
 class FederationError(FlSplitError):

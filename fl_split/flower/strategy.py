@@ -47,10 +47,12 @@ def check_options(cfg: RunConfig) -> None:
     ServerApp in a deployment; the in-process simulation also before Ray starts)."""
     from fl_split.errors import ConfigError
 
-    if cfg.data_plane == "flower" and cfg.on_guest_failure == "pad":
+    if cfg.data_plane == "flower" and cfg.on_guest_failure == "pad" and not cfg.secure_merge:
         raise ConfigError("on-guest-failure", "pad", "stop with --data-plane flower",
                           reason="a relay round ends with the first error reply, so the other guests' releases "
-                                 "of the round are lost with a failed guest; pad runs on the direct data plane")
+                                 "of the round are lost with a failed guest (with --secure-merge every guest left "
+                                 "releases the round again, so the relay pads there); pad runs on the direct "
+                                 "data plane")
 
 
 class VerticalSplitStrategy:
@@ -110,6 +112,8 @@ class VerticalSplitStrategy:
                 from fl_split.flower.direct import _padded
 
                 checkpoint["out"] = sorted(_padded(self.checkpoints.state.guest_failures))
+        # the relay pads only under --secure-merge (check_options), whose guests release the round again
+        self.transport.pad = self.cfg.data_plane == "flower" and self.cfg.on_guest_failure == "pad"
         self.plan = setup(self.transport, self.cfg, checkpoint)
         if self.checkpoints is not None and not self.cfg.resume:
             # every party saved round 0 at setup: a run killed inside its first message resumes
@@ -133,8 +137,12 @@ class VerticalSplitStrategy:
             if self.cfg.data_plane == "direct":
                 from fl_split.flower.direct import coordinate_direct
 
-                if self.cfg.secure_merge:  # the run's session, before any epoch (the relay's: in coordinate)
-                    transport.secure_rekey(list(transport.guests))
+                if self.cfg.secure_merge:  # the run's session, before any epoch (the relay's: in coordinate);
+                    # a resume's is new too, among the guests still in the run (pad: not those it went on without)
+                    from fl_split.flower.direct import _padded
+
+                    out = _padded(self.checkpoints.state.guest_failures) if self.checkpoints is not None else {}
+                    transport.secure_rekey([g for g in transport.guests if g not in out])
                 results = coordinate_direct(self.cfg, self.plan, transport, transport.setup_replies.get("host"),
                                             timeline=self.timeline, checkpoints=self.checkpoints)
             else:

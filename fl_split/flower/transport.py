@@ -83,6 +83,11 @@ class FlowerTransport:
         self.role_replies: dict[str, Any] = {}
         #: the run's public ``task`` and ``num_outputs``, sent with the report request (set after setup)
         self.public_plan: dict[str, Any] | None = None
+        #: relay, ``--secure-merge --on-guest-failure pad``: a guest's error reply does not end the round
+        #: (:meth:`guest_step` raises a :class:`~fl_split.engine.GuestFailure` with the others' releases)
+        self.pad = False
+        #: relay: the guests the run went on without (:meth:`drop_guest`)
+        self.dropped: set[str] = set()
 
     # -- one exchange ----------------------------------------------------------------------------
     def exchange(self, requests: dict[str, tuple[str, RecordDict]], round_: int | None,
@@ -160,12 +165,36 @@ class FlowerTransport:
         return out
 
     # -- Transport protocol ------------------------------------------------------------------------
+    def _active(self) -> list[str]:
+        return [g for g in self.guests if g not in self.dropped]
+
     def guest_step(self, owed, keys, round_):
+        from fl_split.engine import GuestFailure
+
         keys_json = R.keys_to_json(keys)
         reqs = {g: (R.MSG_STEP, R.content(round=round_, keys=keys_json, owed=list(owed.get(g, []))))
-                for g in self.guests}
-        rep = self.exchange(reqs, round_)
-        return {g: R.blob_list(rep[g], "blobs") for g in self.guests}
+                for g in self._active()}
+        # (a refusal over budget is raised by the exchange itself: the run stops cleanly, never pads)
+        rep = self.exchange(reqs, round_, optional=frozenset(reqs) if self.pad else frozenset())
+        failed = {g: r.detail for g, r in rep.items() if isinstance(r, PartyError)}
+        out = {g: R.blob_list(r, "blobs") for g, r in rep.items() if g not in failed}
+        if failed:  # (pad only) every other guest answered: its releases are kept, as the local engine's
+            raise GuestFailure(round_, failed, out)
+        return out
+
+    def secure_redo(self, keys, round_: int) -> dict[str, list[bytes]]:
+        """``--secure-merge``, pad: every active guest releases ``keys`` again in the session just agreed
+        (``train.redo``: a second release, charged in its ledger; the round's first releases carried the
+        failed guest's masks and are never opened)."""
+        keys_json = R.keys_to_json(keys)
+        rep = self.exchange({g: (R.MSG_REDO, R.content(round=round_, keys=keys_json)) for g in self._active()},
+                            round_)
+        return {g: R.blob_list(r, "blobs") for g, r in rep.items()}
+
+    def drop_guest(self, guest: str, round_: int) -> None:
+        """pad: the host zero-fills ``guest`` from ``round_`` on (``train.drop``); nothing more is sent to it."""
+        self.exchange({"host": (R.MSG_DROP, R.content(round=round_, guest=guest))}, round_)
+        self.dropped.add(guest)
 
     def secure_rekey(self, members: list[str]) -> bytes:
         """``--secure-merge``: a new session among ``members`` in two exchanges — each member's signed
@@ -185,12 +214,12 @@ class FlowerTransport:
         return session
 
     def host_train(self, keys, acts, round_):
-        req = R.content(round=round_, keys=R.keys_to_json(keys), **{f"acts.{g}": list(acts[g]) for g in self.guests})
+        req = R.content(round=round_, keys=R.keys_to_json(keys), **{f"acts.{g}": list(acts[g]) for g in self._active()})
         rep = self.exchange({"host": (R.MSG_HOST_TRAIN, req)}, round_)["host"]
-        return {g: R.blob_list(rep, f"grads.{g}") for g in self.guests}
+        return {g: R.blob_list(rep, f"grads.{g}") for g in self._active()}
 
     def host_evaluate(self, keys, acts, round_):
-        req = R.content(round=round_, keys=R.keys_to_json(keys), **{f"acts.{g}": list(acts[g]) for g in self.guests})
+        req = R.content(round=round_, keys=R.keys_to_json(keys), **{f"acts.{g}": list(acts[g]) for g in self._active()})
         rep = self.exchange({"host": (R.MSG_HOST_EVAL, req)}, round_)["host"]
         return R.loads(str(rep["metrics"]))
 
@@ -212,10 +241,11 @@ class FlowerTransport:
         except Exception:  # noqa: BLE001 - the run's own error is what the caller raises
             pass
 
-    def reports(self, absent=()):
-        """Every party's report but those of the guests the run went on without (``absent``,
-        ``--on-guest-failure pad``): their nodes failed, and their ledgers are their own (as in the
-        local engine, they have no entry)."""
+    def reports(self, absent=None):
+        """Every party's report but those of the guests the run went on without (``absent``, by
+        default those the relay dropped; ``--on-guest-failure pad``): their nodes failed, and their
+        ledgers are their own (as in the local engine, they have no entry)."""
+        absent = self.dropped if absent is None else absent
         # the run's public task and outputs (the host's facts): a guest that read its own table cannot
         # know them, and writes them into its saved part's manifest (fl_split/serving.py)
         extra = {} if self.public_plan is None else {"plan": R.dumps(self.public_plan)}

@@ -189,8 +189,16 @@ class GuestParty(_Party):
 
     def redo(self, keys, round_: int, in_process: bool = False) -> list[bytes]:
         """Release ``keys`` again in a new secure-merge session (a guest of the round failed: the host
-        never unmasks a sum with a missing mask). Fresh noise and masks; charged again."""
+        never unmasks a sum with a missing mask). Fresh noise and masks; charged again. Only the round this
+        guest served last, and only in a session that has not masked it yet (one agreed since): checked
+        before anything is charged."""
         keys = list(keys)
+        if round_ != self.last_round:
+            raise ProtocolError(f"{self.name}: round {round_} asked again, but the last round served is "
+                                f"{self.last_round}; refused (only the round just served is released again)")
+        if self.secure is not None and any(_masked(self.secure, round_, k) for k in keys):
+            raise ProtocolError(f"{self.name}: round {round_} asked again in the session that masked it; refused "
+                                f"(a round is released again only after a new key agreement)")
         for key in keys:
             self._pending.pop(key, None)
         return self.release(keys, round_, in_process)
@@ -348,3 +356,11 @@ class GuestParty(_Party):
             mech = self.mechanisms()
             if self.secure is not None and isinstance(mech, SkellamShare):  # as secure_announce set it
                 mech.active = len(self.secure.members)
+
+
+def _masked(session, round_: int, key: BatchKey) -> bool:
+    """Whether the secure-merge ``session`` (a :class:`~fl_split.privacy.secure_merge.MaskingGuest`)
+    already masked ``(round, batch)``."""
+    from fl_split.privacy.secure_merge import _nonce
+
+    return _nonce(session.session, round_, key.as_tuple()) in session._used
