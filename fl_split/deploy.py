@@ -719,11 +719,12 @@ def deploy_local(cfg: RunConfig, workdir: str | os.PathLike, *, tls: bool = True
     and SIGINT are turned into KeyboardInterrupt at its next wait while it runs. ``private_seed``: a
     :class:`~fl_split.seeding.PrivateSeed` (each node gets its own, see the module docstring).
     Runs under umask 077; the work directory and everything in it are owner-only afterwards."""
-    if cfg.secure_merge and (private_seed is None or getattr(deployment, "FROM_KITS", False)):
-        # before anything is written or started: the roster is derived from the private seed
-        raise ConfigError("secure-merge", True, "with --private-seed-file in fl-split deploy local (not with "
-                          "--from-kits)", reason="each guest pins the others' identities from a roster deploy "
-                          "local derives from the private seed (docs/deploy.md, \"Secure merge\")")
+    if cfg.secure_merge and private_seed is None and not getattr(deployment, "FROM_KITS", False):
+        # before anything is written or started: without kits, the roster is derived from the private seed
+        raise ConfigError("secure-merge", True, "with --private-seed-file in fl-split deploy local, or with "
+                          "--from-kits", reason="each guest pins the others' identities from a roster deploy "
+                          "local derives from the private seed, or from the public identities its kit received "
+                          "(docs/deploy.md, \"Secure merge in a deployment\")")
     if private_seed is not None:
         from fl_split.seeding import PrivateSeed
 

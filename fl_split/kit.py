@@ -31,6 +31,10 @@ organisation's own machine, and only public halves travel (:data:`SENDS`). Two t
   coordinator holding that CA could issue itself a guest's certificate and pose as that guest to
   the host (docs/deploy.md, "Data-plane identities").
 
+With ``--secure-merge`` each guest's ``init`` also makes its own long-term Ed25519 identity; its public
+half goes to every other guest, and each guest's ``start`` pins the run's guests from its own key and
+its inbox (docs/deploy.md, "Secure merge in a deployment"): no third trust root, no coordinator in it.
+
 Steps: (1) every organisation ``init``; public files are exchanged; (2) the host ``sign``s the
 guests' CSRs, the coordinator ``start``s the SuperLink and ``register``s the SuperNodes' public keys;
 (3) every party ``start``s its SuperNode with its own table; (4) the coordinator ``run``s the job.
@@ -156,14 +160,26 @@ def _hostport(key: str, text: str) -> tuple[str, int]:
 
 
 # -- what travels: (sender, file in its outbox, receivers); the only files that leave a kit ------------
-def SENDS(parties: list[str]) -> list[tuple[str, str, list[str]]]:
+def SENDS(parties: list[str], secure_merge: bool = True) -> list[tuple[str, str, list[str]]]:
+    """Every public file that travels between kits: ``(sender, its outbox file, receivers)``.
+    ``secure_merge``: with each guest's public secure-merge identity, which goes to every *other*
+    guest only — each guest pins its peers itself (docs/deploy.md, "Secure merge in a deployment");
+    a kit of a job without ``--secure-merge`` makes none, so :func:`deliver` has nothing to move."""
     guests = [p for p in parties if p != "host"]
     rows = [(COORDINATOR, "ca.crt", list(parties))]
     rows += [(p, f"auth-{p}.pub", [COORDINATOR]) for p in parties]
     rows += [(g, f"{g}.csr", ["host"]) for g in guests]
     rows += [("host", "dataplane-ca.crt", guests)]
     rows += [("host", f"{g}.crt", [g]) for g in guests]  # after `sign`
+    if secure_merge:
+        rows += [(g, identity_file(g), [o for o in guests if o != g]) for g in guests if len(guests) > 1]
     return rows
+
+
+def identity_file(guest: str) -> str:
+    """The name of ``guest``'s public secure-merge identity in its outbox (and its peers' inboxes); its
+    private key is ``keys/`` + the same stem + ``.key``."""
+    return f"secure-merge-{guest}.pub"
 
 
 _WHAT = {"ca.crt": "the coordinator's CA certificate (to verify the SuperLink's TLS)",
@@ -174,6 +190,9 @@ _WHAT = {"ca.crt": "the coordinator's CA certificate (to verify the SuperLink's 
 
 
 def _what(name: str) -> str:
+    if name.startswith("secure-merge-"):
+        return ("its public secure-merge identity (Ed25519; every other guest pins it to check the keys the "
+                "coordinator relays)")
     return _WHAT.get(name) or next(v for k, v in _WHAT.items() if name.endswith(k))
 
 
@@ -299,8 +318,11 @@ def write_kits(cfg: RunConfig, out: str | os.PathLike, parties: list[str], super
                 from fl_split.predict import DEFAULT_MAX_QUERIES_PER_ID
 
                 conf.update({"inference-budget": "", "max-queries-per-id": DEFAULT_MAX_QUERIES_PER_ID})
+                if cfg.secure_merge:  # init makes its identity; start pins the run's guests' (SENDS)
+                    conf.update({"secure-merge": True, "guests": [p for p in parties if p != "host"]})
         (kit / KIT_FILE).write_text(_toml(conf), encoding="utf-8")
-        (kit / "README.txt").write_text(_readme(name, parties, superlink, dataplane, node_tables), encoding="utf-8")
+        (kit / "README.txt").write_text(_readme(name, parties, superlink, dataplane, node_tables,
+                                                bool(cfg.secure_merge)), encoding="utf-8")
         kits[name] = kit
     return kits
 
@@ -310,9 +332,10 @@ def _steps_of(name: str) -> tuple[str, ...]:
         ("init", "sign", "start", "fingerprints") if name == "host" else ("init", "start", "fingerprints"))
 
 
-def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_tables: bool) -> str:
-    sends = [f"  outbox/{f:<20} -> {', '.join(r)}: {_what(f)}" for s, f, r in SENDS(parties) if s == name]
-    gets = [f"  inbox/{f:<21} <- {s}: {_what(f)}" for s, f, r in SENDS(parties) if name in r]
+def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_tables: bool,
+            secure_merge: bool = False) -> str:
+    sends = [f"  outbox/{f:<20} -> {', '.join(r)}: {_what(f)}" for s, f, r in SENDS(parties, secure_merge) if s == name]
+    gets = [f"  inbox/{f:<21} <- {s}: {_what(f)}" for s, f, r in SENDS(parties, secure_merge) if name in r]
     table = ("your own raw table (CSV/Parquet with the ID column" + (", and the label column" if name == "host" else "")
              + "); the coordinator's job aligns the IDs between the nodes") if node_tables else (
         f"your party file ({name}.npz|csv|parquet, fl-split export-parties)")
@@ -369,6 +392,13 @@ def _readme(name: str, parties: list[str], superlink: str, dataplane: str, node_
                       "     (checks each CSR's signature and that it names that guest); send each to its guest.",
                       f"     Guests must reach your data plane at {dataplane} (you listen on its port)."]
         else:
+            if secure_merge:
+                steps += [f"     The job uses --secure-merge: init also makes keys/secure-merge-{name}.key (your long-term",
+                          f"     Ed25519 identity; never sent) and outbox/{identity_file(name)} (its public key, for",
+                          "     every other guest). Compare each other guest's inbox/secure-merge-<guest>.pub fingerprint",
+                          "     (sh run.sh fingerprints) with the one its operator read you, by phone or another channel:",
+                          "     start pins exactly these files (state/secure-merge-roster.json), and a key the coordinator",
+                          "     relays at run time that is not signed by the pinned identity stops the run before you release."]
             steps += ["  2. (the host signs your CSR; put the returned certificate in inbox/)"]
         steps += ["  3. sh run.sh start     starts your SuperNode with your own table (keep it running); your party",
                   "                        lives in this one process for the whole run (kit.toml clientapp = \"warm\";",
@@ -457,7 +487,55 @@ def _init(kit: Path, conf: dict[str, Any]) -> list[str]:
            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])).sign(key, hashes.SHA256()))
     write_private(keys / f"{name}.key", pem_key(key))
     (kit / "outbox" / f"{name}.csr").write_bytes(csr.public_bytes(serialization.Encoding.PEM))
-    return made + [f"keys/{name}.key", f"outbox/{name}.csr"]
+    made += [f"keys/{name}.key", f"outbox/{name}.csr"]
+    if conf.get("secure-merge"):  # its long-term identity: its peers pin the public half (docs/deploy.md)
+        from fl_split.privacy.secure_merge import new_identity_pem, public_identity_line
+
+        pem = new_identity_pem()
+        write_private(keys / _identity_key(name), pem)
+        (kit / "outbox" / identity_file(name)).write_text(
+            public_identity_line(serialization.load_pem_private_key(pem, None), name), encoding="ascii")
+        made += [f"keys/{_identity_key(name)}", f"outbox/{identity_file(name)}"]
+    return made
+
+
+def _identity_key(guest: str) -> str:
+    return identity_file(guest)[:-len(".pub")] + ".key"
+
+
+def _secure_merge_items(kit: Path, conf: dict[str, Any]) -> list[str]:
+    """A guest's node-config items under ``--secure-merge``: its own identity key and the roster of
+    the run's guests that this step writes into ``state/secure-merge-roster.json`` from that key and
+    the peers' public identities in ``inbox/`` (what the operator compared by fingerprint) — never
+    from anything the coordinator sends (docs/deploy.md, "Secure merge in a deployment")."""
+    from cryptography.hazmat.primitives import serialization
+
+    from fl_split.deploy import _literal
+    from fl_split.privacy.secure_merge import public_identity, read_public_identity
+
+    name = conf["party"]
+    key = _need(kit / "keys" / _identity_key(name), "your secure-merge identity: run init first (a kit written "
+                "with --secure-merge makes it)")
+    roster = {name: public_identity(serialization.load_pem_private_key(key.read_bytes(), None))}
+    for peer in [str(g) for g in conf.get("guests", []) if str(g) != name]:
+        path = kit / "inbox" / identity_file(peer)
+        if not path.is_file():
+            raise KitError(f"secure merge: inbox/{path.name} is missing: {peer}'s public identity, which this guest "
+                           f"must pin before the run; get it from {peer}'s operator (its outbox/{path.name}, "
+                           f"delivered with the other public files), compare its fingerprint with theirs "
+                           f"(sh run.sh fingerprints), then start again")
+        try:
+            roster[peer] = read_public_identity(path, peer)
+        except FlSplitError as exc:
+            raise KitError(f"secure merge: inbox/{path.name}: {exc}; ask {peer}'s operator for its "
+                           f"outbox/{path.name} again") from None
+    out = write_private(private_dir(kit / "state") / "secure-merge-roster.json",
+                        json.dumps({g: k.hex() for g, k in sorted(roster.items())}).encode("ascii"))
+    for peer in sorted(roster):
+        if peer != name:
+            print(f"start: secure merge pins {peer}'s identity {fingerprint(kit / 'inbox' / identity_file(peer))} "
+                  f"(inbox/{identity_file(peer)})", flush=True)
+    return [f"secure-merge-identity={_literal(key)}", f"secure-merge-roster={_literal(out)}"]
 
 
 def _sign(kit: Path, conf: dict[str, Any]) -> list[str]:
@@ -584,6 +662,8 @@ def _start_args(kit: Path, conf: dict[str, Any]) -> list[str]:
         key = _need(keys / f"{name}.key", "run init first")
         items += [f"dataplane-ca={_literal(dp_ca)}", f"dataplane-certfile={_literal(cert)}",
                   f"dataplane-keyfile={_literal(key)}"]
+        if conf.get("secure-merge"):
+            items += _secure_merge_items(kit, conf)
     if conf.get("checkpoint-dir"):  # "checkpoints/{run}": the node makes each run's folder in it
         ckpt = str(conf["checkpoint-dir"])
         base = ckpt[:-len(RUN_PLACEHOLDER)] if ckpt.endswith(RUN_PLACEHOLDER) else ckpt
