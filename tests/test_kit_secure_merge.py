@@ -161,6 +161,9 @@ def test_deploy_local_from_kits_with_secure_merge(tmp_path):
     assert results["config"]["secure_merge"] and results["deployment"]["tls"] and results["deployment"]["node_auth"]
     kits = workdir / "kits"
     for g in ("guest-1", "guest-2"):
+        secret = (kits / g / "keys" / f"secure-merge-{g}.key").read_bytes()
+        assert not [p for other in kits.iterdir() if other.name != g for p in other.rglob("*")
+                    if p.is_file() and secret in p.read_bytes()], f"{g}'s identity key left its kit"
         roster = json.loads((kits / g / "state" / "secure-merge-roster.json").read_text())
         assert sorted(roster) == ["guest-1", "guest-2"]
         assert f"secure merge pins guest-{3 - int(g[-1])}'s identity SHA256:" in (
