@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -272,14 +273,18 @@ def _kit_pids(workdir: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_loopback_deployment_from_the_kits(tmp_path):
-    """``deploy local --from-kits``: the kits' run.sh executed as the organisations would (TLS,
-    SuperNode authentication, the host's CA signing the guests' CSRs); the same final accuracy,
-    loss and ε as the local engine with the same seeds (as ``deploy local``,
-    tests/test_deploy.py); no kit holds another organisation's key, seed or table; nothing left.
-    The coordinator submitted the installed package's app (kit.toml ``app = "fl-split"``); with
-    ``--save-model`` each kit's node saved its own part and the results record the saved model."""
+    """``deploy local --from-kits --secure-merge --merge sum``: the kits' run.sh executed as the
+    organisations would (TLS, SuperNode authentication, the host's CA signing the guests' CSRs, each
+    guest's own secure-merge identity exchanged through the kits); the same final accuracy, loss and
+    ε as the local engine with the same seeds (as ``deploy local``, tests/test_deploy.py); no kit holds
+    another organisation's key, seed or table; each guest's roster (its ``start``'s) lists both
+    guests; nothing left. The coordinator submitted the installed package's app (kit.toml ``app =
+    "fl-split"``); with ``--save-model`` each kit's node saved its own part and the results record the
+    saved model. (One deployment for both features: a user meets them together, and a deployment
+    costs ~40 s of the suite.)"""
+    small = [*SMALL, "--sigma", "1.0", "--merge", "sum", "--secure-merge"]
     workdir, out_path, model = tmp_path / "dep", tmp_path / "results.json", tmp_path / "model"
-    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--from-kits", *SMALL, "--private-seed", "5",
+    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--from-kits", *small, "--private-seed", "5",
                            "--insecure-private-seed", "--save-model", str(model), "--workdir", str(workdir),
                            "--out", str(out_path)],
                           capture_output=True, text=True, timeout=1200)
@@ -289,7 +294,7 @@ def test_loopback_deployment_from_the_kits(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert left == [], f"processes left running: {left}"
     results = json.loads(out_path.read_text())
-    assert results["deployment"]["tls"] and results["deployment"]["node_auth"]
+    assert results["config"]["secure_merge"] and results["deployment"]["tls"] and results["deployment"]["node_auth"]
     assert results["saved_model"] == {"dir": str(model.resolve()), "parties": PARTIES}
     assert sorted(p.name for p in model.iterdir()) == sorted(PARTIES)
     kits = {p.name: p for p in (workdir / "kits").iterdir()}
@@ -300,16 +305,24 @@ def test_loopback_deployment_from_the_kits(tmp_path):
     for party in PARTIES:  # its table is its own secret too (the host's holds the labels)
         secrets[party].append((workdir / "parties" / f"{party}.npz").read_bytes())
         assert (kits[party] / "keys" / "private-seed").is_file()
+    for g in ("guest-1", "guest-2"):  # its secure-merge identity key is a secret of its own kit too
+        secrets[g].append((kits[g] / "keys" / f"secure-merge-{g}.key").read_bytes())
+        roster = json.loads((kits[g] / "state" / "secure-merge-roster.json").read_text())
+        assert sorted(roster) == ["guest-1", "guest-2"]
+        assert f"secure merge pins guest-{3 - int(g[-1])}'s identity SHA256:" in (
+            workdir / "logs" / f"supernode-{g}.log").read_text(errors="replace")
     _assert_no_foreign_secret(kits, secrets)
     assert "https://127.0.0.1" in (workdir / "logs" / "superlink.log").read_text()
     for party in PARTIES:  # each kit's `start` kept its party warm: one process served every message
         log = (workdir / "logs" / f"supernode-{party}.log").read_text(errors="replace")
-        assert log.count("party-runtime: pid ") == 1 and "party-runtime: message 3 (train.epoch)" in log, log[-2000:]
+        # (a guest's first messages are the secure merge's key agreement: the epoch's number varies)
+        assert log.count("party-runtime: pid ") == 1 and re.search(r"party-runtime: message \d+ \(train\.epoch\)",
+                                                                    log), log[-2000:]
     from fl_split.cli import build_parser, config_from_args
     from fl_split.engine import run_experiment
     from fl_split.seeding import PrivateSeed
 
-    local = run_experiment(config_from_args(build_parser().parse_args(["train", *SMALL])),
+    local = run_experiment(config_from_args(build_parser().parse_args(["train", *small])),
                            private_seed=PrivateSeed.insecure(5))
     assert results["final"]["value"] == local["final"]["value"]
     assert results["final"]["train_loss"] == pytest.approx(local["final"]["train_loss"], rel=1e-6)

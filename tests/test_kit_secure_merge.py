@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -141,39 +139,5 @@ def _kit_pids(workdir: Path) -> list[int]:
     return pids_with_env(f"FLWR_HOME={workdir.resolve()}".encode())
 
 
-@pytest.mark.slow
-def test_deploy_local_from_kits_with_secure_merge(tmp_path):
-    """``fl-split deploy local --from-kits --secure-merge --merge sum``: the kits' run.sh executed as the
-    organisations would; the run completes with the local engine's final metric and each party's ε,
-    each guest's roster (its ``start``'s) lists both guests, and nothing is left running."""
-    small = ["--dataset", "digits", "--guests", "2", "--epochs", "1", "--limit", "150", "--seed", "3",
-             "--defense", "gaussian", "--sigma", "1.0", "--batch-size", "32", "--merge", "sum", "--secure-merge"]
-    workdir, out = tmp_path / "dep", tmp_path / "results.json"
-    proc = subprocess.run([*FLSPLIT, "deploy", "local", "--from-kits", *small, "--private-seed", "5",
-                           "--insecure-private-seed", "--workdir", str(workdir), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    left = _kit_pids(workdir)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert left == [], f"processes left running: {left}"
-    results = json.loads(out.read_text())
-    assert results["config"]["secure_merge"] and results["deployment"]["tls"] and results["deployment"]["node_auth"]
-    kits = workdir / "kits"
-    for g in ("guest-1", "guest-2"):
-        secret = (kits / g / "keys" / f"secure-merge-{g}.key").read_bytes()
-        assert not [p for other in kits.iterdir() if other.name != g for p in other.rglob("*")
-                    if p.is_file() and secret in p.read_bytes()], f"{g}'s identity key left its kit"
-        roster = json.loads((kits / g / "state" / "secure-merge-roster.json").read_text())
-        assert sorted(roster) == ["guest-1", "guest-2"]
-        assert f"secure merge pins guest-{3 - int(g[-1])}'s identity SHA256:" in (
-            workdir / "logs" / f"supernode-{g}.log").read_text(errors="replace")
-    from fl_split.cli import build_parser, config_from_args
-    from fl_split.engine import run_experiment
-    from fl_split.seeding import PrivateSeed
-
-    local = run_experiment(config_from_args(build_parser().parse_args(["train", *small])),
-                           private_seed=PrivateSeed.insecure(5))
-    assert results["final"]["value"] == local["final"]["value"]
-    for party, rep in local["privacy"].items():
-        assert results["privacy"][party]["epsilon"] == rep["epsilon"]
+# The whole deployment (`fl-split deploy local --from-kits --secure-merge`) runs in
+# tests/test_deploy_kit.py::test_loopback_deployment_from_the_kits, with the kits' other features.
