@@ -370,6 +370,26 @@ SERVED_KEYS = {"steps", "errors"}
 #: the headers of data-plane frames: round and batch keys (public schedule); ERROR: the error's
 #: type, text, party, round (and a BudgetExceeded's fields); END: why the session ended
 FRAME_HEADER_KEYS = {"round", "keys", "type", "message", "party", "fields", "reason"}
+#: ``--secure-merge`` with ``--on-guest-failure pad`` on the direct data plane: the host's re-keying
+#: STEP frames add the operation's name, the new session's id (fresh random) and its members' names
+SECURE_FRAME_HEADER_KEYS = {"op", "session", "members"}
+
+
+def _announcer(blob: bytes) -> str:
+    """The guest a key announcement names (its own name, signed with it)."""
+    from fl_split.privacy.secure_merge import KeyAnnouncement
+
+    return KeyAnnouncement.from_bytes(bytes(blob)).guest
+
+
+def _audit_announcement(blob: bytes, guest: str) -> None:
+    """A key announcement is ``SK1``, the guest's own name, the session id, a 32-byte X25519 public key
+    and a 64-byte Ed25519 signature, and nothing else (fl_split/privacy/secure_merge.py)."""
+    from fl_split.privacy.secure_merge import KeyAnnouncement
+
+    ann = KeyAnnouncement.from_bytes(bytes(blob))  # refuses trailing or missing bytes
+    assert ann.guest == guest and 16 <= len(ann.session) <= 64
+    assert len(ann.public) == 32 and len(ann.signature) == 64
 
 
 def _audit_flower_reply(mtype: str, rec) -> None:
@@ -405,6 +425,15 @@ def _audit_flower_reply(mtype: str, rec) -> None:
     elif mtype == R.MSG_REPORT:
         assert keys == {"report"}
         _audit_report(json.loads(rec["report"]))
+    elif mtype == R.MSG_SECURE_ANNOUNCE:
+        assert keys == {"announcement"}
+        (blob,) = R.blob_list(rec, "announcement")
+        _audit_announcement(blob, _announcer(blob))
+        return  # an announcement is not a protocol frame (audited above)
+    elif mtype in (R.MSG_SECURE_AGREE, R.MSG_DROP):
+        assert keys == set(), keys
+    elif mtype == R.MSG_REDO:
+        assert keys == {"blobs"}
     else:  # pragma: no cover
         raise AssertionError(f"unexpected message type {mtype}")
     seen = {"blobs": 0}
@@ -463,6 +492,76 @@ def test_wire_audit_flower(defense, plane, flower_task_identity, monkeypatch):
         assert frames["blobs"] > 0
     else:
         assert {R.MSG_ROLE, R.MSG_SETUP, R.MSG_STEP, R.MSG_HOST_TRAIN, R.MSG_HOST_EVAL, R.MSG_REPORT} <= set(audited)
+
+
+@pytest.mark.parametrize("plane", ["direct", "flower"])
+def test_wire_audit_flower_secure_merge_with_a_padded_guest(plane, flower_task_identity, monkeypatch):
+    """``--secure-merge --on-guest-failure pad``, guest-2 failing in round 3 (the re-keying and the
+    round released again: docs/flower.md, "Secure merge on Flower"): every reply to the coordinator and
+    every data-plane frame is still on the allow-list — key announcements hold a guest's name, the
+    session id, its X25519 key and signature; the redone releases are protocol frames; the new messages
+    carry nothing else; the only error reply is the failed guest's."""
+    from fl_split.dataplane import frames as F
+    from fl_split.flower import records as R
+    from fl_split.flower.strategy import VerticalSplitStrategy
+    from tests.test_flower import InlineGrid, _simulation_nodes
+    from tests.test_secure_merge_flower_pad import _cfg, _guest_2_fails
+
+    _guest_2_fails(monkeypatch)
+    audited, frames, ops = [], {"blobs": 0}, set()
+    opened = F.Opener.open
+
+    def audit_frame(self, data, allowed=None):
+        frame = opened(self, data, allowed)
+        assert set(frame.header) <= FRAME_HEADER_KEYS | SECURE_FRAME_HEADER_KEYS, frame.header
+        op = frame.header.get("op")
+        if op is not None:
+            ops.add(op)
+            assert op in ("secure-announce", "secure-agree", "redo")
+            if "members" in frame.header:
+                assert set(frame.header["members"]) <= {"guest-1", "guest-2", "guest-3"}
+                assert len(bytes.fromhex(frame.header["session"])) == 16
+        for b in frame.blobs:
+            try:
+                _audit_blob(b, frames)
+            except Exception:  # a key announcement (relayed by the host) is not a protocol frame
+                _audit_announcement(b, _announcer(b))
+        return frame
+
+    monkeypatch.setattr(F.Opener, "open", audit_frame)
+
+    class AuditGrid(InlineGrid):
+        mtypes: dict = {}
+
+        def push_messages(self, messages):
+            messages = list(messages)
+            ids = super().push_messages(messages)
+            self.mtypes.update({mid: m.metadata.message_type for mid, m in zip(ids, messages)})
+            return ids
+
+        def pull_messages(self, message_ids):
+            replies = super().pull_messages(message_ids)
+            for reply in replies:
+                mtype = self.mtypes[reply.metadata.reply_to_message_id]
+                assert not reply.has_error()
+                if R.ERROR in reply.content.config_records:  # the failed guest's error reply: its text only
+                    err = reply.content.config_records[R.ERROR]
+                    assert set(err.keys()) == {"type", "message", "party", "round"}, err.keys()
+                    assert err["party"] == "guest-2" and "guest-2 is unreachable" in str(err["message"])
+                    audited.append("error")
+                    continue
+                assert set(reply.content.config_records) == {R.REPLY}
+                assert not reply.content.array_records
+                _audit_flower_reply(mtype, reply.content.config_records[R.REPLY])
+                audited.append(mtype)
+            return replies
+
+    got = VerticalSplitStrategy(_cfg(data_plane=plane)).run(AuditGrid(_simulation_nodes(4), fresh_process=True))
+    assert got["stopped_reason"] == "completed" and got["guest_failures"][0]["action"] == "pad"
+    if plane == "direct":  # the re-keying and the redo went over the data plane
+        assert ops == {"secure-announce", "secure-agree", "redo"} and frames["blobs"] > 0
+    else:
+        assert {R.MSG_SECURE_ANNOUNCE, R.MSG_SECURE_AGREE, R.MSG_REDO, R.MSG_DROP, "error"} <= set(audited)
 
 
 def test_deployment_refuses_a_private_seed_in_the_run_config(tmp_path):
