@@ -53,3 +53,62 @@ def test_local_feeds_release_or_float_sum_and_leaves_other_records_alone():
     assert torch.equal(wrapped.records("activations", peer="guest-2").values, g2.values)  # not the victim
     with pytest.raises(Exception):  # a feed that names no victim's activations is refused by the inner view
         wrapped.records("no-such-kind", peer="guest-1")
+
+
+def _spy(monkeypatch, module, name):
+    """Wrap ``module.name`` so that every value it returns is kept in the returned list."""
+    seen, inner = [], getattr(module, name)
+
+    def wrapper(*a, **kw):
+        out = inner(*a, **kw)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(module, name, wrapper)
+    return seen
+
+
+def test_secure_arms_feed_the_new_attacks_the_decoded_sum():
+    """In both secure arms, what the property and the feature (GRN) attacks read as guest-1's releases is
+    the host's decoded ring sum (``host_sum``), never guest-1's own masked part."""
+    assert all(feed == "sum" for arm, (train, feed) in E.ATTACK_ARMS.items() if train.startswith("secure"))
+    assert E.ATTACK_ARMS["alone"] == ("local", "release")
+    import fl_split.attacks.feature as feature
+    import fl_split.attacks.property as prop
+    from fl_split.attacks.options import AttackOptions
+    from fl_split.attacks.property import PropertyInference
+
+    # property: digits, the training epoch's records the classifier reads
+    s, _ = _view("secure")
+    with pytest.MonkeyPatch.context() as mp:
+        read = _spy(mp, prop, "observed")
+        r = E.property_arm(s, E.ATTACK_ARMS["secure-k0"][1], {"attack_epochs": 2})
+    assert 0.0 <= r["attack_accuracy"] <= 1.0 and len(read) == 1
+    view = s.view("host", PropertyInference().grants(s.referee, AttackOptions(attack="property")))
+    total = E.host_sum(view, "train")
+    own = view.records("activations", "train", peer="guest-1")
+    assert np.array_equal(read[0].positions, total.positions)
+    assert torch.equal(read[0].values, total.values.reshape(len(total), -1))
+    assert not torch.allclose(read[0].values, own.select(total.positions).values.reshape(len(total), -1), atol=1.0)
+
+    # feature (GRN): credit with host features, the test records' releases the generator is fitted to
+    s = E.session(0, attack="feature", **{**TINY, **E.SETTING["feature"], "limit": 300, **ARMS["secure"]})
+    s.run()
+    forwards = []
+
+    class Spy(feature.HostForward):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            forwards.append(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(feature, "HostForward", Spy)
+        r = E.feature_arm(s, E.ATTACK_ARMS["secure-kall"][1], {"attack_epochs": 2})
+    assert r["attack_mse"] < 1.0 and len(forwards) == 1
+    view = s.view("host", feature.FeatureInference().grants(s.referee, AttackOptions(attack="feature")))
+    total = E.host_sum(view, "test")
+    own = view.records("activations", "test", peer="guest-1").select(forwards[0].positions)
+    fed = forwards[0].releases["guest-1"].cpu()
+    assert np.array_equal(forwards[0].positions, total.positions)
+    assert torch.equal(fed, total.values)
+    assert fed.abs().max() < 10 and own.values.abs().max() > 1e5  # decoded sum vs masked ring elements
