@@ -92,6 +92,7 @@ def deploy_predict(model_dir: str, tables: dict[str, str], id_column: str, out: 
     from fl_split.predict import DEFAULT_MAX_QUERIES_PER_ID, InferenceLimits
 
     own = InferenceLimits(budget, DEFAULT_MAX_QUERIES_PER_ID if max_queries_per_id is None else max_queries_per_id)
+    from fl_split.predict import refuse_secure_merge
     from fl_split.serving import load_part
 
     if "host" not in tables:
@@ -99,6 +100,7 @@ def deploy_predict(model_dir: str, tables: dict[str, str], id_column: str, out: 
                           reason="the host's new table is needed")
     model = Path(model_dir).expanduser().resolve()
     host = load_part(model, "host")[0]
+    refuse_secure_merge(host, model_dir)
     if sorted(tables) != sorted(host["parties"]):
         raise ConfigError("data", ";".join(sorted(tables)), ";".join(host["parties"]),
                           reason="one new table per party of the saved model")

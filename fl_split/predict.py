@@ -96,6 +96,17 @@ def _config(manifest: dict, model=None):
     return RunConfig.from_mapping({k: v for k, v in manifest["config"].items() if k != "model"}).replace(model=model)
 
 
+def refuse_secure_merge(manifest: dict, model_dir) -> None:
+    """Refuse, before any table is read or anything released, a model trained with ``--secure-merge``
+    (docs/serving.md, "Models trained with secure merge"): its host only ever held the guests' masked
+    sum, and prediction has no masking session — each guest would hand the host its own part."""
+    if (manifest.get("config") or {}).get("secure_merge"):
+        raise ConfigError("model", str(model_dir), "a model trained without --secure-merge",
+                          reason="its host held only the guests' masked sum; fl-split predict has no secure "
+                                 "merge, so each guest would release its own part to the host: nothing was read "
+                                 "or released (docs/serving.md, \"Models trained with secure merge\")")
+
+
 def _table(path: str, party: str, id_column: str):
     from fl_split.data.own import _ids, read_table
 
@@ -112,6 +123,7 @@ class _Scorer:
 
         self.name = party
         self.manifest, self.files = load_part(directory, party)
+        refuse_secure_merge(self.manifest, directory)  # each party checks its own part too (every engine)
         self.directory = Path(directory).expanduser()
         self.cfg = _config(self.manifest, model)
         self.pre = json.loads(self.files["preprocessing.json"])
@@ -350,7 +362,10 @@ def predict(model_dir: str, tables: dict[str, str], id_column: str, out: str, al
     if "host" not in tables:
         raise ConfigError("data", ";".join(f"{p}={v}" for p, v in tables.items()), "host=PATH;guest-1=PATH;…",
                           reason="the host's new table is needed")
-    check_parts({p: load_part(model_dir, p)[0] for p in tables})
+    parts = {p: load_part(model_dir, p)[0] for p in tables}
+    if "host" in parts:
+        refuse_secure_merge(parts["host"], model_dir)
+    check_parts(parts)
     host = HostScorer(model_dir, "host", tables["host"], id_column, label_column, model)
     guests = {g: GuestScorer(model_dir, g, tables[g], id_column, model, limits) for g in host.manifest["guest_shapes"]}
     if align == "public":

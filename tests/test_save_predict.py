@@ -338,3 +338,30 @@ def test_predict_cli_and_api_apply_the_guests_own_limits(tmp_path, capsys):
     assert main([*flags, "--out", str(tmp_path / "p3.csv")]) == 0
     assert main([*flags, "--out", str(tmp_path / "p4.csv")]) == 1 and not (tmp_path / "p4.csv").exists()
     assert main([*flags, "--out", str(tmp_path / "p4.csv"), "--max-queries-per-id", "4"]) == 0  # its own to raise
+
+
+@pytest.mark.parametrize("engine", ["local", "flower"])
+def test_a_secure_merge_model_is_refused_by_predict_before_anything_is_released(tmp_path, engine):
+    """Train → save → predict with ``--secure-merge`` (a user's cross-product): the host only ever held the
+    guests' masked sum, and predict has no masking session, so the model is refused in one line by every
+    engine's entry and by each guest's own part — no prediction file, no inference ledger, no query count."""
+    from fl_split.errors import ConfigError
+    from fl_split.flower.predict_sim import predict_flower
+    from fl_split.predict import GuestScorer
+
+    paths = _tables(tmp_path, guests=2)
+    cfg, res = _train(tmp_path, paths, merge="sum", secure_merge=True, defense="gaussian", sigma=1.0)
+    assert res["config"]["secure_merge"] and (tmp_path / "model" / "guest-1").is_dir()
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "model").rglob("*"))
+    new = _rows(tmp_path, paths, pd.read_csv(paths["host"]).ID[:40])
+    run = predict if engine == "local" else predict_flower
+    tables = {p: str(v) for p, v in new.items()}
+    with pytest.raises(ConfigError) as err:
+        run(str(tmp_path / "model"), tables, "ID", str(tmp_path / "pred.csv"), label_column="Y")
+    text = str(err.value)
+    assert text.startswith("--model: got ") and "masked sum" in text and "\n" not in text
+    assert "allowed: a model trained without --secure-merge" in text
+    with pytest.raises(ConfigError, match="masked sum"):  # a guest's node refuses its own part as well
+        GuestScorer(str(tmp_path / "model"), "guest-1", tables["guest-1"], "ID")
+    assert not (tmp_path / "pred.csv").exists()
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "model").rglob("*")) == before  # nothing written

@@ -26,12 +26,14 @@ def predict_flower(model_dir: str, tables: dict[str, str], id_column: str, out: 
 
     from fl_split.flower.engine import FlowerEngine
     from fl_split.flower.node import make_client_app
+    from fl_split.predict import refuse_secure_merge
     from fl_split.serving import load_part
 
     if "host" not in tables:
         raise ConfigError("data", ";".join(f"{p}={v}" for p, v in tables.items()), "host=PATH;guest-1=PATH;…",
                           reason="the host's new table is needed")
     host = load_part(model_dir, "host")[0]
+    refuse_secure_merge(host, model_dir)
     guests = len(host["guest_shapes"])
     if sorted(tables) != sorted(host["parties"]):
         raise ConfigError("data", ";".join(sorted(tables)), ";".join(host["parties"]),
