@@ -225,10 +225,12 @@ def plot(doc: dict, png: Path) -> None:
                          if s["engine"] == engine and s["defense"] == d)
             if not pts:
                 continue
+            # a colour per defence, a line style and marker per engine (12 lines: the default cycle repeats)
             style = {"local": "-", "flower": "--", "deploy": ":"}[engine]
-            a.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=f"{engine} {d}")
+            look = dict(color=f"C{DEFENSES.index(d)}", marker={"local": "o", "flower": "s", "deploy": "^"}[engine])
+            a.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f"{engine} {d}", **look)
             if d != "none":
-                b.plot([p[0] for p in pts], [p[2] for p in pts], style, marker="o", label=f"{engine} {d}")
+                b.plot([p[0] for p in pts], [p[2] for p in pts], style, label=f"{engine} {d}", **look)
     a.set(xscale="log", yscale="log", xlabel="rows per party", ylabel="time_s of one epoch (s)",
           title="one epoch (batch 1024)")
     b.axhline(1.3, color="grey", lw=0.8)
