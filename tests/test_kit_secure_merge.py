@@ -18,18 +18,13 @@ from fl_split.flower import records as R
 from fl_split.kit import COORDINATOR, KitError, _start_args, deliver, node_step, read_kit, update_kit, write_kits
 from fl_split.privacy import secure_merge as sm
 from tests.test_flower import PS, InlineGrid, _strip
+from tests.test_secure_merge_flower import _cfg
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 FLSPLIT = [sys.executable, "-m", "fl_split.cli"]
 
 
-def _cfg(**kw) -> RunConfig:
-    base = dict(dataset="digits", guests=3, merge="sum", epochs=1, batch_size=64, limit=300, progress=False,
-                host_features=False, secure_merge=True, seed=3, device="cpu", engine="flower", data_plane="flower",
-                defense="gaussian", sigma=0.7, secure_merge_collusion="0")
-    base.update(kw)
-    return RunConfig(**base)
 
 
 @pytest.fixture

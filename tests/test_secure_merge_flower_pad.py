@@ -14,6 +14,7 @@ from fl_split.flower.strategy import VerticalSplitStrategy
 from fl_split.parties.guest import GuestParty
 from fl_split.privacy import secure_merge as sm
 from tests.test_flower import PS, InlineGrid, _simulation_nodes, _strip
+from tests.test_flower_checkpoint import assert_resumed_like
 from tests.test_secure_merge_flower import RecordingGrid
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
@@ -204,19 +205,8 @@ def test_a_resumed_run_agrees_a_new_session_and_equals_the_uninterrupted_run(tmp
     got = VerticalSplitStrategy(cfg.replace(resume=True)).run(grid)
     assert got["checkpoint"]["resumed_from_round"] == 10 and [h["epoch"] for h in got["history"]] == [1, 2, 3]
     assert len(_session_ids(first)) == len(_session_ids(grid)) == 1 and not _session_ids(first) & _session_ids(grid)
-    local = LocalEngine(cfg.replace(engine="local", checkpoint_dir=""), PS).run()
-    if defense == "none":
-        got.pop("checkpoint")
-        a, b = _strip(got), _strip(local)
-        for c in (a["config"], b["config"]):
-            del c["checkpoint_dir"], c["resume"]
-        assert a == b
-    else:
-        assert _strip(got)["history"][:2] == _strip(local)["history"][:2]
-        assert sorted(got["privacy"]) == sorted(local["privacy"])
-        for party, rep in local["privacy"].items():
-            assert got["privacy"][party]["epsilon"] == rep["epsilon"]
-            assert got["privacy"][party]["releases"] == rep["releases"]
+    assert_resumed_like(got, LocalEngine(cfg.replace(engine="local", checkpoint_dir=""), PS).run(),
+                        noisy=defense != "none")
 
 
 def test_a_padded_run_resumes_without_the_failed_guest(tmp_path, monkeypatch):

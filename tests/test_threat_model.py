@@ -443,27 +443,12 @@ def _audit_flower_reply(mtype: str, rec) -> None:
                 _audit_blob(b, seen)
 
 
-@pytest.mark.parametrize("plane", ["direct", "flower"])
-@pytest.mark.parametrize("defense", ["laplace", "r3elu"])
-def test_wire_audit_flower(defense, plane, flower_task_identity, monkeypatch):
-    """Every reply to the coordinator, and — on the direct data plane — every frame between the
-    parties (headers and blobs), is on the allow-list."""
-    from fl_split.dataplane import frames as F
+def _audit_grid(audited: list, on_error=None):
+    """An in-process Flower grid that audits every reply to the coordinator (:func:`_audit_flower_reply`)
+    and appends its message type to ``audited``; an error reply is refused unless ``on_error`` accepts it
+    (then ``"error"`` is appended)."""
     from fl_split.flower import records as R
-    from fl_split.flower.strategy import VerticalSplitStrategy
-    from tests.test_flower import InlineGrid, _simulation_nodes
-
-    audited, frames = [], {"blobs": 0}
-    opened = F.Opener.open
-
-    def audit_frame(self, data, allowed=None):
-        frame = opened(self, data, allowed)
-        assert set(frame.header) <= FRAME_HEADER_KEYS, frame.header
-        for b in frame.blobs:
-            _audit_blob(b, frames)
-        return frame
-
-    monkeypatch.setattr(F.Opener, "open", audit_frame)
+    from tests.test_flower import InlineGrid
 
     class AuditGrid(InlineGrid):
         mtypes: dict = {}
@@ -479,14 +464,42 @@ def test_wire_audit_flower(defense, plane, flower_task_identity, monkeypatch):
             for reply in replies:
                 mtype = self.mtypes[reply.metadata.reply_to_message_id]
                 assert not reply.has_error()
+                if on_error is not None and R.ERROR in reply.content.config_records:
+                    on_error(reply.content.config_records[R.ERROR])
+                    audited.append("error")
+                    continue
                 assert set(reply.content.config_records) == {R.REPLY}
                 assert not reply.content.array_records  # no tensors outside the audited blobs
                 _audit_flower_reply(mtype, reply.content.config_records[R.REPLY])
                 audited.append(mtype)
             return replies
 
+    return AuditGrid
+
+
+@pytest.mark.parametrize("plane", ["direct", "flower"])
+@pytest.mark.parametrize("defense", ["laplace", "r3elu"])
+def test_wire_audit_flower(defense, plane, flower_task_identity, monkeypatch):
+    """Every reply to the coordinator, and — on the direct data plane — every frame between the
+    parties (headers and blobs), is on the allow-list."""
+    from fl_split.dataplane import frames as F
+    from fl_split.flower import records as R
+    from fl_split.flower.strategy import VerticalSplitStrategy
+    from tests.test_flower import _simulation_nodes
+
+    audited, frames = [], {"blobs": 0}
+    opened = F.Opener.open
+
+    def audit_frame(self, data, allowed=None):
+        frame = opened(self, data, allowed)
+        assert set(frame.header) <= FRAME_HEADER_KEYS, frame.header
+        for b in frame.blobs:
+            _audit_blob(b, frames)
+        return frame
+
+    monkeypatch.setattr(F.Opener, "open", audit_frame)
     cfg = RunConfig(**BASE, defense=defense, protect="both", epsilon=50.0, batches_per_round=3, data_plane=plane)
-    VerticalSplitStrategy(cfg).run(AuditGrid(_simulation_nodes(3), fresh_process=True))
+    VerticalSplitStrategy(cfg).run(_audit_grid(audited)(_simulation_nodes(3), fresh_process=True))
     if plane == "direct":
         assert {R.MSG_ROLE, R.MSG_SETUP, R.MSG_EPOCH, R.MSG_REPORT} == set(audited)
         assert frames["blobs"] > 0
@@ -504,7 +517,7 @@ def test_wire_audit_flower_secure_merge_with_a_padded_guest(plane, flower_task_i
     from fl_split.dataplane import frames as F
     from fl_split.flower import records as R
     from fl_split.flower.strategy import VerticalSplitStrategy
-    from tests.test_flower import InlineGrid, _simulation_nodes
+    from tests.test_flower import _simulation_nodes
     from tests.test_secure_merge_flower_pad import _cfg, _guest_2_fails
 
     _guest_2_fails(monkeypatch)
@@ -530,33 +543,12 @@ def test_wire_audit_flower_secure_merge_with_a_padded_guest(plane, flower_task_i
 
     monkeypatch.setattr(F.Opener, "open", audit_frame)
 
-    class AuditGrid(InlineGrid):
-        mtypes: dict = {}
+    def failed_guests_error(err) -> None:  # the failed guest's error reply: its text only
+        assert set(err.keys()) == {"type", "message", "party", "round"}, err.keys()
+        assert err["party"] == "guest-2" and "guest-2 is unreachable" in str(err["message"])
 
-        def push_messages(self, messages):
-            messages = list(messages)
-            ids = super().push_messages(messages)
-            self.mtypes.update({mid: m.metadata.message_type for mid, m in zip(ids, messages)})
-            return ids
-
-        def pull_messages(self, message_ids):
-            replies = super().pull_messages(message_ids)
-            for reply in replies:
-                mtype = self.mtypes[reply.metadata.reply_to_message_id]
-                assert not reply.has_error()
-                if R.ERROR in reply.content.config_records:  # the failed guest's error reply: its text only
-                    err = reply.content.config_records[R.ERROR]
-                    assert set(err.keys()) == {"type", "message", "party", "round"}, err.keys()
-                    assert err["party"] == "guest-2" and "guest-2 is unreachable" in str(err["message"])
-                    audited.append("error")
-                    continue
-                assert set(reply.content.config_records) == {R.REPLY}
-                assert not reply.content.array_records
-                _audit_flower_reply(mtype, reply.content.config_records[R.REPLY])
-                audited.append(mtype)
-            return replies
-
-    got = VerticalSplitStrategy(_cfg(data_plane=plane)).run(AuditGrid(_simulation_nodes(4), fresh_process=True))
+    grid = _audit_grid(audited, on_error=failed_guests_error)(_simulation_nodes(4), fresh_process=True)
+    got = VerticalSplitStrategy(_cfg(data_plane=plane)).run(grid)
     assert got["stopped_reason"] == "completed" and got["guest_failures"][0]["action"] == "pad"
     if plane == "direct":  # the re-keying and the redo went over the data plane
         assert ops == {"secure-announce", "secure-agree", "redo"} and frames["blobs"] > 0

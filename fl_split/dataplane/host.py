@@ -508,21 +508,27 @@ class HostDataPlane:
         self._round: int | None = None
 
     def guest_step(self, owed, keys, round_):
-        from fl_split.engine import GuestFailure
-
         self._round = int(round_)
         header = {"round": int(round_), "keys": F.keys_to_header(keys)}
         expected = [g for g in self.guests if g in owed]
         for g in expected:
             self.endpoint.send(g, F.STEP, header, owed[g])
-        out, failed, errors = self.endpoint.collect(round_, expected)
-        for g in expected:
+        return self._collected(int(round_), expected)
+
+    def _collected(self, round_: int, guests: list[str], note: str | None = None) -> dict[str, list[bytes]]:
+        """The RELEASE blobs of ``guests`` for ``round_``. A guest's ``BudgetExceeded`` is raised as it is;
+        any other failure raises :class:`~fl_split.engine.GuestFailure` with the others' releases (with a
+        ``note``: without them, so the run cannot go on padded)."""
+        from fl_split.engine import GuestFailure
+
+        out, failed, errors = self.endpoint.collect(round_, guests)
+        for g in guests:
             if g in errors and errors[g].header.get("type") == "BudgetExceeded":
                 F.raise_error_frame(errors[g], g, round_)
         for g, frame in errors.items():
             failed[g] = f"{str(frame.header.get('type', 'Error'))[:200]}: {str(frame.header.get('message', ''))[:4000]}"
         if failed:
-            raise GuestFailure(round_, failed, out)
+            raise GuestFailure(round_, failed, out if note is None else None, note=note or "")
         return out
 
     def secure_rekey(self, members: list[str]) -> None:
@@ -552,20 +558,10 @@ class HostDataPlane:
     def _ask(self, guests: list[str], header: dict, blobs=()) -> dict[str, list[bytes]]:
         """One STEP frame with an ``op`` to each of ``guests``; their RELEASE blobs. Any guest that fails
         here fails the round (:class:`~fl_split.engine.GuestFailure` without releases: the run stops)."""
-        from fl_split.engine import GuestFailure
-
-        round_ = int(header["round"])
         for g in guests:
             self.endpoint.send(g, F.STEP, header, blobs)
-        out, failed, errors = self.endpoint.collect(round_, guests)
-        for g in guests:
-            if g in errors and errors[g].header.get("type") == "BudgetExceeded":
-                F.raise_error_frame(errors[g], g, round_)
-        for g, frame in errors.items():
-            failed[g] = f"{str(frame.header.get('type', 'Error'))[:200]}: {str(frame.header.get('message', ''))[:4000]}"
-        if failed:
-            raise GuestFailure(round_, failed, None, note=f"in the secure-merge {header['op']} after a guest failed")
-        return out
+        return self._collected(int(header["round"]), guests,
+                               note=f"in the secure-merge {header['op']} after a guest failed")
 
     def host_train(self, keys, acts, round_):
         return self._local.host_train(keys, acts, round_)
