@@ -148,25 +148,24 @@ def test_a_guest_refuses_a_session_outside_its_current_one_and_a_redo_without_a_
     guest out; without pad it must hold every guest of the run. A guest releases only the round it served
     last again, and only in a session that has not masked it yet."""
     from fl_split.errors import ProtocolError
-    from fl_split.flower.node import secure_announce
     from fl_split.schedule import BatchKey
 
     eng = LocalEngine(_cfg(engine="local", defense="none"), PS)
     g1 = eng.guests["guest-1"]
     with pytest.raises(ProtocolError, match="every guest of the run"):
-        secure_announce(g1, bytes(16), ["guest-1", "guest-3"], pad=False)
-    secure_announce(g1, bytes(16), ["guest-1", "guest-3"], pad=True)
+        g1.relayed_announce(bytes(16), ["guest-1", "guest-3"], pad=False)
+    g1.relayed_announce(bytes(16), ["guest-1", "guest-3"], pad=True)
     g1.secure_agree([eng.guests["guest-3"].secure_announce(bytes(16), ["guest-1", "guest-3"])])
     for members in (["guest-1", "guest-2"], ["guest-2", "guest-3"], ["guest-1", "guest-1"]):
         with pytest.raises(ProtocolError, match="refused"):
-            secure_announce(g1, bytes(16), members, pad=True)
+            g1.relayed_announce(bytes(16), members, pad=True)
     keys = [BatchKey("train", 1, 0)]
     g1.step([], keys, 1)
     with pytest.raises(ProtocolError, match="in the session that masked it"):
         g1.redo(keys, 1)
     with pytest.raises(ProtocolError, match="only the round just served"):
         g1.redo(keys, 2)
-    secure_announce(g1, bytes(range(16)), ["guest-1"], pad=True)
+    g1.relayed_announce(bytes(range(16)), ["guest-1"], pad=True)
     g1.secure_agree([])
     assert len(g1.redo(keys, 1)) == 1  # in the new session
 

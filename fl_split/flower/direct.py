@@ -306,7 +306,6 @@ def _secure_ops(party, cfg: RunConfig, checkpoint, plan):
     of the round failed, so the others agree on a new session and release the round again; the host
     relays the signed keys as the coordinator does; docs/flower.md, "Secure merge on Flower")."""
     from fl_split.errors import ProtocolError
-    from fl_split.flower.node import secure_announce
 
     ends = set() if checkpoint is None else {last_round(plan, cfg, e) for e in range(1, cfg.epochs + 1)}
 
@@ -316,7 +315,7 @@ def _secure_ops(party, cfg: RunConfig, checkpoint, plan):
                 session = bytes.fromhex(str(header.get("session", "")))
             except ValueError:
                 raise ProtocolError(f"{party.name}: secure merge: a session id of 16 to 64 bytes expected") from None
-            return [secure_announce(party, session, header.get("members"), cfg.on_guest_failure == "pad")]
+            return [party.relayed_announce(session, header.get("members"), cfg.on_guest_failure == "pad")]
         if op == "secure-agree":
             party.secure_agree(list(blobs))
             return []

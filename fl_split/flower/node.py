@@ -437,7 +437,7 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
             session = R.blob_list(req, "session")
             if len(session) != 1:
                 raise ProtocolError(f"{role.party}: secure merge: a session id of 16 to 64 bytes expected")
-            announcement = secure_announce(party, bytes(session[0]), R.loads(str(req["members"])),
+            announcement = party.relayed_announce(bytes(session[0]), R.loads(str(req["members"])),
                                            _config_of(config_json).on_guest_failure == "pad")
             _save(context, party, config_json)
             return _reply(message, announcement=[announcement])
@@ -489,33 +489,6 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
 
 def _config_of(config_json: str) -> RunConfig:
     return RunConfig.from_mapping(R.loads(config_json))
-
-
-def secure_announce(party, session: bytes, members, pad: bool) -> bytes:
-    """A guest's side of a new secure-merge session, after checking who is in it (a relayed request:
-    the coordinator's on the relay and at a run's start, the host's on the direct data plane after a
-    guest failed). Every guest of the run must be in it — a session of fewer guests would leave this
-    one's release masked only towards them, or unmasked — except with ``--on-guest-failure pad``:
-    then the guests of this guest's current session less those the run went on without (a session
-    only shrinks within a run, and this guest stays in it; docs/flower.md, "Secure merge on
-    Flower"). Returns the signed announcement."""
-    name = party.name
-    if not 16 <= len(session) <= 64:
-        raise ProtocolError(f"{name}: secure merge: a session id of 16 to 64 bytes expected")
-    roster = sorted(party.secure_roster)
-    if not isinstance(members, list) or not all(isinstance(m, str) for m in members) \
-            or len(set(members)) != len(members):
-        raise ProtocolError(f"{name}: secure merge: a session of {members!r}; refused (a list of guests expected)")
-    if not pad:
-        if sorted(members) != roster:
-            raise ProtocolError(f"{name}: secure merge: a session of {members!r}; refused (every guest of the "
-                                f"run, {roster}, must be in it)")
-    else:
-        current = sorted(party.secure.members) if party.secure is not None else roster
-        if name not in members or not set(members) <= set(current):
-            raise ProtocolError(f"{name}: secure merge: a session of {members!r}; refused (with --on-guest-failure "
-                                f"pad: this guest and guests of its current session {current} only)")
-    return party.secure_announce(session, list(members))
 
 
 def _init_from_here(cfg: RunConfig, role: NodeRole, node_config: dict) -> RunConfig:

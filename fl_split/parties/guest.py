@@ -165,6 +165,32 @@ class GuestParty(_Party):
             mech.active = len(members)
         return self.secure.announce()
 
+    def relayed_announce(self, session: bytes, members, pad: bool) -> bytes:
+        """:meth:`secure_announce` for a relayed request (the coordinator's on the relay and at a run's
+        start, the host's on the direct data plane after a guest failed), after checking who is in the
+        session. Every guest of the run must be in it — a session of fewer guests would leave this one's
+        release masked only towards them, or unmasked — except with ``--on-guest-failure pad``: then the
+        guests of this guest's current session less those the run went on without (a session only
+        shrinks within a run, and this guest stays in it; docs/flower.md, "Secure merge on Flower")."""
+        name = self.name
+        if not 16 <= len(session) <= 64:
+            raise ProtocolError(f"{name}: secure merge: a session id of 16 to 64 bytes expected")
+        roster = sorted(self.secure_roster)
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members) \
+                or len(set(members)) != len(members):
+            raise ProtocolError(f"{name}: secure merge: a session of {members!r}; refused (a list of guests expected)")
+        if not pad:
+            if sorted(members) != roster:
+                raise ProtocolError(f"{name}: secure merge: a session of {members!r}; refused (every guest of the "
+                                    f"run, {roster}, must be in it)")
+        else:
+            current = sorted(self.secure.members) if self.secure is not None else roster
+            if name not in members or not set(members) <= set(current):
+                raise ProtocolError(f"{name}: secure merge: a session of {members!r}; refused (with "
+                                    f"--on-guest-failure pad: this guest and guests of its current session {current} "
+                                    f"only)")
+        return self.secure_announce(session, list(members))
+
     def secure_agree(self, announcements: list[bytes]) -> None:
         """Check the peers' announcements (relayed by the host) and derive the pairwise mask keys."""
         if self.secure is None:
