@@ -301,7 +301,7 @@ def _save_model(context: Context, role: NodeRole, party, config_json: str, hando
     never holds a model (fl_split/serving.py)."""
     from fl_split.serving import save_part
 
-    cfg = RunConfig.from_mapping(R.loads(config_json))
+    cfg = _config_of(config_json)
     if not cfg.save_model:
         return
     directory = cfg.save_model
@@ -488,6 +488,7 @@ def handle(message: Message, context: Context, private_seed: int | None = None, 
 
 
 def _config_of(config_json: str) -> RunConfig:
+    """The run's configuration as the node keeps it with its party (JSON)."""
     return RunConfig.from_mapping(R.loads(config_json))
 
 
@@ -609,7 +610,7 @@ def _epoch(message: Message, context: Context, role: NodeRole, party, config_jso
     happens (a lost peer, a refusal, an error): what it released is recorded, once."""
     from fl_split.flower import direct
 
-    cfg = RunConfig.from_mapping(R.loads(config_json))
+    cfg = _config_of(config_json)
     ckpt = context.state.config_records.get(CKPT_META)
     plan = plan_of(cfg, role, context.state, handoff) if role.role == "host" or ckpt is not None else None
     wal = save = None

@@ -222,7 +222,7 @@ class GuestParty(_Party):
         if round_ != self.last_round:
             raise ProtocolError(f"{self.name}: round {round_} asked again, but the last round served is "
                                 f"{self.last_round}; refused (only the round just served is released again)")
-        if self.secure is not None and any(_masked(self.secure, round_, k) for k in keys):
+        if self.secure is not None and any(self.secure.masked(round_, k.as_tuple()) for k in keys):
             raise ProtocolError(f"{self.name}: round {round_} asked again in the session that masked it; refused "
                                 f"(a round is released again only after a new key agreement)")
         for key in keys:
@@ -383,10 +383,3 @@ class GuestParty(_Party):
             if self.secure is not None and isinstance(mech, SkellamShare):  # as secure_announce set it
                 mech.active = len(self.secure.members)
 
-
-def _masked(session, round_: int, key: BatchKey) -> bool:
-    """Whether the secure-merge ``session`` (a :class:`~fl_split.privacy.secure_merge.MaskingGuest`)
-    already masked ``(round, batch)``."""
-    from fl_split.privacy.secure_merge import _nonce
-
-    return _nonce(session.session, round_, key.as_tuple()) in session._used

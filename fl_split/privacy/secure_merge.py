@@ -326,6 +326,10 @@ class MaskingGuest:
         out._used = {bytes.fromhex(n) for n in state["used"]}
         return out
 
+    def masked(self, round_: int, key: tuple) -> bool:
+        """Whether this session already masked ``(round, batch)``."""
+        return _nonce(self.session, round_, key) in self._used
+
     def mask(self, values: np.ndarray, round_: int, key: tuple, fresh: bool = True) -> np.ndarray:
         """``values`` (integers, any sign) plus this guest's masks for ``(round, batch)``, on the ring.
         The same ``(round, batch)`` twice in a session is refused: a repeated mask would leave the
@@ -334,7 +338,7 @@ class MaskingGuest:
         if self._pairs is None:
             raise ProtocolError(f"{self.name}: secure merge: release before the key agreement")
         nonce = _nonce(self.session, round_, key)
-        if fresh and nonce in self._used:
+        if fresh and self.masked(round_, key):
             raise ProtocolError(f"{self.name}: secure merge: round {round_} batch {key} was already masked in this "
                                 f"session; refused (a mask is never used twice)")
         self._used.add(nonce)
