@@ -182,26 +182,10 @@ def test_a_resumed_run_agrees_a_new_session_and_equals_the_uninterrupted_run(tmp
     plays epoch 3. Without noise the results are the uninterrupted run's bit for bit; with noise the same
     accounting — every party's ε and releases — and the same first two epochs (after a resume the parties
     draw with a fresh salt)."""
-    from fl_split.dataplane.host import HostDataPlane
-
     cfg = _cfg(epochs=3, on_guest_failure="stop", defense=defense, data_plane="direct",
                checkpoint_dir=str(tmp_path / "ckpt"))
-    step = HostDataPlane.guest_step
-
-    def host_lost(self, owed, keys, round_):
-        if keys[0].epoch == 3:
-            raise RuntimeError("host lost")
-        return step(self, owed, keys, round_)
-
-    monkeypatch.setattr(HostDataPlane, "guest_step", host_lost)
     first = RecordingGrid(_simulation_nodes(4))
-    from fl_split.errors import PartyError
-
-    with pytest.raises(PartyError, match="host lost"):
-        VerticalSplitStrategy(cfg).run(first)
-    monkeypatch.setattr(HostDataPlane, "guest_step", step)
-    grid = RecordingGrid(_simulation_nodes(4))
-    got = VerticalSplitStrategy(cfg.replace(resume=True)).run(grid)
+    got, grid = _host_lost_in_epoch_3_then_resumed(cfg, monkeypatch, first)
     assert got["checkpoint"]["resumed_from_round"] == 10 and [h["epoch"] for h in got["history"]] == [1, 2, 3]
     assert len(_session_ids(first)) == len(_session_ids(grid)) == 1 and not _session_ids(first) & _session_ids(grid)
     assert_resumed_like(got, LocalEngine(cfg.replace(engine="local", checkpoint_dir=""), PS).run(),
@@ -212,12 +196,26 @@ def test_a_padded_run_resumes_without_the_failed_guest(tmp_path, monkeypatch):
     """pad and a resume together: guest-2 fails in epoch 1 and is padded (new session of guests 1 and 3),
     the host fails at the start of epoch 3; the resume sets guest-2 up out of the run, agrees a new session
     of guests 1 and 3 only, and ends as the uninterrupted padded run of the local engine, bit for bit."""
-    from fl_split.dataplane.host import HostDataPlane
-    from fl_split.errors import PartyError
-
     cfg = _cfg(epochs=3, defense="none", data_plane="direct", checkpoint_dir=str(tmp_path / "ckpt"))
     _guest_2_fails(monkeypatch)
     local = LocalEngine(cfg.replace(engine="local", checkpoint_dir=""), PS).run()
+    got, grid = _host_lost_in_epoch_3_then_resumed(cfg, monkeypatch, InlineGrid(_simulation_nodes(4)))
+    anns = [sm.KeyAnnouncement.from_bytes(rep["announcement"][0]) for _, mtype, rep in grid.answers
+            if mtype == R.MSG_SECURE_ANNOUNCE]
+    assert [a.guest for a in anns] == ["guest-1", "guest-3"]
+    got.pop("checkpoint")
+    a, b = _without_reasons(got), _without_reasons(local)
+    for c in (a["config"], b["config"]):
+        del c["checkpoint_dir"], c["resume"]
+    assert a == b
+
+
+def _host_lost_in_epoch_3_then_resumed(cfg: RunConfig, monkeypatch, first) -> tuple[dict, "RecordingGrid"]:
+    """Run ``cfg`` on grid ``first`` with the host failing at the start of epoch 3 (before anything of it
+    is released), then resume it on a fresh recording grid: the resumed results and that grid."""
+    from fl_split.dataplane.host import HostDataPlane
+    from fl_split.errors import PartyError
+
     step = HostDataPlane.guest_step
 
     def host_lost(self, owed, keys, round_):
@@ -227,15 +225,7 @@ def test_a_padded_run_resumes_without_the_failed_guest(tmp_path, monkeypatch):
 
     monkeypatch.setattr(HostDataPlane, "guest_step", host_lost)
     with pytest.raises(PartyError, match="host lost"):
-        VerticalSplitStrategy(cfg).run(InlineGrid(_simulation_nodes(4)))
+        VerticalSplitStrategy(cfg).run(first)
     monkeypatch.setattr(HostDataPlane, "guest_step", step)
     grid = RecordingGrid(_simulation_nodes(4))
-    got = VerticalSplitStrategy(cfg.replace(resume=True)).run(grid)
-    anns = [sm.KeyAnnouncement.from_bytes(rep["announcement"][0]) for _, mtype, rep in grid.answers
-            if mtype == R.MSG_SECURE_ANNOUNCE]
-    assert [a.guest for a in anns] == ["guest-1", "guest-3"]
-    got.pop("checkpoint")
-    a, b = _without_reasons(got), _without_reasons(local)
-    for c in (a["config"], b["config"]):
-        del c["checkpoint_dir"], c["resume"]
-    assert a == b
+    return VerticalSplitStrategy(cfg.replace(resume=True)).run(grid), grid
