@@ -294,12 +294,31 @@ def describe(attack: str, r: dict) -> str:
     return f"grn mse {r['attack_mse']:.4f} (mean guess {r['mean_guess_mse']:.4f}, random {r['random_guess_mse']:.4f})"
 
 
+def _values(runs: list[dict], g: int, s: float, arm: str, key: str) -> list[float]:
+    """``key`` of the runs of one cell and arm, in seed order (the pairing of the t-tests)."""
+    rows = sorted((r for r in runs if int(r["guests"]) == g and float(r["sigma"]) == s and r["arm"] == arm),
+                  key=lambda r: int(r["seed"]))
+    return [float(r[key]) for r in rows]
+
+
+def _verdicts(claims: list[dict], expected) -> None:
+    """Holm over ``claims`` (their one-sided ``p``) and each claim's verdict: uninformative unless the attack
+    works on ``alone``; else new where significant in the ``expected(diff)`` direction (the host does
+    worse), does not hold where significant the other way, inconclusive otherwise."""
+    for c, p in zip(claims, V.holm([c["p"] for c in claims])):
+        c["p_holm"] = p
+        if not c["attack_works_p"] < V.ALPHA:
+            c["verdict"] = V.UNINFORMATIVE
+        elif p < V.ALPHA:
+            c["verdict"] = V.NEW if expected(c["diff"]) else V.FAILS
+        else:
+            c["verdict"] = V.INCONCLUSIVE
+
+
 def summarise(runs: list[dict]) -> tuple[str, list[dict]]:
     """The table (mean ± sd per arm, paired differences against ``alone``) and the claims."""
     def values(g, s, arm, key="mse"):
-        rows = sorted((r for r in runs if int(r["guests"]) == g and float(r["sigma"]) == s and r["arm"] == arm),
-                      key=lambda r: int(r["seed"]))
-        return [float(r[key]) for r in rows]
+        return _values(runs, g, s, arm, key)
 
     rows, claims = [], []
     for g, s in sorted({(int(r["guests"]), float(r["sigma"])) for r in runs}):
@@ -325,15 +344,7 @@ def summarise(runs: list[dict]) -> tuple[str, list[dict]]:
                                    "mean sample (one-sided paired t-test)",
                            "p": min(test["p_above"], test["p_below"]), "diff": test["diff"], "n": test["n"],
                            "attack_works_p": works["p_above"]})
-    adj = V.holm([c["p"] for c in claims])
-    for c, p in zip(claims, adj):
-        c["p_holm"] = p
-        if not c["attack_works_p"] < V.ALPHA:
-            c["verdict"] = V.UNINFORMATIVE
-        elif p < V.ALPHA:
-            c["verdict"] = V.NEW if c["diff"] > 0 else V.FAILS
-        else:
-            c["verdict"] = V.INCONCLUSIVE
+    _verdicts(claims, expected=lambda diff: diff > 0)
     header = ["G", "σ", "arm", "ε per guest", "accuracy", "attack MSE", "mean-sample MSE", "SSIM",
               "MSE − alone", "p (two-sided)"]
     return C.md_table(header, rows), claims
@@ -345,9 +356,7 @@ def summarise_attack(attack: str, runs: list[dict]) -> tuple[str, list[dict]]:
     metric, higher, base = METRIC[attack]
 
     def values(g, s, arm, key=metric):
-        rows = sorted((r for r in runs if int(r["guests"]) == g and float(r["sigma"]) == s and r["arm"] == arm),
-                      key=lambda r: int(r["seed"]))
-        return [float(r[key]) for r in rows]
+        return _values(runs, g, s, arm, key)
 
     cells, claims = [], []
     for g, s in sorted({(int(r["guests"]), float(r["sigma"])) for r in runs}):
@@ -374,16 +383,7 @@ def summarise_attack(attack: str, runs: list[dict]) -> tuple[str, list[dict]]:
                                    f"{base.replace('_', ' ')} (one-sided paired t-test, p < 0.05)",
                            "p": min(test["p_above"], test["p_below"]), "diff": test["diff"], "n": test["n"],
                            "attack_works_p": works["p_above"], "guests": g, "sigma": s, "arm": arm})
-    adj = V.holm([c["p"] for c in claims])
-    for c, p in zip(claims, adj):
-        c["p_holm"] = p
-        expected = c["diff"] < 0 if higher else c["diff"] > 0
-        if not c["attack_works_p"] < V.ALPHA:
-            c["verdict"] = V.UNINFORMATIVE
-        elif p < V.ALPHA:
-            c["verdict"] = V.NEW if expected else V.FAILS
-        else:
-            c["verdict"] = V.INCONCLUSIVE
+    _verdicts(claims, expected=(lambda diff: diff < 0) if higher else (lambda diff: diff > 0))
     by_id = {c["id"]: c for c in claims}
     rows = []
     for g, s, arm, v, test in cells:
