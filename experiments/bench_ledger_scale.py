@@ -18,7 +18,9 @@ temporary folder (integer IDs; the host 10 columns and the label, one guest 10 c
 shuffled) and times one ``fl-split train`` epoch (batch 1024, local engine) with ``--defense none``
 and each of ``--defenses`` (default ``gaussian``; e.g. ``gaussian laplace rr``), ``--train-repeats``
 times interleaved: the results' ``time_s``, the CPU seconds of the same training loop (``CPU_WRAPPER``)
-and, per defence, the ratios of the medians to ``none``'s (``ratios``, ``cpu_ratios``).
+and, per defence, the ratios of the medians to ``none``'s (``ratios``, ``cpu_ratios``), and where the
+time goes (``parts_ms_per_batch``: the time inside each function of :data:`PARTS`).
+``--train-args`` adds ``fl-split train`` arguments, e.g. a larger model than the default MLP (64,32).
 
 Run: ``python experiments/bench_ledger_scale.py [--old /tmp/ledger_old.py] [--sizes 10000 100000 1000000]
 [--train-rows 300000]``; prints a table and writes ``experiments/results/bench_ledger_scale.json``.
@@ -32,6 +34,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -97,33 +100,68 @@ def measure(mod, n: int, batch: int, batches: int, id_kind: str) -> dict:
     return out
 
 
-#: ``fl-split train`` in this interpreter, with the CPU seconds of its training loop written to ``argv[1]``:
-#: from the start of ``engine.coordinate`` to the parties' reports (what ``time_s`` times; every thread of
-#: the process: the local engine runs the parties in it). The reports (each party's ε under every
-#: accountant; with a Gaussian release the first one imports Opacus, ~1.4 s) come after ``time_s`` and are
-#: not counted. On a shared machine the wall ``time_s`` stretches with the other jobs' load, the CPU time
-#: far less
+#: ``fl-split train`` in this interpreter, with the CPU seconds of its training loop written to ``argv[1]``
+#: (JSON): from the start of ``engine.coordinate`` to the parties' reports (what ``time_s`` times; every
+#: thread of the process: the local engine runs the parties in it). The reports (each party's ε under
+#: every accountant; with a Gaussian release the first one imports Opacus, ~1.4 s) come after ``time_s``
+#: and are not counted. On a shared machine the wall ``time_s`` stretches with the other jobs' load, the
+#: CPU time far less. ``parts``: wall seconds inside each function of :data:`PARTS` (``module:Class.method``;
+#: a perf_counter pair per call, ~1 µs), to say where a defence's extra time goes
 CPU_WRAPPER = """
-import sys, time
+import importlib, json, sys, time
 from pathlib import Path
 from fl_split import cli, engine
 inner, reports = engine.coordinate, engine.LocalTransport.reports
-start = []
+start, parts = [], {}
 def timed(*a, **k):
     start.append(time.process_time())
     return inner(*a, **k)
 def reports_timed(self):
-    Path(sys.argv[1]).write_text(repr(time.process_time() - start[-1]))
+    Path(sys.argv[1]).write_text(json.dumps({"cpu_s": time.process_time() - start[-1], "parts": parts}))
     return reports(self)
+def clocked(owner, name, label):
+    f = getattr(owner, name)
+    def w(*a, **k):
+        t = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            parts[label] = parts.get(label, 0.0) + time.perf_counter() - t
+    setattr(owner, name, w)
+for path in json.loads(sys.argv[2]):
+    mod, _, attr = path.partition(":")
+    owner_name, _, name = attr.rpartition(".")
+    module = importlib.import_module(mod)
+    owner = getattr(module, owner_name) if owner_name else module
+    clocked(owner, name, path)
 engine.coordinate = timed
 engine.LocalTransport.reports = reports_timed
-raise SystemExit(cli.main(sys.argv[2:]))
+raise SystemExit(cli.main(sys.argv[3:]))
 """
 
+#: the functions whose time every ``--train-rows`` run reports (``parts_ms_per_batch``, per training
+#: batch): each defence's release, the exact Laplace sampler inside it, the ledger's charge, the keyed
+#: generator of each draw, the sender's in-process hand-off (a ``bits`` release is checked and
+#: converted), the receiver's message check and its public-range check, and the two parties' optimizer
+#: steps and backward passes (not privacy code: there to show how much of the gap is the training
+#: itself running slower beside the defence)
+PARTS = {"gaussian": "fl_split.privacy.mechanisms:Gaussian.release",
+         "laplace": "fl_split.privacy.mechanisms:Laplace.release",
+         "rr": "fl_split.privacy.mechanisms:RandomizedResponse.release",
+         "sampler": "fl_split.privacy.sampling:DiscreteLaplace.sample",
+         "ledger": "fl_split.privacy.ledger:Ledger.charge",
+         "draw": "fl_split.parties.base:_Party._draw",
+         "handoff": "fl_split.parties.base:handoff",
+         "check": "fl_split.parties.base:_Party._check",
+         "range": "fl_split.privacy.bounds:PeerTrust.check",
+         "opt-step": "fl_split.local_update:OptimizerUpdate.step",
+         "backward": "fl_split.local_update:LocalUpdate.backward"}
 
-def train_epochs(rows: int, repeats: int, defenses: tuple[str, ...] = ("gaussian",)) -> dict:
+
+def train_epochs(rows: int, repeats: int, defenses: tuple[str, ...] = ("gaussian",), extra: tuple[str, ...] = ()
+                 ) -> dict:
     """One ``fl-split train`` epoch on own Parquet tables of ``rows`` rows, none vs each of ``defenses``
-    (interleaved: one run of each per repeat)."""
+    (interleaved: one run of each per repeat); ``extra``: more ``fl-split train`` arguments (a model)."""
     import pandas as pd
 
     rng = np.random.default_rng(0)
@@ -132,6 +170,7 @@ def train_epochs(rows: int, repeats: int, defenses: tuple[str, ...] = ("gaussian
     y = (x[:, 0] + x[:, 10] + 0.5 * rng.normal(size=rows) > 0).astype(int)
     times: dict[str, list[float]] = {d: [] for d in ("none", *defenses)}
     cpu: dict[str, list[float]] = {d: [] for d in times}
+    parts: dict[str, list[dict]] = {d: [] for d in times}
     with tempfile.TemporaryDirectory() as tmp:
         host, guest = Path(tmp) / "host.parquet", Path(tmp) / "guest.parquet"
         pd.DataFrame({"id": ids, **{f"h{i}": x[:, i] for i in range(10)}, "y": y}).to_parquet(host)
@@ -141,19 +180,28 @@ def train_epochs(rows: int, repeats: int, defenses: tuple[str, ...] = ("gaussian
             for defense in times:
                 out = Path(tmp) / f"{defense}.json"
                 cpu_file = Path(tmp) / f"{defense}.cpu"
-                subprocess.run([sys.executable, "-c", CPU_WRAPPER, str(cpu_file), "train", "--data", f"host={host}",
-                                "--data", f"guest-1={guest}", "--id-column", "id", "--label-column", "y",
+                subprocess.run([sys.executable, "-c", CPU_WRAPPER, str(cpu_file), json.dumps(list(PARTS.values())),
+                                "train", "--data", f"host={host}", "--data", f"guest-1={guest}",
+                                "--id-column", "id", "--label-column", "y",
                                 "--epochs", "1", "--batch-size", "1024", "--defense", defense, "--no-progress",
-                                "--no-run-dir", "--private-seed", "1", "--insecure-private-seed", "--out", str(out)],
+                                "--no-run-dir", "--private-seed", "1", "--insecure-private-seed", "--out", str(out),
+                                *extra],
                                check=True, capture_output=True)
                 times[defense].append(json.loads(out.read_text())["time_s"])
-                cpu[defense].append(float(cpu_file.read_text()))
+                clock = json.loads(cpu_file.read_text())
+                cpu[defense].append(clock["cpu_s"])
+                parts[defense].append(clock["parts"])
                 print(f"train {rows:,} rows --defense {defense}: {times[defense][-1]:.2f} s, CPU "
                       f"{cpu[defense][-1]:.2f} s (load {os.getloadavg()[0]:.1f})", flush=True)
     med = {d: statistics.median(t) for d, t in times.items()}
     ratios = {d: med[d] / med["none"] for d in defenses}
     med_cpu = {d: statistics.median(t) for d, t in cpu.items()}
-    return {"rows": rows, "time_s": times, "median_s": med, "ratios": ratios,
+    # per part: the median over the repeats of its seconds in one epoch, in ms per training batch
+    batches = -(-int(rows * 0.8) // 1024)
+    part_ms = {d: {k: 1e3 * statistics.median(r.get(p, 0.0) for r in runs) / batches for k, p in PARTS.items()}
+               for d, runs in parts.items()}
+    return {"rows": rows, "extra_args": list(extra), "time_s": times, "parts_ms_per_batch": part_ms,
+            "median_s": med, "ratios": ratios,
             "ratio": ratios.get("gaussian", max(ratios.values())), "cpu_s": cpu, "median_cpu_s": med_cpu,
             "cpu_ratios": {d: med_cpu[d] / med_cpu["none"] for d in defenses}}
 
@@ -170,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-repeats", type=int, default=3)
     ap.add_argument("--defenses", nargs="+", default=["gaussian"], choices=["gaussian", "laplace", "rr"],
                     help="defences timed against --defense none with --train-rows")
+    ap.add_argument("--train-args", default="", help="more fl-split train arguments for --train-rows, e.g. "
+                    "'--hidden 256,64,256,128 --cut-layer 2' (a larger model than the default 64,32)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_ledger_scale.json"))
     args = ap.parse_args(argv)
     modules = [("after", current)] + ([("before", load_module(args.old))] if args.old else [])
@@ -192,10 +242,16 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"N={n}: epsilon differs: {eps}")
     train = None
     if args.train_rows:
-        train = train_epochs(args.train_rows, args.train_repeats, tuple(args.defenses))
+        train = train_epochs(args.train_rows, args.train_repeats, tuple(args.defenses),
+                             tuple(shlex.split(args.train_args)))
         print(f"train epoch, median: none {train['median_s']['none']:.2f} s; " + "; ".join(
             f"{d} {train['median_s'][d]:.2f} s, ratio {r:.2f} (CPU {train['cpu_ratios'][d]:.2f})"
             for d, r in train["ratios"].items()))
+        print("ms per training batch inside each part (median over the repeats; a part's time includes the "
+              "parts it calls):")
+        print("  " + " ".join(f"{n:>9}" for n in ["defence", *PARTS]))
+        for d, ms in train["parts_ms_per_batch"].items():
+            print("  " + " ".join([f"{d:>9}"] + [f"{ms[k]:9.3f}" for k in PARTS]))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                                           "batch": args.batch, "batches": args.batches, "rows": rows,
