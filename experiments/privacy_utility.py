@@ -30,7 +30,11 @@ above). Mechanisms run at the project's defaults (``--clip-c auto``, ``--top-k a
     python experiments/privacy_utility.py --matched --dataset digits --epochs 3 --seeds 0 1
 
 Writes ``experiments/results/matched_<dataset>.{json,csv,png}``; the CSV has one row per
-(dataset, mechanism, ε target, seed, party, metric).
+(dataset, mechanism, ε target, seed, party, metric). ``--defenses rr`` (say) re-runs only those
+mechanisms and merges them into the existing files (their rows replaced, the others' kept, the PNG
+redrawn from all rows; ``gaussian+scale`` names the ``gaussian`` mechanism here):
+
+    python experiments/privacy_utility.py --matched --dataset digits --epochs 3 --seeds 0 1 --defenses rr
 """
 
 from __future__ import annotations
@@ -69,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--guests", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
-    ap.add_argument("--defenses", nargs="+", default=list(SWEEPS), choices=list(SWEEPS))
+    ap.add_argument("--defenses", nargs="+", choices=list(SWEEPS),
+                    help="default: all; with --matched, re-run only these and merge them into the existing files")
     ap.add_argument("--matched", action="store_true", help="calibrate every mechanism to the same accounted ε")
     ap.add_argument("--targets", nargs="+", type=float, default=[1.0, 8.0, 64.0])
     args = ap.parse_args(argv)
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     acc_star, _, _ = run({})
     print(f"{args.dataset}: no defence accuracy {acc_star:.4f}", flush=True)
     rows = []
-    for name in args.defenses:
+    for name in args.defenses or list(SWEEPS):
         for changes in SWEEPS[name]:
             acc, eps, snr = run(changes)
             param = {k: v for k, v in changes.items() if k in ("epsilon", "sigma")}

@@ -55,3 +55,19 @@ def test_reported_ok_refuses_above_target_and_far_below():
 def test_bad_target_is_an_error(target):
     with pytest.raises(ValueError, match="target ε"):
         cal.calibrate(BASE, "rr", target, PARTIES)
+
+
+def test_rerun_of_some_mechanisms_replaces_only_their_rows():
+    """``--matched --defenses rr``: RR's rows are replaced where they stood, the others' kept."""
+    from experiments.matched import _merge, mechanisms_of
+
+    assert mechanisms_of(None) == tuple(cal.MECHANISMS)
+    assert mechanisms_of(["rr", "gaussian+scale"]) == ("gaussian", "rr")
+    row = lambda m, t, v: dict(mechanism=m, epsilon_target=t, metric="accuracy", value=v)  # noqa: E731
+    old = [row("none", "", 0.9), row("laplace", 1.0, 0.5), row("rr", 1.0, 0.6), row("rr", 1.0, 0.61),
+           row("laplace", 8.0, 0.7), row("rr", 8.0, 0.8)]
+    new = [row("rr", 1.0, 0.1), row("rr", 1.0, 0.11), row("rr", 8.0, 0.2), row("rr", 64.0, 0.3)]
+    merged = _merge(old, new, ("rr",))
+    assert [(r["mechanism"], r["epsilon_target"], r["value"]) for r in merged] == [
+        ("none", "", 0.9), ("laplace", 1.0, 0.5), ("rr", 1.0, 0.1), ("rr", 1.0, 0.11),
+        ("laplace", 8.0, 0.7), ("rr", 8.0, 0.2), ("rr", 64.0, 0.3)]
