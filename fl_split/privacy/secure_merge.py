@@ -338,7 +338,7 @@ class MaskingGuest:
         if self._pairs is None:
             raise ProtocolError(f"{self.name}: secure merge: release before the key agreement")
         nonce = _nonce(self.session, round_, key)
-        if fresh and self.masked(round_, key):
+        if fresh and nonce in self._used:  # masked(), with the nonce already at hand
             raise ProtocolError(f"{self.name}: secure merge: round {round_} batch {key} was already masked in this "
                                 f"session; refused (a mask is never used twice)")
         self._used.add(nonce)
