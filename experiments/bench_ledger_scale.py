@@ -187,7 +187,9 @@ def train_epochs(rows: int, repeats: int, defenses: tuple[str, ...] = ("gaussian
                                 "--no-run-dir", "--private-seed", "1", "--insecure-private-seed", "--out", str(out),
                                 *extra],
                                check=True, capture_output=True)
-                times[defense].append(json.loads(out.read_text())["time_s"])
+                result = json.loads(out.read_text())
+                times[defense].append(result["time_s"])
+                batches = result["plan"]["batches_per_epoch"]  # training batches: the split's, not assumed
                 clock = json.loads(cpu_file.read_text())
                 cpu[defense].append(clock["cpu_s"])
                 parts[defense].append(clock["parts"])
@@ -197,7 +199,6 @@ def train_epochs(rows: int, repeats: int, defenses: tuple[str, ...] = ("gaussian
     ratios = {d: med[d] / med["none"] for d in defenses}
     med_cpu = {d: statistics.median(t) for d, t in cpu.items()}
     # per part: the median over the repeats of its seconds in one epoch, in ms per training batch
-    batches = -(-int(rows * 0.8) // 1024)
     part_ms = {d: {k: 1e3 * statistics.median(r.get(p, 0.0) for r in runs) / batches for k, p in PARTS.items()}
                for d, runs in parts.items()}
     return {"rows": rows, "extra_args": list(extra), "time_s": times, "parts_ms_per_batch": part_ms,
